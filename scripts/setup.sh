@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# All set-up on a fresh machine: system packages (as root, via apt), a virtual environment,
+# the pinned CPU torch first (an unpinned torch pulls a multi-GB CUDA build), then the
+# platform with every extra. Idempotent; `make` calls it when pyproject.toml changes.
+set -euo pipefail
+VENV=${1:-.venv}
+cd "$(dirname "$0")/.."
+
+# Sandboxes (bubblewrap), the Docker backend's tests (docker.io, busybox-static for a local
+# image), network namespaces (iproute2).
+SYSTEM_PACKAGES=(bubblewrap busybox-static docker.io iproute2 iptables)
+missing=()
+for pkg in "${SYSTEM_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    echo "== installing system packages: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "!! missing system packages: ${missing[*]} (install them with your package manager;" \
+         "tests that need them will skip)" >&2
+  fi
+fi
+
+PY=${PYTHON:-}
+if [[ -z $PY ]]; then
+  for candidate in python3.11 python3; do
+    if command -v "$candidate" >/dev/null; then PY=$candidate; break; fi
+  done
+fi
+"$PY" -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is required"'
+
+if [[ ! -x $VENV/bin/python ]]; then
+  echo "== creating $VENV with $("$PY" --version)"
+  "$PY" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip install -q)
+"${PIP[@]}" -U pip
+if ! command -v nvidia-smi >/dev/null; then
+  # CPU machine: the CPU build of torch, from local disk where it is cached
+  "${PIP[@]}" "torch==2.13.0"
+fi
+"${PIP[@]}" -e ".[all,dev]"
+echo "== set-up done: $VENV"

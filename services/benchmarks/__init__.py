@@ -1,0 +1,1 @@
+"""Benchmarks: each prints its figures as a table and writes them to a JSON file."""

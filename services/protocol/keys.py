@@ -1,0 +1,96 @@
+"""Every Redis key and stream name of the platform, built in one place.
+
+Per-job keys carry the job in a hash tag (``{job}``) so that all of a job's keys live in one
+Redis Cluster slot (multi-key commands and transactions on them stay legal). Fleet-wide keys
+(proxy membership, broker leases) are tagged by their own owner the same way.
+"""
+
+from __future__ import annotations
+
+PREFIX = "rollout"
+
+# consumer group names
+WORKERS_GROUP = "workers"  # on every work stream: the rollout workers
+
+
+def _job(job: str) -> str:
+    return f"{PREFIX}:job:{{{job}}}"
+
+
+# -- jobs (rollout API, workers, trainers) ---------------------------------------------------
+
+
+def jobs_index() -> str:
+    """Set of all job names."""
+    return f"{PREFIX}:jobs"
+
+
+def job_record(job: str) -> str:
+    """Hash: the job's settings (pool, weight, quotas, token hash)."""
+    return f"{_job(job)}:meta"
+
+
+def work_stream(job: str) -> str:
+    """Stream of :class:`~services.protocol.tasks.WorkItem` entries for the job."""
+    return f"{_job(job)}:work"
+
+
+def trajectory_stream(job: str) -> str:
+    """Stream of finished trajectories for the job (see ``trajectory.to_stream_fields``)."""
+    return f"{_job(job)}:traj"
+
+
+def rollout_record(job: str, rollout_id: str) -> str:
+    """Hash: one rollout's request summary and counters."""
+    return f"{_job(job)}:rollout:{rollout_id}"
+
+
+def rollout_index(job: str) -> str:
+    """Sorted set of the job's rollout ids by submission time."""
+    return f"{_job(job)}:rollouts"
+
+
+def idempotency(job: str, key: str) -> str:
+    """String: the rollout id created for an idempotency key."""
+    return f"{_job(job)}:idem:{key}"
+
+
+def published(job: str) -> str:
+    """Set of ``trajectory_id#attempt`` already published (idempotent publishing)."""
+    return f"{_job(job)}:published"
+
+
+def job_stats(job: str) -> str:
+    """Hash of the job's counters (status counts, infra errors by stage)."""
+    return f"{_job(job)}:stats"
+
+
+# -- LLM proxy -------------------------------------------------------------------------------
+
+
+def proxy_state() -> str:
+    """Hash: fleet membership and per-pool state shared by all proxy processes."""
+    return f"{PREFIX}:proxy:{{fleet}}:state"
+
+
+def proxy_events() -> str:
+    """Pub/sub channel telling proxy processes that shared state changed."""
+    return f"{PREFIX}:proxy:{{fleet}}:events"
+
+
+def proxy_weight_lock(pool: str) -> str:
+    """String lock: one weight-update transaction per pool at a time."""
+    return f"{PREFIX}:proxy:{{fleet}}:lock:{pool}"
+
+
+# -- sandbox broker --------------------------------------------------------------------------
+
+
+def lease(lease_id: str) -> str:
+    """Hash: one sandbox lease; expires with its TTL unless renewed."""
+    return f"{PREFIX}:broker:{{leases}}:lease:{lease_id}"
+
+
+def leases_index() -> str:
+    """Sorted set of lease ids by expiry time (reaping)."""
+    return f"{PREFIX}:broker:{{leases}}:index"

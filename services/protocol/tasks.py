@@ -1,0 +1,123 @@
+"""What users submit: tasks, agent limits, sampling parameters, rollout requests; and the
+work item a worker takes from a job's work stream.
+
+Pydantic models: these cross the HTTP boundary, where validation errors must name the field.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+# Job, pool, task and template names end up inside Redis keys and URLs: keep them tame.
+Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")]
+
+DEFAULT_MAX_TURNS = 80
+DEFAULT_MAX_TOKENS_PER_TURN = 8_192
+DEFAULT_MAX_TRAJECTORY_TOKENS = 65_536
+DEFAULT_CONTEXT_LENGTH = 65_536
+DEFAULT_GROUP_SIZE = 8
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SandboxSpec(_Model):
+    """The sandbox an episode runs in. Written by the user, read by the worker and broker."""
+
+    template: Name = "default"  # a template registered with the broker
+    cpus: float = Field(1.0, gt=0, le=64)
+    memory_mb: int = Field(2048, gt=0)
+    disk_mb: int = Field(10_240, gt=0)
+    network: Literal["none", "egress"] = "none"  # no network unless asked for
+    setup: list[str] = Field(default_factory=list)  # shell commands run before the agent's first turn
+    files: dict[str, str] = Field(default_factory=dict)  # path -> content written before setup
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str = "/workspace"
+
+
+class RewardSpec(_Model):
+    """How the episode is scored once the agent stops."""
+
+    command: str  # run in the sandbox; exit 0 -> 1.0 else 0.0, unless ``parse_float``
+    parse_float: bool = False  # the last line of stdout is the reward (a float)
+    timeout_s: float = Field(600.0, gt=0)
+    files: dict[str, str] = Field(default_factory=dict)  # fresh test files written before the command
+
+
+class Task(_Model):
+    """One problem. Written by the user (or an adapter), read by the worker."""
+
+    id: Name
+    prompt: str = Field(min_length=1)  # the problem statement shown to the agent
+    sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
+    reward: RewardSpec
+    metadata: dict[str, Any] = Field(default_factory=dict)  # carried to the trajectory untouched
+
+
+class AgentLimits(_Model):
+    """Caps of one episode; every one that stops a trajectory is named in it."""
+
+    max_turns: int = Field(DEFAULT_MAX_TURNS, ge=1, le=10_000)
+    max_tokens_per_turn: int = Field(DEFAULT_MAX_TOKENS_PER_TURN, ge=1)
+    max_trajectory_tokens: int = Field(DEFAULT_MAX_TRAJECTORY_TOKENS, ge=16)
+    wall_clock_s: float = Field(3_600.0, gt=0)
+    command_timeout_s: float = Field(120.0, gt=0)
+    observation_max_bytes: int = Field(10_000, ge=256)  # command output shown to the model (head + tail)
+
+
+class SamplingParams(BaseModel):
+    """SGLang sampling parameters. Unknown keys are passed to the engine untouched."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = -1
+    stop: list[str] = Field(default_factory=list)
+
+
+class RolloutRequest(_Model):
+    """``POST /rollouts``: a batch of tasks for one job."""
+
+    job: Name
+    tasks: list[Task] = Field(min_length=1)
+    group_size: int = Field(DEFAULT_GROUP_SIZE, ge=1, le=1024)  # samples per task (a GRPO group)
+    limits: AgentLimits = Field(default_factory=AgentLimits)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    priority: int = Field(0, ge=-100, le=100)  # higher first within the job
+    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
+    max_attempts: int = Field(3, ge=1, le=10)  # infra retries per trajectory, first attempt included
+
+
+class WorkItem(_Model):
+    """One sample of one task, as queued on the job's work stream.
+
+    Written by the API, read by workers. A retry after an infra failure is the same item with
+    ``attempt`` + 1; ``trajectory_id`` never changes.
+    """
+
+    job: Name
+    rollout_id: str
+    trajectory_id: str
+    task: Task
+    group_id: str  # the GRPO group: rollout x task
+    sample_index: int = Field(ge=0)
+    group_size: int = Field(ge=1)
+    attempt: int = Field(1, ge=1)
+    max_attempts: int = Field(3, ge=1)
+    limits: AgentLimits = Field(default_factory=AgentLimits)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    pool: Name = "default"  # the proxy pool that serves this job's policy
+    priority: int = 0
+    enqueued_at: float = 0.0  # unix seconds
+
+    @staticmethod
+    def make_trajectory_id(rollout_id: str, task_id: str, sample_index: int) -> str:
+        return f"{rollout_id}:{task_id}:{sample_index}"
+
+    @staticmethod
+    def make_group_id(rollout_id: str, task_id: str) -> str:
+        return f"{rollout_id}:{task_id}"

@@ -1,0 +1,42 @@
+"""Fixtures shared by every test: a real Redis server for the session, a clean keyspace per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from services.runtime.redis_server import EmbeddedRedis
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[EmbeddedRedis]:
+    """One real Redis-compatible server (the embedded mechanism) for the whole session."""
+    with EmbeddedRedis() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: EmbeddedRedis) -> Iterator[str]:
+    """The session server's URL, flushed before each test."""
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.close()
+    yield redis_server.url
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def service_logs(tmp_path: Path) -> Path:
+    """Where subprocess services write their logs (kept in pytest's tmp dir for post-mortems)."""
+    path = tmp_path / "logs"
+    path.mkdir()
+    return path

@@ -1,0 +1,80 @@
+"""The embedded Redis: starts, has streams and XAUTOCLAIM, persists with AOF, stops."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from services.runtime.net import free_port
+from services.runtime.redis_server import EmbeddedRedis, find_server_binary, redis_url_or_embedded
+from tests.support.processes import REPO_ROOT, python_env
+
+
+def test_streams_and_xautoclaim_work() -> None:
+    with EmbeddedRedis() as server:
+        client = redis.Redis.from_url(server.url)
+        client.xgroup_create("s", "g", id="0", mkstream=True)
+        client.xadd("s", {"a": "1"})
+        assert client.xreadgroup("g", "c1", {"s": ">"}, count=1)
+        time.sleep(0.05)
+        _, claimed, _ = client.xautoclaim("s", "g", "c2", min_idle_time=10)
+        assert len(claimed) == 1
+        client.close()
+
+
+def test_stop_ends_the_process_and_frees_the_port() -> None:
+    server = EmbeddedRedis()
+    server.start()
+    port = server.port
+    server.stop()
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis(port=port, socket_connect_timeout=0.5).ping()
+
+
+def test_appendonly_survives_a_restart(tmp_path: Path) -> None:
+    port = free_port()
+    with EmbeddedRedis(port=port, appendonly=True, data_dir=tmp_path) as server:
+        redis.Redis.from_url(server.url).xadd("kept", {"v": "1"})
+    with EmbeddedRedis(port=port, appendonly=True, data_dir=tmp_path) as server:
+        assert redis.Redis.from_url(server.url).xlen("kept") == 1
+
+
+def test_configured_url_is_used_as_is() -> None:
+    with redis_url_or_embedded("redis://10.0.0.1:6379/0") as url:
+        assert url == "redis://10.0.0.1:6379/0"
+
+
+def test_binary_is_found_without_apt() -> None:
+    assert find_server_binary().is_file()
+
+
+def test_rollout_redis_runs_in_the_foreground_and_stops_on_sigterm() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "redis", "--port", str(port)],
+        cwd=REPO_ROOT, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        client = redis.Redis(port=port, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                if client.ping():
+                    break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        assert client.ping()
+        proc.terminate()
+        proc.wait(timeout=10)
+        with pytest.raises(redis.ConnectionError):
+            redis.Redis(port=port, socket_connect_timeout=0.5).ping()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        out = proc.communicate(timeout=5)[0].decode()
+    assert f"redis://127.0.0.1:{port}/0" in out

@@ -1,0 +1,1 @@
+"""Test helpers: real services as subprocesses on free loopback ports."""

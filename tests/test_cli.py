@@ -1,0 +1,40 @@
+"""The ``rollout`` command line: help, bad usage, and the codec benchmark end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.processes import REPO_ROOT, python_env
+
+
+def rollout(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args], cwd=REPO_ROOT, env=python_env(),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_help_lists_the_subcommands() -> None:
+    out = rollout("--help")
+    assert out.returncode == 0
+    assert "redis" in out.stdout and "bench" in out.stdout
+
+
+def test_unknown_subcommand_says_what_to_fix() -> None:
+    out = rollout("frobnicate")
+    assert out.returncode == 2
+    assert "invalid choice: 'frobnicate'" in out.stderr
+
+
+def test_codec_benchmark_writes_its_json(tmp_path: Path, redis_url: str) -> None:
+    path = tmp_path / "codec.json"
+    out = rollout("bench", "codec", "--n-8k", "20", "--n-64k", "3", "--redis-url", redis_url, "--json", str(path))
+    assert out.returncode == 0, out.stderr
+    figures = json.loads(path.read_text())
+    for key in ("roundtrip_8k_p50_ms", "roundtrip_64k_p50_ms", "roundtrip_64k_p99_ms"):
+        assert figures[key] > 0
+    assert figures["roundtrip_64k_p50_ms"] >= figures["roundtrip_8k_p50_ms"]
+    assert "64K tokens" in out.stdout
