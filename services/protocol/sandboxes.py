@@ -1,0 +1,106 @@
+"""The sandbox broker's HTTP contract, shared by the broker and its clients (the workers).
+
+Routes (all JSON; errors are ``ErrorBody`` with a code from ``ErrorCode``):
+
+- ``POST /leases`` LeaseRequest -> 201 Lease
+- ``GET /leases?job=J`` -> list[Lease]
+- ``GET /leases/{id}`` -> Lease
+- ``POST /leases/{id}/renew`` RenewRequest -> Lease (heartbeat)
+- ``DELETE /leases/{id}`` -> 204 (release; idempotent)
+- ``POST /leases/{id}/exec`` ExecRequest -> ExecResult (a non-zero exit code is a result, not an error)
+- ``POST /leases/{id}/exec/stream`` ExecRequest -> SSE of ExecChunk, the last one with ``result``
+- ``PUT /leases/{id}/files?path=P`` raw bytes; ``GET /leases/{id}/files?path=P`` -> raw bytes
+- ``PUT /leases/{id}/archive?path=DIR`` a tar archive, extracted under DIR; ``GET`` returns DIR as tar
+- ``POST /templates`` Template -> 201; ``GET /templates`` -> list[Template]
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.protocol.tasks import Name
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Resources(_Model):
+    cpus: float = Field(1.0, gt=0, le=64)
+    memory_mb: int = Field(2048, gt=0)
+    disk_mb: int = Field(10_240, gt=0)
+
+
+class Template(_Model):
+    """A sandbox image: written by an operator, read by the broker."""
+
+    name: Name
+    image: str | None = None  # container image (docker/e2b backends)
+    rootfs: str | None = None  # host directory used as the lower layer (local backend)
+    setup: list[str] = Field(default_factory=list)  # run once when a sandbox is created, before pooling
+    resources: Resources = Field(default_factory=Resources)
+    warm_pool: int = Field(0, ge=0)  # sandboxes kept started and ready
+
+
+class LeaseRequest(_Model):
+    """Written by a worker, read by the broker."""
+
+    template: Name = "default"
+    resources: Resources = Field(default_factory=Resources)
+    ttl_s: float = Field(600.0, gt=0, le=86_400)  # the lease dies unless renewed within this
+    job: Name = "default"
+    labels: dict[str, str] = Field(default_factory=dict)
+    network: Literal["none", "egress"] = "none"
+    wait_s: float = Field(30.0, ge=0, le=3_600)  # how long to queue for capacity before 429/503
+
+
+class Lease(_Model):
+    """Written by the broker."""
+
+    id: str
+    template: str
+    backend: str  # "local" | "docker" | "e2b"
+    job: str
+    sandbox_id: str  # the backend's own id (container id, e2b sandbox id, ...)
+    expires_at: float  # unix seconds
+    warm: bool  # taken from the warm pool
+    start_s: float  # time from request to a ready sandbox
+    workdir: str = "/workspace"
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class RenewRequest(_Model):
+    ttl_s: float = Field(600.0, gt=0, le=86_400)
+
+
+class ExecRequest(_Model):
+    """Exactly one of ``argv`` and ``shell``."""
+
+    argv: list[str] | None = None
+    shell: str | None = None  # run with ``bash -lc`` (or ``sh -c`` where there is no bash)
+    timeout_s: float = Field(60.0, gt=0, le=86_400)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None  # default: the lease's workdir
+    stdin: str | None = None
+    max_output_bytes: int = Field(1_000_000, ge=0)  # per stream; the rest is cut and flagged
+
+
+class ExecResult(_Model):
+    exit_code: int  # 124 when the command was killed by its timeout (``timed_out`` is then True)
+    stdout: str
+    stderr: str
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    timed_out: bool = False
+    duration_s: float  # inside the sandbox
+    broker_s: float = 0.0  # total time in the broker, duration_s included
+
+
+class ExecChunk(_Model):
+    """One SSE event of a streamed exec."""
+
+    stream: Literal["stdout", "stderr", "result"]
+    data: str = ""
+    result: ExecResult | None = None
