@@ -25,3 +25,28 @@ class WeightUpdate(BaseModel):
     checksum: str = Field(min_length=1)  # "sha256:<hex>" over the exported files
     pause_mode: Literal["retract", "in_place", "abort"] = "retract"
     hold_timeout_s: float = Field(300.0, gt=0)  # how long new calls may wait at the proxy
+
+
+class EngineUpdateResult(BaseModel):
+    """One engine's part in a weight-update transaction."""
+
+    engine_id: str
+    ok: bool
+    pause_s: float = 0.0
+    update_s: float = 0.0
+    verify_s: float = 0.0
+    version: str | None = None  # what the engine reported afterwards
+    error: str | None = None  # why it was quarantined
+
+
+class WeightUpdateResult(BaseModel):
+    """The proxy's verdict on ``POST /admin/weights``."""
+
+    pool: str
+    version: str
+    ok: bool  # every engine that stayed in the pool reports ``version``
+    engines: list[EngineUpdateResult]
+    quarantined: list[str]  # engines that failed and left the pool
+    held_calls: int  # calls that waited at the proxy during the update
+    held_s: float  # how long new calls were held
+    total_s: float
