@@ -35,6 +35,7 @@ class BrokerSettings(BaseSettings):
     docker_network: str = "rollout-sandboxes"  # the one shared network
     docker_image: str = "rollout/sandbox:latest"  # image of the built-in default template
     docker_runtime: str | None = None  # e.g. "runsc"
+    docker_exec_root: str | None = None  # the engine's exec root on this host: enables the leftover-monitor check
 
     # e2b backend
     e2b_template: str = "base"  # template of the built-in default template

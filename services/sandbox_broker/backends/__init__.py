@@ -12,4 +12,8 @@ def make_backend(settings: BrokerSettings) -> Backend:
         from services.sandbox_broker.backends.local import LocalBackend
 
         return LocalBackend(settings)
+    if settings.backend == "docker":
+        from services.sandbox_broker.backends.docker import DockerBackend
+
+        return DockerBackend(settings)
     raise NotImplementedError(f"the {settings.backend} backend has not landed yet")
