@@ -16,4 +16,6 @@ def make_backend(settings: BrokerSettings) -> Backend:
         from services.sandbox_broker.backends.docker import DockerBackend
 
         return DockerBackend(settings)
-    raise NotImplementedError(f"the {settings.backend} backend has not landed yet")
+    from services.sandbox_broker.backends.e2b import E2BBackend
+
+    return E2BBackend(settings)
