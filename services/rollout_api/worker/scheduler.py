@@ -19,25 +19,23 @@ class FairShare:
 
     def set_jobs(self, weights: Mapping[str, float]) -> None:
         """The jobs and weights now in force (jobs that disappeared are forgotten)."""
-        new = set(weights) - set(self._weights)
-        floor = min(self._pass.values(), default=0.0)
+        busy = [p for j, p in self._pass.items() if j not in self._idle]
+        floor = min(busy, default=min(self._pass.values(), default=0.0))
         self._weights = {job: max(w, 1e-9) for job, w in weights.items()}
         self._pass = {job: self._pass.get(job, floor) for job in self._weights}
-        self._idle = {job for job in self._idle if job in self._weights} | new
+        self._idle = {job for job in self._idle if job in self._weights}
 
     def order(self, eligible: Iterable[str] | None = None) -> list[str]:
         """Jobs to try, best first."""
         jobs = [j for j in (self._weights if eligible is None else eligible) if j in self._weights]
-        busy = [self._pass[j] for j in jobs if j not in self._idle]
-        floor = min(busy) if busy else min((self._pass[j] for j in jobs), default=0.0)
-        for job in jobs:
-            if job in self._idle:
-                self._pass[job] = max(self._pass[job], floor)
         return sorted(jobs, key=lambda j: (self._pass[j], j))
 
     def charge(self, job: str, items: int = 1) -> None:
         """``job`` was served ``items`` items."""
-        self._idle.discard(job)
+        if job in self._idle:  # back from idle: start from the busy jobs' current pass, not from the past
+            self._idle.discard(job)
+            busy = [p for j, p in self._pass.items() if j not in self._idle and j != job]
+            self._pass[job] = max(self._pass[job], min(busy, default=self._pass[job]))
         self._pass[job] += items / self._weights[job]
 
     def mark_idle(self, job: str) -> None:
