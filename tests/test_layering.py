@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVICES = ("rollout_api", "llm_proxy", "sandbox_broker")
+SERVICES = ("rollout_api", "llm_proxy", "sandbox_broker", "engines")
 INTERNAL = ("services", "trainer_client")
 
 

@@ -1,0 +1,46 @@
+"""``rollout engine``: simulated SGLang engines (``sim``) or scripted ones, for tests and load tests."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from services.engines.main import run as run_engines
+from services.engines.settings import EngineSettings
+
+# flag -> type; every flag maps to the EngineSettings field of the same name
+FLAGS: dict[str, type] = {
+    "port": int,
+    "count": int,
+    "host": str,
+    "model_path": Path,
+    "served_model_name": str,
+    "script": Path,
+    "seed": int,
+    "weight_version": str,
+    "context_length": int,
+    "max_running_requests": int,
+    "kv_capacity_tokens": int,
+    "prefill_s_per_token": float,
+    "decode_step_s": float,
+    "decode_step_per_request_s": float,
+    "output_tokens": int,
+    "runaway_fraction": float,
+    "eos_token_id": int,
+    "weight_load_s": float,
+}
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("engine", help="simulated SGLang-compatible engine(s) (ROLLOUT_ENGINE_* settings)")
+    p.add_argument("--mode", choices=("sim", "scripted"), default=None)
+    for name, kind in FLAGS.items():
+        p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None)
+    p.add_argument("--fail-weight-updates", action="store_true", default=None, help="fault injection")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    names = ("mode", "fail_weight_updates", *FLAGS)
+    overrides = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
+    return run_engines(EngineSettings(**overrides))
