@@ -15,6 +15,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--concurrency", type=int, default=None, help="episodes at once in this process")
     p.add_argument("--port", type=int, default=None, help="/healthz and /metrics port (default: a free one)")
     p.add_argument("--worker-id", default=None)
+    p.add_argument("--jobs", type=lambda s: s.split(","), default=None, help="serve only these jobs (comma-separated)")
     p.set_defaults(handler=run)
 
 
@@ -22,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from services.rollout_api.settings import WorkerSettings
     from services.rollout_api.worker.main import run as run_worker
 
-    names = ("redis_url", "proxy_url", "broker_url", "model_path", "concurrency", "port", "worker_id")
+    names = ("redis_url", "proxy_url", "broker_url", "model_path", "concurrency", "port", "worker_id", "jobs")
     settings = WorkerSettings(**{k: getattr(args, k) for k in names if getattr(args, k) is not None})
     if not settings.redis_url:
         raise SystemExit("a worker needs a shared Redis: --redis-url or ROLLOUT_WORKER_REDIS_URL")

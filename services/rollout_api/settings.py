@@ -36,6 +36,7 @@ class WorkerSettings(BaseSettings):
     model_path: Path | None = None  # HF tokenizer directory (tokenizer.json + tokenizer_config.json)
     worker_id: str = ""  # consumer name; default: hostname-pid
     concurrency: int = Field(64, ge=1)  # episodes at once in this process
+    jobs: list[str] | None = None  # serve only these jobs (dedicated workers); None: every job
     host: str = "127.0.0.1"
     port: int = 0  # /healthz and /metrics; 0: a free port (logged)
     poll_interval_s: float = 0.05  # idle wait when no job has work

@@ -27,7 +27,7 @@ def test_deltas_equal_the_whole_conversation_tokenized(tokenizer: ChatTokenizer)
     messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task ü"}]
     ids = tokenizer.prompt_ids(messages)
     for reply, obs in [("thought\n```bash\nls\n```", "<returncode>0</returncode>"), ("again", "fix format")]:
-        ids += tokenizer.encode(reply) + [tokenizer.eos_id]
+        ids += [*tokenizer.encode(reply), tokenizer.eos_id]
         messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": obs}]
         ids += tokenizer.message_ids(messages[-1], reply_ended_with_eos=True)
     assert ids == tokenizer.encode(tokenizer.render(messages, True))

@@ -133,7 +133,7 @@ class Episode:
             except ContextExceeded:
                 return Cap.CONTEXT_LENGTH
             if generation.finish_reason == "length":
-                return Cap.TURN_TOKENS if max_new == self.limits.max_tokens_per_turn else Cap.TRAJECTORY_TOKENS
+                return self._length_cap(len(generation.output_ids), max_new)
             if generation.finish_reason == "abort":
                 raise InfraError(InfraStage.LLM, ErrorCode.ENGINE_ERROR, "the engine aborted the generation")
             reply = tok.decode(generation.output_ids)
@@ -154,6 +154,13 @@ class Episode:
             pending = tok.message_ids(message, reply_ended_with_eos=ended)
             turn.observation_tokens = len(pending)
         return Cap.TURNS
+
+    def _length_cap(self, generated: int, max_new: int) -> Cap:
+        """Which cap cut a reply that ended by length: fewer tokens than asked means the proxy's
+        context guard clamped it to the room left in the engine's context."""
+        if generated < max_new:
+            return Cap.CONTEXT_LENGTH
+        return Cap.TURN_TOKENS if max_new == self.limits.max_tokens_per_turn else Cap.TRAJECTORY_TOKENS
 
     async def _generate(self, index: int, max_new: int) -> tuple[Generation, Turn]:
         started = time.monotonic()

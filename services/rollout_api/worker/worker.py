@@ -82,6 +82,8 @@ class Worker:
 
     async def refresh_jobs(self) -> None:
         records = await read_jobs(self.redis)
+        if self.settings.jobs is not None:
+            records = [r for r in records if r.job in self.settings.jobs]
         for record in records:
             if record.job not in self.fair.jobs:
                 await self._ensure_group(record.job)
