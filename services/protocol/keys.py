@@ -119,3 +119,28 @@ def lease(lease_id: str) -> str:
 def leases_index() -> str:
     """Sorted set of lease ids by expiry time (reaping)."""
     return f"{PREFIX}:broker:{{leases}}:index"
+
+
+def job_leases(job: str) -> str:
+    """Set of the job's lease ids (per-job quotas, ``GET /leases?job=``)."""
+    return f"{PREFIX}:broker:{{leases}}:job:{job}"
+
+
+def backend_leases(backend: str) -> str:
+    """Set of the lease ids held on one backend (per-backend concurrency)."""
+    return f"{PREFIX}:broker:{{leases}}:backend:{backend}"
+
+
+def broker_instance(instance: str) -> str:
+    """String with a short TTL: the broker replica is alive (its pool sandboxes are its own)."""
+    return f"{PREFIX}:broker:{{leases}}:instance:{instance}"
+
+
+def sandbox_reap_lock(sandbox_id: str) -> str:
+    """String lock: one replica removes an orphaned sandbox."""
+    return f"{PREFIX}:broker:{{leases}}:reap:{sandbox_id}"
+
+
+def broker_templates() -> str:
+    """Hash: template name -> ``Template`` JSON registered with the broker."""
+    return f"{PREFIX}:broker:{{leases}}:templates"

@@ -1,0 +1,198 @@
+"""The broker's HTTP app (routes in ``services.protocol.sandboxes``): ``create_app(settings, redis_url)``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+import redis.asyncio as aioredis
+from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from services.protocol.errors import ErrorBody, PlatformError
+from services.protocol.sandboxes import ExecChunk, ExecRequest, ExecResult, Lease, LeaseRequest, RenewRequest, Template
+from services.protocol.status import ErrorCode
+from services.sandbox_broker.backends import make_backend
+from services.sandbox_broker.broker import Broker
+from services.sandbox_broker.leases import LeaseStore
+from services.sandbox_broker.metrics import BrokerMetrics
+from services.sandbox_broker.reaper import Reaper
+from services.sandbox_broker.settings import BrokerSettings
+from services.sandbox_broker.templates import Templates, default_template
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: BrokerSettings, redis_url: str) -> FastAPI:
+    metrics = BrokerMetrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = aioredis.Redis.from_url(redis_url, max_connections=None)
+        store = LeaseStore(client, settings.ttl_grace_s)
+        templates = Templates(client, default_template(settings), settings.backend)
+        broker = Broker(settings, make_backend(settings), store, templates, metrics)
+        await broker.start()
+        reaper = Reaper(broker, client)
+        await reaper.start()
+        broker.start_pools(await templates.all())
+        app.state.broker = broker
+        log.info("broker %s ready: backend %s, isolation %s", broker.instance, settings.backend, broker.capabilities)
+        try:
+            yield
+        finally:
+            await reaper.stop()
+            await broker.close()
+            await reaper.retire()
+            await client.aclose()
+
+    app = FastAPI(title="rollout sandbox broker", lifespan=lifespan)
+    _install_errors(app, metrics)
+    _install_routes(app, settings, metrics)
+    return app
+
+
+def _broker(request: Request) -> Broker:
+    broker: Broker = request.app.state.broker
+    return broker
+
+
+BrokerDep = Annotated[Broker, Depends(_broker)]
+
+
+def _install_routes(app: FastAPI, settings: BrokerSettings, metrics: BrokerMetrics) -> None:
+    @app.get("/healthz")
+    async def healthz(broker: BrokerDep) -> dict[str, object]:
+        return {"status": "ok", "backend": settings.backend, "instance": broker.instance,
+                "isolation": broker.capabilities, "pools": broker.pools.sizes(),
+                "waiting": broker.admission.waiting}  # fmt: skip
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/leases", status_code=201)
+    async def create_lease(body: LeaseRequest, broker: BrokerDep) -> Lease:
+        return await broker.create_lease(body)
+
+    @app.get("/leases")
+    async def list_leases(broker: BrokerDep, job: str | None = None) -> list[Lease]:
+        return await broker.list(job)
+
+    @app.get("/leases/{lease_id}")
+    async def get_lease(lease_id: str, broker: BrokerDep) -> Lease:
+        return await broker.get(lease_id)
+
+    @app.post("/leases/{lease_id}/renew")
+    async def renew(lease_id: str, body: RenewRequest, broker: BrokerDep) -> Lease:
+        return await broker.renew(lease_id, body.ttl_s)
+
+    @app.delete("/leases/{lease_id}", status_code=204)
+    async def release(lease_id: str, broker: BrokerDep) -> Response:
+        await broker.release(lease_id)
+        return Response(status_code=204)
+
+    @app.post("/leases/{lease_id}/exec")
+    async def exec_(lease_id: str, body: ExecRequest, broker: BrokerDep) -> ExecResult:
+        return await broker.exec(lease_id, body)
+
+    @app.post("/leases/{lease_id}/exec/stream")
+    async def exec_stream(lease_id: str, body: ExecRequest, broker: BrokerDep) -> StreamingResponse:
+        await broker.live(lease_id)  # a missing lease is an error response, not an event
+        return StreamingResponse(_sse(broker, lease_id, body), media_type="text/event-stream")
+
+    @app.put("/leases/{lease_id}/files", status_code=204)
+    async def put_file(lease_id: str, request: Request, broker: BrokerDep, path: PathQuery) -> Response:
+        await broker.write_file(lease_id, path, await _body(request, settings))
+        return Response(status_code=204)
+
+    @app.get("/leases/{lease_id}/files")
+    async def get_file(lease_id: str, broker: BrokerDep, path: PathQuery) -> Response:
+        return Response(await broker.read_file(lease_id, path), media_type="application/octet-stream")
+
+    @app.put("/leases/{lease_id}/archive", status_code=204)
+    async def put_archive(lease_id: str, request: Request, broker: BrokerDep, path: PathQuery) -> Response:
+        await broker.put_archive(lease_id, path, await _body(request, settings))
+        return Response(status_code=204)
+
+    @app.get("/leases/{lease_id}/archive")
+    async def get_archive(lease_id: str, broker: BrokerDep, path: PathQuery) -> Response:
+        return Response(await broker.get_archive(lease_id, path), media_type="application/x-tar")
+
+    @app.post("/templates", status_code=201)
+    async def register_template(body: Template, broker: BrokerDep) -> Template:
+        await broker.templates.put(body)
+        broker.pools.ensure(body)
+        return body
+
+    @app.get("/templates")
+    async def list_templates(broker: BrokerDep) -> list[Template]:
+        return await broker.templates.all()
+
+
+PathQuery = Annotated[str, Query(min_length=1, max_length=4096)]
+
+
+async def _body(request: Request, settings: BrokerSettings) -> bytes:
+    size = int(request.headers.get("content-length") or 0)
+    if size > settings.max_file_bytes:
+        raise PlatformError(ErrorCode.PAYLOAD_TOO_LARGE, f"body over {settings.max_file_bytes} bytes", status=413)
+    body = await request.body()
+    if len(body) > settings.max_file_bytes:
+        raise PlatformError(ErrorCode.PAYLOAD_TOO_LARGE, f"body over {settings.max_file_bytes} bytes", status=413)
+    return body
+
+
+async def _sse(broker: Broker, lease_id: str, request: ExecRequest) -> AsyncIterator[bytes]:
+    """Output chunks as they come, then one event with the result (or the error)."""
+    queue: asyncio.Queue[ExecChunk | None] = asyncio.Queue()
+
+    async def sink(stream: str, data: bytes) -> None:
+        queue.put_nowait(ExecChunk(stream=stream, data=data.decode(errors="replace")))
+
+    async def run() -> None:
+        try:
+            result = await broker.exec(lease_id, request, sink)
+            queue.put_nowait(ExecChunk(stream="result", result=result))
+        except PlatformError as exc:
+            queue.put_nowait(ExecChunk(stream="result", data=exc.body().model_dump_json()))
+        finally:
+            queue.put_nowait(None)
+
+    task = asyncio.get_running_loop().create_task(run())
+    try:
+        while (chunk := await queue.get()) is not None:
+            yield f"data: {chunk.model_dump_json()}\n\n".encode()
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _install_errors(app: FastAPI, metrics: BrokerMetrics) -> None:
+    @app.exception_handler(PlatformError)
+    async def platform_error(request: Request, exc: PlatformError) -> JSONResponse:
+        metrics.errors.labels(exc.code.value).inc()
+        headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))} if exc.retry_after_s else None
+        return JSONResponse(exc.body().model_dump(mode="json"), status_code=exc.status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        metrics.errors.labels(ErrorCode.VALIDATION_ERROR.value).inc()
+        first = exc.errors()[0] if exc.errors() else {}
+        field = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        body = ErrorBody.of(ErrorCode.VALIDATION_ERROR, str(first.get("msg", "invalid request")), field=field)
+        return JSONResponse(body.model_dump(mode="json"), status_code=422)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        metrics.errors.labels(ErrorCode.INTERNAL_ERROR.value).inc()
+        body = ErrorBody.of(ErrorCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
+        return JSONResponse(body.model_dump(mode="json"), status_code=500)

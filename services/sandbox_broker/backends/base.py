@@ -1,0 +1,111 @@
+"""The one small interface every sandbox backend implements, and the values it passes around."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from services.protocol.errors import PlatformError
+from services.protocol.sandboxes import ExecRequest, ExecResult, Resources, Template
+from services.protocol.status import ErrorCode
+
+# called with ("stdout" | "stderr", bytes) as output arrives (streamed exec)
+OutputSink = Callable[[str, bytes], Awaitable[None]]
+
+# labels the broker puts on everything it creates
+LABEL_BROKER = "rollout.broker"  # the replica that created it
+LABEL_LEASE = "rollout.lease"  # the lease a cold-started sandbox was created for
+LABEL_JOB = "rollout.job"
+LABEL_POOL = "rollout.pool"  # "1" on warm-pool sandboxes
+LABEL_TEMPLATE = "rollout.template"
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxSpec:
+    """What to create."""
+
+    template: Template
+    resources: Resources
+    network: Literal["none", "egress"] = "none"
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Sandbox:
+    """A created sandbox, as the backend can find it again by ``sandbox_id`` (also after a restart)."""
+
+    sandbox_id: str
+    labels: dict[str, str]
+    workdir: str = "/workspace"
+    created_at: float = 0.0
+
+
+class Backend(Protocol):
+    """A place that runs sandboxes. Every method may raise :class:`PlatformError`."""
+
+    name: str
+
+    async def start(self) -> dict[str, Any]:
+        """Probe the host or service; return what it allows (shown on ``/healthz``)."""
+        ...
+
+    async def create(self, spec: SandboxSpec) -> Sandbox: ...
+
+    async def exec(self, sandbox_id: str, request: ExecRequest, sink: OutputSink | None = None) -> ExecResult: ...
+
+    async def write_file(self, sandbox_id: str, path: str, data: bytes) -> None: ...
+
+    async def read_file(self, sandbox_id: str, path: str) -> bytes: ...
+
+    async def put_archive(self, sandbox_id: str, directory: str, tar: bytes) -> None: ...
+
+    async def get_archive(self, sandbox_id: str, directory: str) -> bytes: ...
+
+    async def alive(self, sandbox_id: str) -> bool: ...
+
+    async def keepalive(self, sandbox_id: str, ttl_s: float) -> None:
+        """Tell the backend the sandbox is still wanted for ``ttl_s`` (E2B's timeout)."""
+        ...
+
+    async def destroy(self, sandbox_id: str) -> None:
+        """Remove the sandbox and everything running in it; idempotent."""
+        ...
+
+    async def list_sandboxes(self) -> list[Sandbox]:
+        """Every sandbox this backend holds that carries the broker's labels."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def sandbox_gone(sandbox_id: str) -> PlatformError:
+    return PlatformError(ErrorCode.SANDBOX_DIED, f"sandbox {sandbox_id} is gone", status=410)
+
+
+def bad_path(path: str, why: str) -> PlatformError:
+    return PlatformError(ErrorCode.BAD_REQUEST, f"path {path!r}: {why}", field="path")
+
+
+class OutputBuffer:
+    """Collects one stream up to ``limit`` bytes and remembers whether more came."""
+
+    __slots__ = ("chunks", "limit", "size", "truncated")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.size = 0
+        self.chunks: list[bytes] = []
+        self.truncated = False
+
+    def add(self, data: bytes) -> None:
+        room = self.limit - self.size
+        if len(data) > room:
+            self.truncated = True
+            data = data[: max(room, 0)]
+        if data:
+            self.chunks.append(data)
+            self.size += len(data)
+
+    def text(self) -> str:
+        return b"".join(self.chunks).decode(errors="replace")

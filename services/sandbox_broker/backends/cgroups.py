@@ -1,0 +1,113 @@
+"""Per-sandbox resource limits through cgroup v1 (memory, cpu, pids), where the host lets us write.
+
+cgroup v2 is used when its unified hierarchy has the controllers; on hybrid hosts (v1 controllers
+mounted, v2 with none) v1 is used. Each sandbox gets one group per controller under
+``rollout-broker/<sandbox_id>``; killing the sandbox kills every process listed in its groups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.protocol.sandboxes import Resources
+
+log = logging.getLogger(__name__)
+
+ROOT = Path("/sys/fs/cgroup")
+PARENT = "rollout-broker"
+V1_CONTROLLERS = ("memory", "cpu", "pids")
+CFS_PERIOD_US = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class Cgroups:
+    """cgroup v1 groups of the sandboxes, or nothing when the host does not allow them."""
+
+    mode: str  # "v1" or "none"
+    pids_max: int = 512
+    root: Path = ROOT
+
+    @classmethod
+    def probe(cls, pids_max: int, root: Path = ROOT) -> Cgroups:
+        for controller in V1_CONTROLLERS:
+            base = root / controller / PARENT
+            try:
+                base.mkdir(exist_ok=True)
+                probe = base / f"probe-{os.getpid()}"
+                probe.mkdir(exist_ok=True)
+                probe.rmdir()
+            except OSError as exc:
+                log.info("cgroup v1 %s not writable (%s): limits fall back to rlimits", controller, exc)
+                return cls("none", pids_max, root)
+        return cls("v1", pids_max, root)
+
+    def _dirs(self, sandbox_id: str) -> list[Path]:
+        return [self.root / c / PARENT / sandbox_id for c in V1_CONTROLLERS]
+
+    def procs_files(self, sandbox_id: str) -> list[Path]:
+        """The ``cgroup.procs`` files a sandbox's command joins; empty without cgroups."""
+        if self.mode == "none":
+            return []
+        return [d / "cgroup.procs" for d in self._dirs(sandbox_id)]
+
+    def create(self, sandbox_id: str, resources: Resources) -> None:
+        if self.mode == "none":
+            return
+        memory, cpu, pids = self._dirs(sandbox_id)
+        for d in (memory, cpu, pids):
+            d.mkdir(exist_ok=True)
+        limit = str(resources.memory_mb * 1024 * 1024)
+        (memory / "memory.limit_in_bytes").write_text(limit)
+        (cpu / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+        (cpu / "cpu.cfs_quota_us").write_text(str(int(resources.cpus * CFS_PERIOD_US)))
+        (pids / "pids.max").write_text(str(self.pids_max))
+
+    def exists(self, sandbox_id: str) -> bool:
+        return self.mode == "none" or all(d.is_dir() for d in self._dirs(sandbox_id))
+
+    def kill(self, sandbox_id: str) -> int:
+        """SIGKILL every process in the sandbox's groups; how many were signalled."""
+        if self.mode == "none":
+            return 0
+        pids: set[int] = set()
+        for procs in self.procs_files(sandbox_id):
+            with contextlib.suppress(OSError):
+                pids.update(int(p) for p in procs.read_text().split())
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return len(pids)
+
+    def remove(self, sandbox_id: str) -> None:
+        """Kill what is left and remove the groups (retrying while the kernel reaps)."""
+        if self.mode == "none":
+            return
+        for _ in range(50):
+            self.kill(sandbox_id)
+            leftover = [d for d in self._dirs(sandbox_id) if d.exists() and not _rmdir(d)]
+            if not leftover:
+                return
+            time.sleep(0.01)
+        log.warning("cgroups of %s could not be removed", sandbox_id)
+
+    def list_ids(self) -> list[str]:
+        if self.mode == "none":
+            return []
+        base = self.root / "pids" / PARENT
+        return [d.name for d in base.iterdir() if d.is_dir()] if base.is_dir() else []
+
+
+def _rmdir(path: Path) -> bool:
+    try:
+        path.rmdir()
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,298 @@
+"""The ``local`` backend: each sandbox is a directory on this host, each command a fresh bubblewrap
+process in new namespaces over it (read-only host /usr, private /workspace and /tmp, no network
+unless asked, no capabilities, a non-root uid), limited by cgroup v1 or rlimits.
+
+A sandbox lives on disk (``<state_dir>/sandboxes/<id>``), so another replica on the same host, or
+this one after a restart, finds it again by id; nothing runs between commands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import os
+import posixpath
+import secrets
+import shutil
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+from services.protocol.errors import PlatformError
+from services.protocol.sandboxes import ExecRequest, ExecResult
+from services.protocol.status import ErrorCode
+from services.sandbox_broker.backends.base import OutputSink, Sandbox, SandboxSpec, bad_path, sandbox_gone
+from services.sandbox_broker.backends.bwrap import (
+    BASE_PATH,
+    HostProbe,
+    SandboxPaths,
+    bwrap_argv,
+    limits_prefix,
+    probe_bwrap,
+)
+from services.sandbox_broker.backends.cgroups import Cgroups
+from services.sandbox_broker.backends.process import run_process
+from services.sandbox_broker.settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+WORKDIR = "/workspace"
+WRITABLE = ("/workspace", "/tmp")
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, settings: BrokerSettings) -> None:
+        self.root = settings.state_dir / "sandboxes"
+        self.uid = settings.sandbox_uid
+        self.nofile = settings.nofile
+        self.pids_max = settings.pids_max
+        self.allow_unisolated = settings.allow_unisolated
+        self.max_output_bytes = settings.max_output_bytes
+        self.setup_timeout_s = settings.setup_timeout_s
+        self.cgroups = Cgroups("none")
+        self.probe = HostProbe(None, None, False, "none")
+        self._bwrap: str | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> dict[str, Any]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        for directory in (self.root.parent, self.root):
+            directory.chmod(0o711)  # the sandbox uid passes through, lists nothing
+        self.cgroups = await asyncio.to_thread(Cgroups.probe, self.pids_max)
+        paths = SandboxPaths(self.root.parent / "probe")
+        self._layout(paths)
+        binary, version, ok, detail = await probe_bwrap(paths, self.uid)
+        await asyncio.to_thread(shutil.rmtree, paths.root, True)
+        self.probe = HostProbe(binary, version, ok, self.cgroups.mode, detail)
+        self._bwrap = binary if ok else None
+        if not ok and not self.allow_unisolated:
+            raise RuntimeError(f"local sandboxes cannot be isolated on this host ({detail}); "
+                               "pass --allow-unisolated to run commands without isolation (UNSAFE)")  # fmt: skip
+        if not ok:
+            log.warning("UNSAFE: local sandboxes run WITHOUT isolation: %s", detail)
+        log.info("local backend host probe: %s", self.probe.as_dict())
+        return {**self.probe.as_dict(), "unsafe_unisolated": not ok}
+
+    async def close(self) -> None:
+        return None
+
+    # -- sandboxes -----------------------------------------------------------------------------
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        sandbox_id = "loc-" + secrets.token_hex(8)
+        paths = self._paths(sandbox_id)
+        meta: dict[str, object] = {"labels": spec.labels, "network": spec.network, "created_at": time.time()}
+        try:
+            await asyncio.to_thread(self._prepare, paths, spec, meta)
+            for command in spec.template.setup:
+                request = ExecRequest(shell=command, timeout_s=self.setup_timeout_s)
+                result = await self.exec(sandbox_id, request)
+                if result.exit_code != 0:
+                    raise PlatformError(
+                        ErrorCode.SANDBOX_CREATE_FAILED,
+                        f"template setup {command!r} exited {result.exit_code}: {result.stderr[-500:]}",
+                        status=502,
+                    )
+        except BaseException:
+            await self.destroy(sandbox_id)
+            raise
+        return Sandbox(sandbox_id, spec.labels, WORKDIR, float(str(meta["created_at"])))
+
+    def _prepare(self, paths: SandboxPaths, spec: SandboxSpec, meta: dict[str, object]) -> None:
+        self._layout(paths)
+        if spec.template.rootfs:
+            rootfs = Path(spec.template.rootfs)
+            if not rootfs.is_dir():
+                raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"template rootfs {rootfs} is not a directory")
+            shutil.copytree(rootfs, paths.workspace, symlinks=True, dirs_exist_ok=True)
+            self._own_tree(paths.workspace)
+        self.cgroups.create(paths.root.name, spec.resources)
+        rlimits = {"n": self.nofile, "f": spec.resources.disk_mb * 2048}  # dash counts 512-byte blocks
+        if self.cgroups.mode == "none":
+            rlimits["v"] = spec.resources.memory_mb * 1024
+        meta["rlimits"] = rlimits
+        paths.meta.write_text(json.dumps(meta))
+
+    def _layout(self, paths: SandboxPaths) -> None:
+        for d in (paths.workspace, paths.tmp, paths.etc):
+            d.mkdir(parents=True, exist_ok=True)
+        paths.tmp.chmod(0o1777)
+        self._own(paths.workspace)
+        self._own(paths.tmp)
+        (paths.etc / "passwd").write_text(
+            f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{self.uid}:{self.uid}:sandbox:{WORKDIR}:/bin/bash\n"
+        )
+        (paths.etc / "group").write_text(f"root:x:0:\nsandbox:x:{self.uid}:\n")
+
+    async def alive(self, sandbox_id: str) -> bool:
+        paths = self._paths(sandbox_id)
+        return paths.meta.is_file() and paths.workspace.is_dir() and self.cgroups.exists(sandbox_id)
+
+    async def keepalive(self, sandbox_id: str, ttl_s: float) -> None:
+        return None
+
+    async def destroy(self, sandbox_id: str) -> None:
+        paths = self._paths(sandbox_id)
+        await asyncio.to_thread(self.cgroups.remove, sandbox_id)
+        await asyncio.to_thread(shutil.rmtree, paths.root, True)
+
+    async def list_sandboxes(self) -> list[Sandbox]:
+        return await asyncio.to_thread(self._scan)
+
+    def _scan(self) -> list[Sandbox]:
+        found = []
+        for meta_path in self.root.glob("*/meta.json"):
+            try:
+                meta = json.loads(meta_path.read_text())
+            except (OSError, ValueError):
+                continue
+            found.append(Sandbox(meta_path.parent.name, meta.get("labels", {}), WORKDIR, meta.get("created_at", 0.0)))
+        known = {s.sandbox_id for s in found}
+        # half-created sandboxes (no meta yet) and leftover cgroups still count as ours
+        extra = {p.name for p in self.root.iterdir() if p.name.startswith("loc-")} | set(self.cgroups.list_ids())
+        found += [Sandbox(i, {}, WORKDIR, 0.0) for i in sorted(extra - known)]
+        return found
+
+    # -- commands ------------------------------------------------------------------------------
+
+    async def exec(self, sandbox_id: str, request: ExecRequest, sink: OutputSink | None = None) -> ExecResult:
+        paths = self._paths(sandbox_id)
+        try:
+            meta = json.loads(paths.meta.read_text())
+        except FileNotFoundError:
+            raise sandbox_gone(sandbox_id) from None
+        command = request.argv if request.argv is not None else ["/bin/bash", "-lc", request.shell or ""]
+        cwd = request.cwd or WORKDIR
+        env = {"PATH": BASE_PATH, "HOME": WORKDIR, "USER": "sandbox", "LANG": "C.UTF-8", "TERM": "dumb"}
+        env.update(request.env)
+        if self._bwrap is None:  # --allow-unisolated on a host without bwrap: UNSAFE
+            argv, host_cwd = command, str(self._unisolated_cwd(paths, cwd))
+        else:
+            network = meta.get("network") == "egress"
+            argv = [*bwrap_argv(self._bwrap, paths, uid=self.uid, network=network, cwd=cwd), *command]
+            host_cwd = None
+        argv = [*limits_prefix(meta.get("rlimits", {}), self.cgroups.procs_files(sandbox_id)), *argv]
+        return await run_process(
+            argv,
+            env=env,
+            timeout_s=request.timeout_s,
+            max_output_bytes=min(request.max_output_bytes, self.max_output_bytes),
+            stdin=request.stdin.encode() if request.stdin is not None else None,
+            cwd=host_cwd,
+            sink=sink,
+            on_timeout=lambda: self._kill_all(sandbox_id),
+        )
+
+    def _kill_all(self, sandbox_id: str) -> None:
+        killed = self.cgroups.kill(sandbox_id)
+        if killed:
+            log.info("timeout in %s: killed %d processes left in its cgroups", sandbox_id, killed)
+
+    def _unisolated_cwd(self, paths: SandboxPaths, cwd: str) -> Path:
+        try:
+            return self._host_path(paths, cwd)
+        except PlatformError:
+            return paths.workspace
+
+    # -- files ---------------------------------------------------------------------------------
+
+    async def write_file(self, sandbox_id: str, path: str, data: bytes) -> None:
+        paths = self._existing(sandbox_id)
+        host = self._host_path(paths, path)
+        await asyncio.to_thread(self._write, paths, host, data)
+
+    def _write(self, paths: SandboxPaths, host: Path, data: bytes) -> None:
+        made = [p for p in host.parents if not p.exists() and p.is_relative_to(paths.root)]
+        host.parent.mkdir(parents=True, exist_ok=True)
+        for directory in made:
+            self._own(directory)
+        _write(host, data)
+        self._own(host)
+
+    def _own(self, path: Path) -> None:
+        """Files the broker writes belong to the sandbox user (commands run as that uid)."""
+        if os.geteuid() == 0:
+            os.chown(path, self.uid, self.uid, follow_symlinks=False)
+
+    def _own_tree(self, root: Path) -> None:
+        self._own(root)
+        for directory, dirs, files in os.walk(root):
+            for name in dirs + files:
+                self._own(Path(directory) / name)
+
+    async def read_file(self, sandbox_id: str, path: str) -> bytes:
+        host = self._host_path(self._existing(sandbox_id), path)
+        try:
+            return await asyncio.to_thread(_read, host)
+        except FileNotFoundError:
+            raise PlatformError(ErrorCode.NOT_FOUND, f"no file {path!r} in the sandbox", status=404) from None
+        except IsADirectoryError:
+            raise bad_path(path, "is a directory") from None
+
+    async def put_archive(self, sandbox_id: str, directory: str, tar: bytes) -> None:
+        host = self._host_path(self._existing(sandbox_id), directory)
+        await asyncio.to_thread(_extract, host, tar)
+        await asyncio.to_thread(self._own_tree, host)
+
+    async def get_archive(self, sandbox_id: str, directory: str) -> bytes:
+        host = self._host_path(self._existing(sandbox_id), directory)
+        if not host.is_dir():
+            raise PlatformError(ErrorCode.NOT_FOUND, f"no directory {directory!r} in the sandbox", status=404)
+        return await asyncio.to_thread(_pack, host)
+
+    def _existing(self, sandbox_id: str) -> SandboxPaths:
+        paths = self._paths(sandbox_id)
+        if not paths.meta.is_file():
+            raise sandbox_gone(sandbox_id)
+        return paths
+
+    def _host_path(self, paths: SandboxPaths, path: str) -> Path:
+        """The host path behind a sandbox path under /workspace or /tmp, refusing links that leave it."""
+        inside = posixpath.normpath(posixpath.join(WORKDIR, path))
+        for top, base in zip(WRITABLE, (paths.workspace, paths.tmp), strict=True):
+            if inside == top or inside.startswith(top + "/"):
+                host = base / inside[len(top) :].lstrip("/")
+                real, real_base = os.path.realpath(host), os.path.realpath(base)
+                if real != real_base and not real.startswith(real_base + "/"):
+                    raise bad_path(path, "resolves outside the sandbox")
+                return Path(real)
+        raise bad_path(path, "only paths under /workspace and /tmp can be read or written")
+
+    def _paths(self, sandbox_id: str) -> SandboxPaths:
+        if "/" in sandbox_id or sandbox_id in ("", ".", ".."):
+            raise sandbox_gone(sandbox_id)
+        return SandboxPaths(self.root / sandbox_id)
+
+
+def _write(host: Path, data: bytes) -> None:
+    fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _read(host: Path) -> bytes:
+    fd = os.open(host, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def _extract(host: Path, tar: bytes) -> None:
+    host.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+            archive.extractall(host, filter="data")
+    except (tarfile.TarError, OSError) as exc:
+        raise PlatformError(ErrorCode.BAD_REQUEST, f"bad tar archive: {exc}", field="body") from exc
+
+
+def _pack(host: Path) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        archive.add(host, arcname=".")
+    return buffer.getvalue()

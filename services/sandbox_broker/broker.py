@@ -1,0 +1,227 @@
+"""The broker's operations on leases, independent of HTTP: create (admission, warm pool or cold
+start), exec, files, renew, release."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from services.protocol.errors import PlatformError
+from services.protocol.sandboxes import ExecRequest, ExecResult, Lease, LeaseRequest, Template
+from services.protocol.status import ErrorCode
+from services.sandbox_broker.admission import Admission, TokenBucket
+from services.sandbox_broker.backends.base import (
+    LABEL_BROKER,
+    LABEL_JOB,
+    LABEL_LEASE,
+    LABEL_POOL,
+    LABEL_TEMPLATE,
+    Backend,
+    OutputSink,
+    Sandbox,
+    SandboxSpec,
+)
+from services.sandbox_broker.leases import LeaseRecord, LeaseStore
+from services.sandbox_broker.metrics import BrokerMetrics
+from services.sandbox_broker.pools import PoolKey, Pools
+from services.sandbox_broker.settings import BrokerSettings
+from services.sandbox_broker.templates import Templates
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Broker:
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        backend: Backend,
+        store: LeaseStore,
+        templates: Templates,
+        metrics: BrokerMetrics,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.store = store
+        self.templates = templates
+        self.metrics = metrics
+        self.instance = settings.instance_name()
+        self.pools = Pools(backend, metrics, self._create_pooled)
+        self.admission = Admission()
+        self.bucket = TokenBucket(settings.create_rate, settings.create_burst)
+        self.capabilities: dict[str, Any] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self.capabilities = await self.backend.start()
+        self.metrics.lease_limit.set(self.settings.max_leases)
+
+    def start_pools(self, templates: list[Template]) -> None:
+        for template in templates:
+            self.pools.ensure(template)
+
+    async def close(self) -> None:
+        await self.admission.close()
+        await self.pools.close()
+        await self.backend.close()
+
+    # -- leases --------------------------------------------------------------------------------
+
+    async def create_lease(self, request: LeaseRequest) -> Lease:
+        started = time.monotonic()
+        template = await self.templates.get(request.template)
+        lease_id = "lse-" + secrets.token_hex(12)
+        await self._admit(lease_id, request)
+        self.metrics.lease_wait.observe(time.monotonic() - started)
+        try:
+            sandbox, warm = await self._sandbox_for(lease_id, template, request)
+        except BaseException:
+            await self._abandon(lease_id)
+            raise
+        start_s = time.monotonic() - started
+        lease = Lease(
+            id=lease_id, template=template.name, backend=self.backend.name, job=request.job,
+            sandbox_id=sandbox.sandbox_id, expires_at=time.time() + request.ttl_s, warm=warm, start_s=start_s,
+            workdir=sandbox.workdir, labels=request.labels,
+        )  # fmt: skip
+        try:
+            activated = await self.store.activate(LeaseRecord(lease, request.network, self.instance))
+        finally:
+            self.pools.settled(sandbox.sandbox_id)
+        if not activated:
+            await self.backend.destroy(sandbox.sandbox_id)
+            raise PlatformError(ErrorCode.CONFLICT, f"lease {lease_id} was released while starting", status=409)
+        await self.backend.keepalive(sandbox.sandbox_id, request.ttl_s + self.settings.ttl_grace_s)
+        self.metrics.lease_start.labels(self.backend.name, "warm" if warm else "cold").observe(start_s)
+        return lease
+
+    async def _admit(self, lease_id: str, request: LeaseRequest) -> None:
+        s = self.settings
+        deadline = time.time() + request.wait_s + s.create_timeout_s
+        limits = (s.max_leases, s.max_backend_leases, s.job_quota)
+
+        async def reserve() -> int:
+            return await self.store.reserve(
+                lease_id, job=request.job, backend=self.backend.name, owner=self.instance, deadline=deadline,
+                limits=limits,
+            )  # fmt: skip
+
+        self.metrics.queue.set(self.admission.waiting)
+        try:
+            await self.admission.admit(request.job, reserve, request.wait_s)
+        finally:
+            self.metrics.queue.set(self.admission.waiting)
+
+    async def _sandbox_for(self, lease_id: str, template: Template, request: LeaseRequest) -> tuple[Sandbox, bool]:
+        if request.network == "none" and request.resources == template.resources:
+            pooled = await self.pools.take(PoolKey.of(template.name, template.resources))
+            if pooled is not None:
+                return pooled, True
+        labels = {LABEL_BROKER: self.instance, LABEL_LEASE: lease_id, LABEL_JOB: request.job,
+                  LABEL_TEMPLATE: template.name}  # fmt: skip
+        spec = SandboxSpec(template, request.resources, request.network, labels)
+        deadline = time.monotonic() + request.wait_s
+        return await self.create_sandbox(spec, deadline), False
+
+    async def create_sandbox(self, spec: SandboxSpec, rate_deadline: float | None = None) -> Sandbox:
+        """A backend create under the rate limit and the create timeout, failures classified."""
+        await self.bucket.acquire(rate_deadline)
+        started = time.monotonic()
+        try:
+            sandbox = await asyncio.wait_for(self.backend.create(spec), self.settings.create_timeout_s)
+        except PlatformError:
+            raise
+        except TimeoutError:
+            message = f"sandbox not ready within {self.settings.create_timeout_s:.0f}s"
+            raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, message, status=504) from None
+        except Exception as exc:
+            log.exception("sandbox create failed on %s", self.backend.name)
+            raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, f"sandbox create failed: {exc}", status=502) from exc
+        self.metrics.sandbox_create.labels(self.backend.name).observe(time.monotonic() - started)
+        return sandbox
+
+    async def _create_pooled(self, key: PoolKey) -> Sandbox:
+        template = await self.templates.get(key.template)
+        labels = {LABEL_BROKER: self.instance, LABEL_POOL: "1", LABEL_TEMPLATE: template.name}
+        return await self.create_sandbox(SandboxSpec(template, key.resources, "none", labels))
+
+    async def _abandon(self, lease_id: str) -> None:
+        if await self.store.claim(lease_id) is not False:
+            await self.store.forget(lease_id)
+        self.admission.poke()
+
+    async def get(self, lease_id: str) -> Lease:
+        return (await self.live(lease_id)).lease
+
+    async def live(self, lease_id: str) -> LeaseRecord:
+        record = await self.store.get(lease_id)
+        if record is None or record.lease.expires_at < time.time():
+            raise PlatformError(ErrorCode.LEASE_NOT_FOUND, f"no live lease {lease_id}", status=404)
+        return record
+
+    async def renew(self, lease_id: str, ttl_s: float) -> Lease:
+        record = await self.live(lease_id)
+        lease = record.lease.model_copy(update={"expires_at": time.time() + ttl_s})
+        if not await self.store.renew(lease):
+            raise PlatformError(ErrorCode.LEASE_NOT_FOUND, f"lease {lease_id} ended", status=404)
+        await self.backend.keepalive(lease.sandbox_id, ttl_s + self.settings.ttl_grace_s)
+        return lease
+
+    async def release(self, lease_id: str) -> bool:
+        """Destroy the lease's sandbox; False when it was already gone (release is idempotent)."""
+        claimed = await self.store.claim(lease_id)
+        if claimed is False:
+            return False
+        try:
+            if isinstance(claimed, LeaseRecord):
+                await self.backend.destroy(claimed.lease.sandbox_id)
+        finally:
+            await self.store.forget(lease_id)
+            self.admission.poke()
+        return True
+
+    async def list(self, job: str | None) -> list[Lease]:
+        return await self.store.list(job)
+
+    # -- commands and files --------------------------------------------------------------------
+
+    async def exec(self, lease_id: str, request: ExecRequest, sink: OutputSink | None = None) -> ExecResult:
+        started = time.monotonic()
+        if (request.argv is None) == (request.shell is None):
+            raise PlatformError(ErrorCode.VALIDATION_ERROR, "give exactly one of argv and shell", field="argv")
+        if request.argv is not None and not request.argv:
+            raise PlatformError(ErrorCode.VALIDATION_ERROR, "argv is empty", field="argv")
+        record = await self.live(lease_id)
+        result = await self._backend_call(self.backend.exec(record.lease.sandbox_id, request, sink))
+        result.broker_s = time.monotonic() - started
+        self.metrics.exec_latency.labels(self.backend.name).observe(result.broker_s)
+        return result
+
+    async def write_file(self, lease_id: str, path: str, data: bytes) -> None:
+        record = await self.live(lease_id)
+        await self._backend_call(self.backend.write_file(record.lease.sandbox_id, path, data))
+
+    async def read_file(self, lease_id: str, path: str) -> bytes:
+        record = await self.live(lease_id)
+        return await self._backend_call(self.backend.read_file(record.lease.sandbox_id, path))
+
+    async def put_archive(self, lease_id: str, directory: str, tar: bytes) -> None:
+        record = await self.live(lease_id)
+        await self._backend_call(self.backend.put_archive(record.lease.sandbox_id, directory, tar))
+
+    async def get_archive(self, lease_id: str, directory: str) -> bytes:
+        record = await self.live(lease_id)
+        return await self._backend_call(self.backend.get_archive(record.lease.sandbox_id, directory))
+
+    async def _backend_call(self, call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except PlatformError:
+            raise
+        except (OSError, ConnectionError, TimeoutError) as exc:
+            log.exception("%s backend call failed", self.backend.name)
+            raise PlatformError(ErrorCode.TRANSPORT_ERROR, f"{self.backend.name} backend: {exc}", status=502) from exc

@@ -1,0 +1,180 @@
+"""Lease records in Redis: reservation at admission, the record once the sandbox is ready, renewals,
+and claims that let exactly one replica tear a lease down (release or reaping).
+
+Keys (all in the ``{leases}`` slot, so the scripts below are legal on a Redis Cluster):
+``lease(id)`` hash (fields ``job``, ``backend``, ``owner``, ``state`` and, once live, ``lease`` =
+Lease JSON, ``sandbox_id``, ``network``); ``leases_index()`` sorted set id -> deadline (the create
+deadline while reserved, the expiry once live); ``job_leases(job)`` and ``backend_leases(b)`` sets.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from services.protocol import keys
+from services.protocol.sandboxes import Lease
+
+# KEYS: index, job set, backend set, record. ARGV: id, deadline, max global, max backend, max job,
+# job, backend, owner, record ttl ms. Returns 0 admitted, 1 global full, 2 backend full, 3 job full.
+_ADMIT = """
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 1 end
+if redis.call('SCARD', KEYS[3]) >= tonumber(ARGV[4]) then return 2 end
+if redis.call('SCARD', KEYS[2]) >= tonumber(ARGV[5]) then return 3 end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+redis.call('SADD', KEYS[2], ARGV[1])
+redis.call('SADD', KEYS[3], ARGV[1])
+redis.call('HSET', KEYS[4], 'job', ARGV[6], 'backend', ARGV[7], 'owner', ARGV[8], 'state', 'reserved')
+redis.call('PEXPIRE', KEYS[4], ARGV[9])
+return 0
+"""
+
+# KEYS: index, record. ARGV: id, expires_at, record ttl ms, field/value pairs...
+# Returns 1, or 0 when the lease was released or claimed by a reaper meanwhile.
+_UPDATE = """
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+for i = 4, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 1
+"""
+
+# KEYS: index, record. ARGV: id, max score ("+inf" for a release), key prefixes of job/backend sets.
+# Removes the lease from the index and its sets; returns 1 only to the one caller that did.
+_CLAIM = """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) > tonumber(ARGV[2]) then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[1])
+local job = redis.call('HGET', KEYS[2], 'job')
+local backend = redis.call('HGET', KEYS[2], 'backend')
+if job then redis.call('SREM', ARGV[3] .. job, ARGV[1]) end
+if backend then redis.call('SREM', ARGV[4] .. backend, ARGV[1]) end
+redis.call('HSET', KEYS[2], 'state', 'closing')
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    lease: Lease
+    network: str
+    owner: str
+
+
+class LeaseStore:
+    """The broker's view of leases in Redis; every method is one round trip or one script."""
+
+    def __init__(self, client: aioredis.Redis, grace_s: float) -> None:
+        self.client = client
+        self.grace_s = grace_s
+        self._admit = client.register_script(_ADMIT)
+        self._update = client.register_script(_UPDATE)
+        self._claim = client.register_script(_CLAIM)
+        job_prefix = keys.job_leases("")
+        backend_prefix = keys.backend_leases("")
+        self._prefixes = (job_prefix, backend_prefix)
+
+    async def reserve(
+        self, lease_id: str, *, job: str, backend: str, owner: str, deadline: float, limits: tuple[int, int, int]
+    ) -> int:
+        """Count a lease against the limits before its sandbox exists; 0 when admitted (see ``_ADMIT``)."""
+        ttl_ms = int((deadline - time.time() + self.grace_s) * 1000)
+        args: list[str | int | float] = [lease_id, deadline, *limits, job, backend, owner, max(ttl_ms, 1000)]
+        keys_ = [keys.leases_index(), keys.job_leases(job), keys.backend_leases(backend), keys.lease(lease_id)]
+        return int(await self._admit(keys=keys_, args=args))
+
+    async def activate(self, record: LeaseRecord) -> bool:
+        """Store the ready lease; False when it was released or reaped while its sandbox started."""
+        lease = record.lease
+        fields = {"lease": lease.model_dump_json(), "sandbox_id": lease.sandbox_id, "network": record.network,
+                  "state": "live"}  # fmt: skip
+        return await self._set(lease.id, lease.expires_at, fields)
+
+    async def renew(self, lease: Lease) -> bool:
+        return await self._set(lease.id, lease.expires_at, {"lease": lease.model_dump_json()})
+
+    async def _set(self, lease_id: str, expires_at: float, fields: dict[str, str]) -> bool:
+        ttl_ms = int((expires_at - time.time() + self.grace_s) * 1000)
+        flat = [x for pair in fields.items() for x in pair]
+        args: list[str | int | float] = [lease_id, expires_at, max(ttl_ms, 1000), *flat]
+        return bool(await self._update(keys=[keys.leases_index(), keys.lease(lease_id)], args=args))
+
+    async def get(self, lease_id: str) -> LeaseRecord | None:
+        raw = await self.client.hgetall(keys.lease(lease_id))
+        return _record(raw)
+
+    async def state(self, lease_id: str) -> str | None:
+        raw = await self.client.hget(keys.lease(lease_id), "state")
+        return _text(raw) if raw is not None else None
+
+    async def claim(self, lease_id: str, max_score: float | str = "+inf") -> LeaseRecord | bool | None:
+        """Take the lease out of the index. False: someone else did; else its record (None if it never went live)."""
+        raw = await self._claim(
+            keys=[keys.leases_index(), keys.lease(lease_id)], args=[lease_id, max_score, *self._prefixes]
+        )
+        if not int(raw):
+            return False
+        return await self.get(lease_id)
+
+    async def forget(self, lease_id: str) -> None:
+        await self.client.delete(keys.lease(lease_id))
+
+    async def expired(self, now: float, limit: int = 200) -> list[str]:
+        ids = await self.client.zrangebyscore(keys.leases_index(), "-inf", now, start=0, num=limit)
+        return [_text(i) for i in ids]
+
+    async def live_sandbox_ids(self) -> set[str]:
+        ids = await self.client.zrange(keys.leases_index(), 0, -1)
+        if not ids:
+            return set()
+        async with self.client.pipeline(transaction=False) as pipe:
+            for i in ids:
+                pipe.hget(keys.lease(_text(i)), "sandbox_id")
+            found = await pipe.execute()
+        return {_text(s) for s in found if s}
+
+    async def exists(self, lease_id: str) -> bool:
+        return bool(await self.client.exists(keys.lease(lease_id)))
+
+    async def list(self, job: str | None) -> list[Lease]:
+        ids: list[Any]
+        if job is not None:
+            ids = list(await self.client.smembers(keys.job_leases(job)))
+        else:
+            ids = list(await self.client.zrange(keys.leases_index(), 0, -1))
+        if not ids:
+            return []
+        async with self.client.pipeline(transaction=False) as pipe:
+            for i in ids:
+                pipe.hget(keys.lease(_text(i)), "lease")
+            found = await pipe.execute()
+        leases = [Lease.model_validate_json(raw) for raw in found if raw]
+        return sorted(leases, key=lambda lease: lease.id)
+
+    async def count(self) -> int:
+        return int(await self.client.zcard(keys.leases_index()))
+
+    async def job_counts(self) -> dict[str, int]:
+        prefix = keys.job_leases("")
+        counts: dict[str, int] = {}
+        async for key in self.client.scan_iter(match=prefix.replace("{", "\\{").replace("}", "\\}") + "*"):
+            counts[_text(key)[len(prefix) :]] = int(await self.client.scard(key))
+        return counts
+
+
+def _record(raw: dict[Any, Any]) -> LeaseRecord | None:
+    if not raw or b"lease" not in raw:
+        return None
+    return LeaseRecord(
+        lease=Lease.model_validate_json(raw[b"lease"]),
+        network=raw.get(b"network", b"none").decode(),
+        owner=raw.get(b"owner", b"").decode(),
+    )
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

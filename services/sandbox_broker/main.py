@@ -1,0 +1,23 @@
+"""Entrypoint: resolve Redis (configured or embedded), build the app, serve it."""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+
+from services.runtime.redis_server import redis_url_or_embedded
+from services.runtime.settings import RedisSettings
+from services.sandbox_broker.app import create_app
+from services.sandbox_broker.settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+
+def run(settings: BrokerSettings) -> int:
+    with redis_url_or_embedded(settings.redis_url or RedisSettings().url) as redis_url:
+        app = create_app(settings, redis_url)
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
+                                timeout_keep_alive=30)  # fmt: skip
+        uvicorn.Server(config).run()
+    return 0

@@ -1,0 +1,168 @@
+"""Warm pools per (template, resources, network): ready sandboxes kept at a target size by a
+background refill, handed out after a liveness check, cold start when a pool is empty."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from services.protocol.sandboxes import Resources, Template
+from services.sandbox_broker.backends.base import Backend, Sandbox
+from services.sandbox_broker.metrics import BrokerMetrics
+
+log = logging.getLogger(__name__)
+
+REFILL_PARALLEL = 4  # creates in flight per pool
+RETRY_S = 2.0  # after a failed create
+KEEPALIVE_S = 30.0  # how often pooled sandboxes are told they are still wanted (E2B timeouts)
+POOL_TTL_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class PoolKey:
+    template: str
+    cpus: float
+    memory_mb: int
+    disk_mb: int
+    network: str = "none"
+
+    @classmethod
+    def of(cls, template: str, resources: Resources, network: str = "none") -> PoolKey:
+        return cls(template, resources.cpus, resources.memory_mb, resources.disk_mb, network)
+
+    @property
+    def resources(self) -> Resources:
+        return Resources(cpus=self.cpus, memory_mb=self.memory_mb, disk_mb=self.disk_mb)
+
+    @property
+    def label(self) -> str:
+        return f"{self.template}/{self.cpus:g}cpu/{self.memory_mb}mb/{self.disk_mb}mb/{self.network}"
+
+
+# creates one pooled sandbox for a pool key
+Create = Callable[[PoolKey], Awaitable[Sandbox]]
+
+
+@dataclass(eq=False)
+class Pool:
+    key: PoolKey
+    target: int
+    ready: deque[Sandbox] = field(default_factory=deque)
+    creating: int = 0
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class Pools:
+    def __init__(self, backend: Backend, metrics: BrokerMetrics, create: Create) -> None:
+        self.backend = backend
+        self.metrics = metrics
+        self.create = create
+        self._pools: dict[PoolKey, Pool] = {}
+        self._lent: set[str] = set()  # taken from a pool, lease not yet recorded
+        self._closed = False
+
+    def ensure(self, template: Template) -> None:
+        """Keep ``template.warm_pool`` sandboxes of the template's own resources ready."""
+        key = PoolKey.of(template.name, template.resources)
+        pool = self._pools.get(key)
+        if pool is None:
+            if template.warm_pool == 0:
+                return
+            pool = self._pools[key] = Pool(key, template.warm_pool)
+            pool.task = asyncio.get_running_loop().create_task(self._refill(pool), name=f"pool {key.label}")
+        pool.target = template.warm_pool
+        self.metrics.pool_target.labels(key.label).set(pool.target)
+        pool.wake.set()
+
+    async def take(self, key: PoolKey) -> Sandbox | None:
+        """A live pooled sandbox, or None (cold start)."""
+        pool = self._pools.get(key)
+        if pool is None:
+            return None
+        while pool.ready:
+            sandbox = pool.ready.popleft()
+            self._lent.add(sandbox.sandbox_id)
+            self._observe(pool)
+            pool.wake.set()
+            if await self.backend.alive(sandbox.sandbox_id):
+                self.metrics.pool_hits.labels(key.label).inc()
+                return sandbox
+            self.metrics.pool_dead.labels(key.label).inc()
+            self.settled(sandbox.sandbox_id)
+            asyncio.get_running_loop().create_task(self.backend.destroy(sandbox.sandbox_id))
+        self.metrics.pool_misses.labels(key.label).inc()
+        return None
+
+    def settled(self, sandbox_id: str) -> None:
+        """The sandbox now belongs to a recorded lease (or was destroyed)."""
+        self._lent.discard(sandbox_id)
+
+    def owned(self) -> set[str]:
+        ids = set(self._lent)
+        for pool in self._pools.values():
+            ids.update(s.sandbox_id for s in pool.ready)
+        return ids
+
+    def sizes(self) -> dict[str, int]:
+        return {p.key.label: len(p.ready) for p in self._pools.values()}
+
+    async def close(self) -> None:
+        """Stop refilling and destroy the pooled sandboxes."""
+        self._closed = True
+        tasks = [p.task for p in self._pools.values() if p.task is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        doomed = [s.sandbox_id for p in self._pools.values() for s in p.ready]
+        await asyncio.gather(*(self.backend.destroy(i) for i in doomed), return_exceptions=True)
+
+    async def _refill(self, pool: Pool) -> None:
+        last_keepalive = time.monotonic()
+        while not self._closed:
+            missing = pool.target - len(pool.ready) - pool.creating
+            if missing > 0:
+                await asyncio.gather(*(self._add(pool) for _ in range(min(missing, REFILL_PARALLEL))))
+                continue
+            if time.monotonic() - last_keepalive > KEEPALIVE_S:
+                last_keepalive = time.monotonic()
+                await self._keepalive(pool)
+            pool.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(pool.wake.wait(), KEEPALIVE_S)
+
+    async def _add(self, pool: Pool) -> None:
+        pool.creating += 1
+        try:
+            sandbox = await self.create(pool.key)
+        except Exception:
+            log.exception("warm pool %s: create failed; retrying in %.0fs", pool.key.label, RETRY_S)
+            await asyncio.sleep(RETRY_S)
+            return
+        finally:
+            pool.creating -= 1
+        if self._closed or len(pool.ready) >= pool.target:
+            await self.backend.destroy(sandbox.sandbox_id)
+            return
+        pool.ready.append(sandbox)
+        self.metrics.pool_refills.labels(pool.key.label).inc()
+        self._observe(pool)
+
+    async def _keepalive(self, pool: Pool) -> None:
+        for sandbox in list(pool.ready):
+            try:
+                await self.backend.keepalive(sandbox.sandbox_id, POOL_TTL_S)
+            except Exception:
+                log.warning("warm pool %s: keepalive of %s failed; dropping it", pool.key.label, sandbox.sandbox_id)
+                with contextlib.suppress(ValueError):
+                    pool.ready.remove(sandbox)
+
+    def _observe(self, pool: Pool) -> None:
+        self.metrics.pool_size.labels(pool.key.label).set(len(pool.ready))

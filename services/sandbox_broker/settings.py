@@ -1,0 +1,61 @@
+"""``ROLLOUT_BROKER_*``: the one settings class of the broker process."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+BackendName = Literal["local", "docker", "e2b"]
+
+
+class BrokerSettings(BaseSettings):
+    """Built once in ``main()`` and passed down."""
+
+    model_config = SettingsConfigDict(env_prefix="ROLLOUT_BROKER_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8300
+    backend: BackendName = "local"
+    redis_url: str | None = None  # None: ROLLOUT_REDIS_URL, else an embedded server
+    instance: str = ""  # replica name, stable across restarts; default "<hostname>:<port>"
+    allow_unisolated: bool = False  # UNSAFE: run local sandboxes without namespaces if bwrap fails
+
+    # local backend
+    state_dir: Path = Path("/tmp/rollout-broker")  # sandboxes' workspaces (shared by replicas on a host)
+    sandbox_uid: int = 1000  # the non-root uid commands run as
+    pids_max: int = Field(512, gt=0)  # cgroup pids limit per sandbox
+    nofile: int = Field(4096, gt=0)  # RLIMIT_NOFILE per command
+
+    # docker backend
+    docker_host: str | None = None  # e.g. unix:///run/docker.sock; None: DOCKER_HOST
+    docker_network: str = "rollout-sandboxes"  # the one shared network
+    docker_image: str = "rollout/sandbox:latest"  # image of the built-in default template
+    docker_runtime: str | None = None  # e.g. "runsc"
+
+    # e2b backend
+    e2b_template: str = "base"  # template of the built-in default template
+    e2b_api_key: str | None = None  # None: E2B_API_KEY
+
+    # leases and pools
+    default_warm_pool: int = Field(0, ge=0)  # warm-pool target of the built-in default template
+    create_timeout_s: float = Field(120.0, gt=0)  # a sandbox must be ready within this
+    setup_timeout_s: float = Field(300.0, gt=0)  # template setup commands, together
+    reap_interval_s: float = Field(2.0, gt=0)  # expired-lease sweep
+    orphan_interval_s: float = Field(15.0, gt=0)  # sweep for sandboxes with no lease
+    ttl_grace_s: float = Field(60.0, ge=0)  # a lease record outlives its expiry this long (for the reaper)
+
+    # admission control
+    max_leases: int = Field(4096, gt=0)  # all replicas together
+    max_backend_leases: int = Field(4096, gt=0)  # leases on this replica's backend, all replicas together
+    job_quota: int = Field(4096, gt=0)  # leases per job
+    create_rate: float = Field(0.0, ge=0)  # sandbox creates per second per replica; 0 = unlimited
+    create_burst: int = Field(10, gt=0)
+    max_output_bytes: int = Field(8_000_000, gt=0)  # hard cap per stream, whatever the request says
+    max_file_bytes: int = Field(256 * 1024 * 1024, gt=0)  # upload limit (files and archives)
+
+    def instance_name(self) -> str:
+        return self.instance or f"{socket.gethostname()}:{self.port}"

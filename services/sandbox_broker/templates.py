@@ -1,0 +1,52 @@
+"""Templates: the built-in ``default`` of the configured backend plus those registered in Redis."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+from services.protocol import keys
+from services.protocol.errors import PlatformError
+from services.protocol.sandboxes import Template
+from services.protocol.status import ErrorCode
+from services.sandbox_broker.settings import BrokerSettings
+
+
+def default_template(settings: BrokerSettings) -> Template:
+    """The host's /usr on ``local``, the prepared image on ``docker``, the E2B template on ``e2b``."""
+    image = {"local": None, "docker": settings.docker_image, "e2b": settings.e2b_template}[settings.backend]
+    return Template(name="default", image=image, warm_pool=settings.default_warm_pool)
+
+
+class Templates:
+    def __init__(self, client: aioredis.Redis, default: Template, backend: str) -> None:
+        self.client = client
+        self.default = default
+        self.backend = backend
+
+    async def get(self, name: str) -> Template:
+        if name == "default":
+            stored = await self._load(name)
+            return stored or self.default
+        stored = await self._load(name)
+        if stored is None:
+            raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"no template {name!r}", status=400, field="template")
+        return stored
+
+    async def put(self, template: Template) -> None:
+        self.check(template)
+        await self.client.hset(keys.broker_templates(), template.name, template.model_dump_json())
+
+    async def all(self) -> list[Template]:
+        raw = await self.client.hgetall(keys.broker_templates())
+        stored = {t.name: t for t in (Template.model_validate_json(v) for v in raw.values())}
+        stored.setdefault("default", self.default)
+        return sorted(stored.values(), key=lambda t: t.name)
+
+    def check(self, template: Template) -> None:
+        """Refuse templates this backend cannot run (a request error)."""
+        if self.backend in ("docker", "e2b") and not template.image:
+            raise PlatformError(ErrorCode.BAD_REQUEST, f"the {self.backend} backend needs an image", field="image")
+
+    async def _load(self, name: str) -> Template | None:
+        raw = await self.client.hget(keys.broker_templates(), name)
+        return Template.model_validate_json(raw) if raw else None

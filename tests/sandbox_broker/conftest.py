@@ -1,0 +1,75 @@
+"""Brokers as real subprocesses on loopback, over real Redis and real bubblewrap sandboxes."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from services.sandbox_broker.backends.cgroups import Cgroups
+from tests.support.processes import ServiceProcess, start_service
+
+BrokerFactory = Callable[..., ServiceProcess]
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+
+def broker_args(redis_url: str, state_dir: Path, instance: str, *extra: str) -> list[str]:
+    return ["-m", "services.cli", "broker", "--port", "{port}", "--redis-url", redis_url,
+            "--state-dir", str(state_dir), "--instance", instance, *extra]  # fmt: skip
+
+
+def remove_sandboxes(state_dir: Path) -> list[str]:
+    """Remove every sandbox left under ``state_dir`` (and its cgroups); return their ids."""
+    root = state_dir / "sandboxes"
+    left = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+    cgroups = Cgroups.probe(512)
+    for sandbox_id in left:
+        cgroups.remove(sandbox_id)
+        shutil.rmtree(root / sandbox_id, ignore_errors=True)
+    return left
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    """Under /tmp, not pytest's root-only tmp dir: the sandbox uid must be able to reach it."""
+    path = Path(tempfile.mkdtemp(prefix="rollout-broker-test-"))
+    path.chmod(0o711)
+    yield path
+    remove_sandboxes(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def start_broker(redis_url: str, state_dir: Path, service_logs: Path) -> Iterator[BrokerFactory]:
+    """Start brokers (stopped at the end, also on failure); env vars configure each one."""
+    started: list[ServiceProcess] = []
+
+    def start(*extra: str, instance: str = "b1", env: dict[str, str] | None = None) -> ServiceProcess:
+        service = start_service(broker_args(redis_url, state_dir, instance, *extra), log_dir=service_logs,
+                                env=env, name=f"broker-{instance}")  # fmt: skip
+        started.append(service)
+        return service
+
+    yield start
+    for service in started:
+        service.stop()
+
+
+def lease(client: httpx.Client, **body: object) -> dict[str, Any]:
+    response = client.post("/leases", json=body)
+    assert response.status_code == 201, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def run(client: httpx.Client, lease_id: object, shell: str, **body: object) -> dict[str, Any]:
+    response = client.post(f"/leases/{lease_id}/exec", json={"shell": shell, **body})
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result

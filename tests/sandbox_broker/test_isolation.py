@@ -1,0 +1,92 @@
+"""What a local sandbox cannot do: see the host's processes, write outside its workspace, reach
+loopback services with its network off, keep processes alive past a timeout or a release."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.sandbox_broker.conftest import BrokerFactory, lease, needs_bwrap, run
+
+pytestmark = needs_bwrap
+
+
+FORK_BOMB = """
+import os, time
+n = 0
+try:
+    while n < 5000:
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        n += 1
+except OSError:
+    print("limited after", n, flush=True)
+"""
+
+
+def _host_processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_sandbox_is_isolated_from_the_host(start_broker: BrokerFactory, redis_url: str) -> None:
+    broker = start_broker()
+    redis_port = redis_url.rsplit(":", 1)[1].split("/")[0]
+    with httpx.Client(base_url=broker.url, timeout=30) as client:
+        lid = lease(client)["id"]
+        who = run(client, lid, "id -u; grep CapEff /proc/self/status; ls /proc | grep -c '^[0-9]'")
+        uid, caps, nprocs = who["stdout"].split("\n")[:3]
+        assert uid == "1000" and caps.split()[1] == "0000000000000000"
+        assert int(nprocs) < 10  # its own few processes, not the host's
+        assert str(os.getpid()) not in run(client, lid, "ls /proc")["stdout"].split()
+
+        for path in ("/usr/evil", "/etc/evil", "/evil", "/proc/sys/kernel/hostname"):
+            wrote = run(client, lid, f"echo x > {path}")
+            assert wrote["exit_code"] != 0, path
+        assert not Path("/usr/evil").exists() and not Path("/etc/evil").exists()
+
+        probe = f"exec 3<>/dev/tcp/127.0.0.1/{redis_port} && echo connected"
+        offline = run(client, lid, probe)
+        assert offline["exit_code"] != 0 and "connected" not in offline["stdout"]
+        online_id = lease(client, network="egress")["id"]
+        assert run(client, online_id, probe)["stdout"] == "connected\n"
+
+        other = lease(client)["id"]
+        run(client, lid, "echo secret > /workspace/mine; echo t > /tmp/t")
+        assert run(client, other, "cat /workspace/mine")["exit_code"] != 0
+        assert run(client, other, "ls /tmp")["stdout"] == ""
+
+
+def test_timeouts_and_release_kill_the_whole_process_tree(start_broker: BrokerFactory) -> None:
+    broker = start_broker()
+    marker = f"{int(time.time() * 1000) % 100000 + 200000}"
+    with httpx.Client(base_url=broker.url, timeout=30) as client:
+        lid = lease(client)["id"]
+        command = f"(setsid sleep {marker} &); (sleep {marker}1 &); sleep {marker}2"
+        result = run(client, lid, command, timeout_s=1)
+        assert result["timed_out"] is True and result["exit_code"] == 124
+        deadline = time.monotonic() + 10
+        while _host_processes_with(f"sleep\0{marker}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _host_processes_with(f"sleep\0{marker}") == []
+
+        # a command that finishes takes its background children with it
+        run(client, lid, f"sleep {marker}3 & echo started")
+        assert _host_processes_with(f"sleep\0{marker}3") == []
+
+        # limits: the pids cgroup stops a fork bomb from taking the host down
+        bomb = run(client, lid, f"python3 -c '{FORK_BOMB}'", timeout_s=30)
+        assert bomb["stdout"].startswith("limited after")
+        assert int(bomb["stdout"].split()[2]) < 600
+        assert client.delete(f"/leases/{lid}").status_code == 204
