@@ -19,8 +19,10 @@ from redis.asyncio import Redis
 from services.protocol import keys
 
 ADMIT = """
-local existing = redis.call('GET', KEYS[1])
-if existing then return {0, existing} end
+if KEYS[1] ~= KEYS[7] then
+  local existing = redis.call('GET', KEYS[1])
+  if existing then return {0, existing} end
+end
 local max_queued = tonumber(redis.call('HGET', KEYS[3], 'max_queued') or '0')
 local queued = tonumber(redis.call('HGET', KEYS[2], 'queued') or '0')
 local n = tonumber(ARGV[3])

@@ -90,10 +90,14 @@ def test_submit_queues_every_item_before_answering_and_is_idempotent(
     assert again.status_code == 202
     assert again.json() == {**answer, "duplicate": True}
     assert redis_client.xlen(keys.work_stream("train")) == 12
+    plain = {**body, "idempotency_key": None}  # without a key, every submission is a new rollout
+    ids = {client.post("/rollouts", json=plain, headers=auth(token)).json()["rollout_id"] for _ in range(2)}
+    assert len(ids) == 2 and answer["rollout_id"] not in ids
+    assert redis_client.xlen(keys.work_stream("train")) == 36
     status = client.get(f"/rollouts/{answer['rollout_id']}", headers=auth(token)).json()
     assert (status["total"], status["queued"], status["in_flight"], status["finished"]) == (12, 12, 0, 0)
     job = client.get("/jobs/train", headers=auth(token)).json()
-    assert (job["queue_depth"], job["in_flight"], job["weight"]) == (12, 0, 1.0)
+    assert (job["queue_depth"], job["in_flight"], job["weight"]) == (36, 0, 1.0)
 
 
 def test_bad_input(client: httpx.Client) -> None:

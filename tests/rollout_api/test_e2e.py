@@ -3,9 +3,12 @@ proxy, the real sandbox broker with local (bubblewrap) sandboxes, the rollout AP
 
 from __future__ import annotations
 
+import shutil
 import signal
+import tempfile
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,6 +32,8 @@ from tests.rollout_api.fleet import (
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytest.importorskip("services.llm_proxy", reason="the LLM proxy (branch proxy) has not landed")
+pytest.importorskip("services.sandbox_broker", reason="the sandbox broker (branch broker) has not landed")
 
 SLOW_STEP = {"text": "```bash\nls\n```", "latency_s": 1.0}
 RULES: dict[str, list[Any]] = {
@@ -60,13 +65,17 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     root = tmp_path_factory.mktemp("fleet")
     model = write_tokenizer_dir(root / "model")
     script = write_script(root / "script.json", RULES)
+    # the sandboxes' directories must be reachable by the sandbox user (pytest's tmp root is 0700)
+    state = Path(tempfile.mkdtemp(prefix="rollout-e2e-"))
+    state.chmod(0o755)
     with EmbeddedRedis() as server:
-        fleet = start_fleet(server.url, script, model, root / "logs", root / "sandboxes")
+        fleet = start_fleet(server.url, script, model, root / "logs", state)
         try:
             fleet.start_worker(jobs=["batch", "caps", "llmfail", "sandboxkill"], concurrency=16)
             yield fleet
         finally:
             fleet.stop()
+            shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture
