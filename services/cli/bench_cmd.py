@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from services.benchmarks import codec
+from services.benchmarks import codec, fleet
 
-BENCHMARKS = (codec,)
+BENCHMARKS = (codec, fleet)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

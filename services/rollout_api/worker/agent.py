@@ -30,6 +30,7 @@ from services.rollout_api.worker.conversation import (
     parse_action,
     task_message,
 )
+from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.reward import score
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.tokens import TokenBuffer
@@ -44,6 +45,7 @@ class AgentDeps:
     tokenizer: ChatTokenizer
     settings: WorkerSettings
     worker_id: str
+    metrics: WorkerMetrics
     leases: set[str] = field(default_factory=set)  # held now; renewed by the worker's heartbeat
 
 
@@ -169,6 +171,7 @@ class Episode:
             pool=self.item.pool, session_id=f"{self.item.trajectory_id}#{self.traj.attempt}",
         )  # fmt: skip
         llm_s = time.monotonic() - started
+        self.deps.metrics.llm_calls.inc()
         turn = Turn(
             index=index,
             response_offset=len(self.tokens.response_ids),

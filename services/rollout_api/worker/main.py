@@ -49,7 +49,7 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
         deps = AgentDeps(
             proxy=ProxyClient(session, settings.proxy_url.rstrip("/"), settings.llm_timeout_s),
             broker=BrokerClient(session, settings.broker_url.rstrip("/"), settings.broker_timeout_s),
-            tokenizer=tokenizer, settings=settings, worker_id=worker_id,
+            tokenizer=tokenizer, settings=settings, worker_id=worker_id, metrics=metrics,
         )  # fmt: skip
         worker = Worker(redis, deps, metrics)
         loop = asyncio.get_running_loop()

@@ -21,7 +21,8 @@ class WorkerMetrics:
             registry=r,
         )  # fmt: skip
         self.infra = Counter("rollout_worker_infra_errors_total", "failed attempts, by stage", ["stage"], registry=r)
-        self.turns = Counter("rollout_worker_turns_total", "agent turns", registry=r)
+        self.turns = Counter("rollout_worker_turns_total", "agent turns of published trajectories", registry=r)
+        self.llm_calls = Counter("rollout_worker_llm_calls_total", "LLM calls answered", registry=r)
         self.episode_seconds = Histogram(
             "rollout_worker_episode_seconds", "episode wall time", registry=r,
             buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600),
