@@ -19,7 +19,9 @@ async def serve(settings: EngineSettings) -> None:
     runners = []
     for i in range(settings.count):
         port = settings.port + i
-        runner = web.AppRunner(create_app(settings, port), handler_cancellation=True, access_log=None)
+        runner = web.AppRunner(
+            create_app(settings, port), handler_cancellation=True, access_log=None, shutdown_timeout=3.0
+        )
         await runner.setup()
         await web.TCPSite(runner, settings.host, port, backlog=4096).start()
         runners.append(runner)

@@ -1,0 +1,35 @@
+"""``rollout proxy``: the LLM proxy (``ROLLOUT_PROXY_*`` settings, Redis from ``ROLLOUT_REDIS_URL``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from services.llm_proxy.server import run as run_proxy
+from services.llm_proxy.settings import ProxySettings
+from services.runtime.settings import RedisSettings
+
+FLAGS: dict[str, type] = {
+    "host": str,
+    "port": int,
+    "workers": int,
+    "engines": str,
+    "pool": str,
+    "pools": str,
+    "context_cap": int,
+    "max_new_tokens_cap": int,
+    "default_deadline_s": float,
+    "health_interval_s": float,
+    "eject_after_failures": int,
+}
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("proxy", help="the LLM proxy in front of SGLang engines")
+    for name, kind in FLAGS.items():
+        p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = {k: getattr(args, k) for k in FLAGS if getattr(args, k, None) is not None}
+    return run_proxy(ProxySettings(**overrides), RedisSettings())

@@ -1,0 +1,78 @@
+"""``create_app(settings, redis_url)``: one proxy process's aiohttp application."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+from redis.asyncio import Redis
+
+from services.llm_proxy.admin import Admin
+from services.llm_proxy.calls import Forwarder
+from services.llm_proxy.fleet import FleetView
+from services.llm_proxy.health import HealthChecker
+from services.llm_proxy.membership import MembershipStore
+from services.llm_proxy.metrics import ProxyMetrics
+from services.llm_proxy.responses import json_response
+from services.llm_proxy.settings import ProxySettings
+from services.llm_proxy.upstream import BackgroundTasks, EngineClient, create_session
+from services.llm_proxy.weights import WeightTransaction
+
+VIEW = web.AppKey("view", FleetView)
+METRICS = web.AppKey("metrics", ProxyMetrics)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok", "pid": os.getpid()})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[METRICS].render(), content_type="text/plain")
+
+
+async def models(request: web.Request) -> web.Response:
+    """``/v1/models``: one model per pool (the OpenAI ``model`` field names the pool)."""
+    pools = request.app[VIEW].fleet.pools
+    data = [{"id": name, "object": "model", "owned_by": "rollout", "root": p.location} for name, p in pools.items()]
+    return json_response({"object": "list", "data": data})
+
+
+def create_app(settings: ProxySettings, redis_url: str) -> web.Application:
+    app = web.Application(client_max_size=1024**3)
+    proxy_metrics = ProxyMetrics()
+    app[METRICS] = proxy_metrics
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/models", models)
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        redis = Redis.from_url(redis_url)
+        store = MembershipStore(redis)
+        view = FleetView(store, settings.sync_interval_s, settings.eject_after_failures)
+        await view.refresh()
+        app[VIEW] = view
+        session = create_session(settings)
+        background = BackgroundTasks()
+        forwarder = Forwarder(settings, view, store, session, proxy_metrics, background)
+        for path in ("/generate", "/v1/chat/completions", "/v1/completions"):
+            app.router.add_post(path, forwarder.handle)
+        control = EngineClient(session, settings.engine_call_timeout_s)
+        Admin(view, store, control, WeightTransaction(redis, store, control, settings.lock_ttl_s)).add_routes(app)
+        checker = HealthChecker(view, EngineClient(session, settings.health_timeout_s), session, proxy_metrics)
+        await checker.check_all()
+        tasks = [
+            asyncio.create_task(view.follow(redis), name="membership"),
+            asyncio.create_task(checker.run(settings.health_interval_s), name="health"),
+        ]
+        yield
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await background.drain()
+        await session.close()
+        await redis.aclose()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app

@@ -1,0 +1,356 @@
+"""The data plane: one LLM call from the client to an engine and back.
+
+Parse, pick the pool, apply the context guard, mint the rid, hold while the pool's weights are
+being updated, choose an engine, forward (retrying on another engine when the connection failed
+before an answer), relay the answer with provenance, and abort the engine's request when the
+client goes away or the deadline passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from services.llm_proxy.fleet import EngineRuntime, FleetView
+from services.llm_proxy.guard import ContextGuard, is_engine_length_error
+from services.llm_proxy.membership import MembershipStore
+from services.llm_proxy.metrics import ProxyMetrics
+from services.llm_proxy.responses import error_frame, error_response, json_response, platform_error, read_json
+from services.llm_proxy.routing import Router
+from services.llm_proxy.settings import ProxySettings
+from services.llm_proxy.upstream import JSON_HEADERS, NOT_ANSWERED, BackgroundTasks, EngineClient
+from services.protocol import ErrorCode, PlatformError
+from services.protocol import llm as h
+
+GENERATE = "/generate"
+
+
+class NotAnswered(Exception):
+    """The engine gave no answer (refused, reset, disconnected): the call may go elsewhere."""
+
+
+@dataclass(slots=True)
+class Call:
+    route: str
+    pool: str
+    body: dict[str, Any]
+    rid: str
+    session: str | None
+    deadline_s: float | None
+    stream: bool
+    started: float
+    upstream_s: float = 0.0
+
+
+class Forwarder:
+    """Serves ``/generate``, ``/v1/chat/completions`` and ``/v1/completions``."""
+
+    def __init__(
+        self,
+        settings: ProxySettings,
+        view: FleetView,
+        store: MembershipStore,
+        session: aiohttp.ClientSession,
+        metrics: ProxyMetrics,
+        background: BackgroundTasks,
+    ) -> None:
+        self.settings = settings
+        self.view = view
+        self.store = store
+        self.session = session
+        self.metrics = metrics
+        self.background = background
+        self.engines = EngineClient(session, settings.health_timeout_s)
+        self.guard = ContextGuard(settings.context_cap, settings.max_new_tokens_cap)
+        self.router = Router(settings.affinity_overload_factor, settings.affinity_overload_slack)
+        self.rng = random.Random()
+        self.held_now = 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        rid = uuid.uuid4().hex  # fixed length: no rid is a prefix of another (SGLang aborts by prefix)
+        try:
+            call = await self._prepare(request, rid, started)
+            await self._hold(call.pool)
+            return await self._dispatch(request, call)
+        except PlatformError as exc:
+            self.metrics.errors.labels("-", exc.code.value).inc()
+            return error_response(exc, {h.HEADER_RID: rid})
+
+    async def _prepare(self, request: web.Request, rid: str, started: float) -> Call:
+        route = request.path
+        body = await read_json(request)
+        pool = self._pool_of(request, body, route)
+        if route == GENERATE:
+            self.guard.guard_generate(body)
+        else:
+            self.guard.guard_openai(body)
+        body["rid"] = rid
+        session = request.headers.get(h.HEADER_SESSION) or body.pop(h.BODY_SESSION, None)
+        return Call(
+            route=route, pool=pool, body=body, rid=rid, session=None if session is None else str(session),
+            deadline_s=_deadline(request, self.settings.default_deadline_s), stream=bool(body.get("stream")),
+            started=started,
+        )  # fmt: skip
+
+    def _pool_of(self, request: web.Request, body: dict[str, Any], route: str) -> str:
+        pools = self.view.fleet.pools
+        model = body.get("model")
+        if route != GENERATE and isinstance(model, str) and model in pools:
+            return model
+        pool = request.headers.get(h.HEADER_POOL, self.settings.pool)
+        if pool not in pools:
+            raise platform_error(ErrorCode.UNKNOWN_POOL, f"no pool named {pool!r}", field=h.HEADER_POOL)
+        return pool
+
+    async def _hold(self, pool: str) -> None:
+        """While the pool's weights are being updated, wait here (bounded) instead of failing."""
+        ready = self.view.ready_event(pool)
+        if ready.is_set():
+            return
+        if self.held_now >= self.settings.hold_queue_max:
+            raise platform_error(
+                ErrorCode.ENGINE_UNAVAILABLE, "weight update running; hold queue full", retry_after_s=5
+            )
+        record = self.view.pool(pool)
+        timeout = record.hold_timeout_s if record else 300.0
+        self.held_now += 1
+        self.metrics.held.labels(pool).inc()
+        self.metrics.held_total.labels(pool).inc()
+        self.background.spawn(self.store.count_held(pool))
+        try:
+            await asyncio.wait_for(ready.wait(), timeout)
+        except TimeoutError:
+            raise platform_error(
+                ErrorCode.ENGINE_UNAVAILABLE, f"weight update of pool {pool} still running", retry_after_s=5
+            ) from None
+        finally:
+            self.held_now -= 1
+            self.metrics.held.labels(pool).dec()
+
+    async def _dispatch(self, request: web.Request, call: Call) -> web.StreamResponse:
+        payload = orjson.dumps(call.body)
+        tried: set[str] = set()
+        for _attempt in range(self.settings.retries + 1):
+            engines = [e for e in self.view.routable(call.pool) if e.url not in tried]
+            if not engines:
+                break
+            rt = self.router.choose(engines, call.session, self.rng)
+            tried.add(rt.url)
+            try:
+                return await self._forward(request, call, rt, payload)
+            except NotAnswered as exc:
+                self.view.mark_failed(rt, str(exc))
+                self.metrics.retries.labels(rt.engine_id).inc()
+                self.background.spawn(self.engines.abort(rt.url, call.rid))  # in case it did arrive
+        raise platform_error(
+            ErrorCode.NO_HEALTHY_ENGINE, f"no healthy engine in pool {call.pool} (tried {len(tried)})", retry_after_s=1
+        )
+
+    async def _forward(self, request: web.Request, call: Call, rt: EngineRuntime, payload: bytes) -> web.StreamResponse:
+        rt.in_flight += 1
+        self.metrics.in_flight.labels(rt.engine_id).inc()
+        sent = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        deadline_at = None if call.deadline_s is None else loop.time() + call.deadline_s
+        try:
+            async with asyncio.timeout_at(deadline_at):
+                resp = await self._send(rt, call, payload)
+                if call.stream and resp.status == 200:
+                    async with resp:
+                        return await self._relay_stream(request, call, rt, resp, sent, deadline_at)
+                async with resp:
+                    raw = await resp.read()
+            call.upstream_s = time.perf_counter() - sent
+            self.view.mark_ok(rt)
+            return self._answer(call, rt, resp.status, raw)
+        except TimeoutError:
+            self._abort(rt, call, "deadline")
+            return self._fail(call, rt, ErrorCode.UPSTREAM_TIMEOUT, f"no answer within {call.deadline_s} s")
+        except asyncio.CancelledError:  # the client went away
+            self._abort(rt, call, "disconnect")
+            raise
+        except aiohttp.ClientError as exc:  # the answer broke off after the request was sent
+            self.view.mark_failed(rt, str(exc))
+            self._abort(rt, call, "upstream_error")
+            return self._fail(call, rt, ErrorCode.ENGINE_UNAVAILABLE, f"engine connection failed: {exc}")
+        finally:
+            rt.in_flight -= 1
+            self.metrics.in_flight.labels(rt.engine_id).dec()
+
+    async def _send(self, rt: EngineRuntime, call: Call, payload: bytes) -> aiohttp.ClientResponse:
+        try:
+            return await self.session.post(rt.url + call.route, data=payload, headers=JSON_HEADERS)
+        except NOT_ANSWERED as exc:
+            raise NotAnswered(f"{type(exc).__name__}: {exc}") from exc
+
+    def _abort(self, rt: EngineRuntime, call: Call, reason: str) -> None:
+        self.metrics.aborts.labels(reason).inc()
+        self.background.spawn(self.engines.abort(rt.url, call.rid))
+
+    def _provenance(self, call: Call, rt: EngineRuntime, version: object) -> dict[str, str]:
+        headers = {h.HEADER_ENGINE: rt.engine_id, h.HEADER_RID: call.rid}
+        if version is None:
+            pool = self.view.pool(call.pool)
+            version = pool.version if pool else None
+        if version is not None:
+            headers[h.HEADER_WEIGHT_VERSION] = str(version)
+        return headers
+
+    def _answer(self, call: Call, rt: EngineRuntime, status: int, raw: bytes) -> web.Response:
+        if status != 200:
+            return self._engine_error(call, rt, status, raw)
+        doc = orjson.loads(raw)
+        version = self._stamp(call, doc, rt)
+        self._observe(call, rt, "200", doc)
+        return json_response(doc, 200, self._provenance(call, rt, version))
+
+    def _stamp(self, call: Call, doc: Any, rt: EngineRuntime) -> object:
+        """Add the engine id to the answer; return the weight version the engine reported."""
+        if not isinstance(doc, dict):
+            return None
+        if call.route == GENERATE:
+            meta = doc.get("meta_info")
+            if isinstance(meta, dict):
+                meta[h.META_ENGINE] = rt.engine_id
+                return meta.get("weight_version")
+            return None
+        metadata = doc.setdefault("metadata", {})
+        if isinstance(metadata, dict):
+            metadata[h.META_ENGINE] = rt.engine_id
+            return metadata.get("weight_version")
+        return None
+
+    def _engine_error(self, call: Call, rt: EngineRuntime, status: int, raw: bytes) -> web.Response:
+        message = _engine_message(raw)
+        if status == 400 and is_engine_length_error(message):
+            return self._fail(call, rt, ErrorCode.CONTEXT_LENGTH_EXCEEDED, message)
+        if 400 <= status < 500:
+            code = ErrorCode.NOT_FOUND if status == 404 else ErrorCode.BAD_REQUEST
+            return self._fail(call, rt, code, message, status=status)
+        self.view.mark_failed(rt, f"HTTP {status}")
+        return self._fail(call, rt, ErrorCode.ENGINE_ERROR, f"engine answered {status}: {message}")
+
+    def _fail(
+        self, call: Call, rt: EngineRuntime, code: ErrorCode, message: str, status: int | None = None
+    ) -> web.Response:
+        exc = platform_error(code, message)
+        if status is not None:
+            exc.status = status
+        self.metrics.errors.labels(rt.engine_id, code.value).inc()
+        self._observe(call, rt, str(exc.status), None)
+        return error_response(exc, self._provenance(call, rt, None))
+
+    def _observe(self, call: Call, rt: EngineRuntime, code: str, doc: Any) -> None:
+        elapsed = time.perf_counter() - call.started
+        m = self.metrics
+        m.calls.labels(rt.engine_id, call.route, code).inc()
+        m.latency.labels(rt.engine_id).observe(elapsed)
+        if call.upstream_s:
+            m.overhead.observe(max(0.0, elapsed - call.upstream_s))
+        prompt, completion = _token_counts(doc)
+        if prompt:
+            m.tokens.labels(rt.engine_id, "prompt").inc(prompt)
+        if completion:
+            m.tokens.labels(rt.engine_id, "completion").inc(completion)
+
+    async def _relay_stream(
+        self,
+        request: web.Request,
+        call: Call,
+        rt: EngineRuntime,
+        resp: aiohttp.ClientResponse,
+        sent: float,
+        deadline_at: float | None,
+    ) -> web.StreamResponse:
+        """Relay SSE frames, tagging each with the engine id. Failures after the first byte end the
+        stream with an error frame (the status line is already sent)."""
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        out = web.StreamResponse(status=200, headers={**headers, **self._provenance(call, rt, None)})
+        await out.prepare(request)
+        failure: PlatformError | None = None
+        try:
+            async with asyncio.timeout_at(deadline_at):
+                await self._pump(call, rt, resp, out)
+        except TimeoutError:
+            self._abort(rt, call, "deadline")
+            failure = platform_error(ErrorCode.UPSTREAM_TIMEOUT, f"no answer within {call.deadline_s} s")
+        except aiohttp.ClientError as exc:
+            self.view.mark_failed(rt, str(exc))
+            self._abort(rt, call, "upstream_error")
+            failure = platform_error(ErrorCode.ENGINE_UNAVAILABLE, f"engine connection failed: {exc}")
+        except ConnectionResetError:  # the client went away mid-stream
+            self._abort(rt, call, "disconnect")
+            return out
+        if failure is not None:
+            self.metrics.errors.labels(rt.engine_id, failure.code.value).inc()
+            await out.write(error_frame(failure))
+        else:
+            self.view.mark_ok(rt)
+            call.upstream_s = time.perf_counter() - sent
+            self._observe(call, rt, "200", None)
+        await out.write_eof()
+        return out
+
+    async def _pump(self, call: Call, rt: EngineRuntime, resp: aiohttp.ClientResponse, out: web.StreamResponse) -> None:
+        buffer = b""
+        async for chunk in resp.content.iter_any():
+            buffer += chunk
+            while b"\n\n" in buffer:
+                frame, buffer = buffer.split(b"\n\n", 1)
+                await out.write(self._tag_frame(call, rt, frame) + b"\n\n")
+        if buffer:
+            await out.write(buffer)
+
+    def _tag_frame(self, call: Call, rt: EngineRuntime, frame: bytes) -> bytes:
+        if not frame.startswith(b"data: {"):
+            return frame
+        doc = orjson.loads(frame[6:])
+        self._stamp(call, doc, rt)
+        return b"data: " + orjson.dumps(doc)
+
+
+def _deadline(request: web.Request, default: float | None) -> float | None:
+    raw = request.headers.get(h.HEADER_DEADLINE)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise platform_error(
+            ErrorCode.VALIDATION_ERROR, f"{h.HEADER_DEADLINE} must be seconds", field="deadline"
+        ) from None
+    if value <= 0:
+        raise platform_error(ErrorCode.VALIDATION_ERROR, f"{h.HEADER_DEADLINE} must be positive", field="deadline")
+    return value
+
+
+def _engine_message(raw: bytes) -> str:
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw.decode(errors="replace")[:2000]
+    if isinstance(doc, dict):
+        err = doc.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if "message" in doc:
+            return str(doc["message"])
+    return str(doc)[:2000]
+
+
+def _token_counts(doc: Any) -> tuple[int, int]:
+    if not isinstance(doc, dict):
+        return 0, 0
+    meta = doc.get("meta_info") or doc.get("usage") or {}
+    if not isinstance(meta, dict):
+        return 0, 0
+    return int(meta.get("prompt_tokens") or 0), int(meta.get("completion_tokens") or 0)

@@ -1,0 +1,122 @@
+"""One proxy process's view of the fleet: the shared membership (followed from Redis within a
+second, at once on a change notice) plus what only this process knows: calls in flight, the
+engines' reported load, health and ejection."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from services.llm_proxy.membership import EngineRecord, Fleet, MembershipStore, PoolRecord
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class EngineRuntime:
+    """Per-process facts about one engine."""
+
+    url: str
+    engine_id: str
+    in_flight: int = 0  # calls this process has on the engine now
+    reported_load: int = 0  # requests the engine reported at the last poll (all proxies' calls)
+    in_flight_at_report: int = 0
+    failures: int = 0  # consecutive failed health checks or calls
+    ejected: bool = False
+
+    @property
+    def load(self) -> int:
+        """Engine-reported load, corrected by what this process sent or finished since the report."""
+        return max(self.in_flight, self.reported_load + self.in_flight - self.in_flight_at_report)
+
+    def report(self, num_reqs: int) -> None:
+        self.reported_load = num_reqs
+        self.in_flight_at_report = self.in_flight
+
+
+class FleetView:
+    """The local mirror of the shared :class:`Fleet`, refreshed by :meth:`follow`."""
+
+    def __init__(self, store: MembershipStore, sync_interval_s: float, eject_after: int) -> None:
+        self.store = store
+        self.sync_interval_s = sync_interval_s
+        self.eject_after = eject_after
+        self.fleet = Fleet()
+        self.runtime: dict[str, EngineRuntime] = {}
+        self._pool_ready: dict[str, asyncio.Event] = {}
+        self._changed = asyncio.Event()
+
+    # -- following Redis ----------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        self.fleet = await self.store.read()
+        for url, rec in self.fleet.engines.items():
+            if url not in self.runtime:
+                self.runtime[url] = EngineRuntime(url=url, engine_id=rec.engine_id)
+        for url in list(self.runtime):
+            if url not in self.fleet.engines and self.runtime[url].in_flight == 0:
+                del self.runtime[url]
+        for name, pool in self.fleet.pools.items():
+            event = self.ready_event(name)
+            if pool.updating:
+                event.clear()
+            else:
+                event.set()
+
+    async def follow(self, redis: Redis) -> None:
+        """Refresh on every change notice and at least every ``sync_interval_s``."""
+        pubsub = redis.pubsub()
+        await pubsub.subscribe(self.store.channel)
+        try:
+            while True:
+                try:
+                    await pubsub.get_message(ignore_subscribe_messages=True, timeout=self.sync_interval_s)
+                    while await pubsub.get_message(ignore_subscribe_messages=True, timeout=0):
+                        pass  # coalesce a burst of notices into one refresh
+                    await self.refresh()
+                except (OSError, ConnectionError, TimeoutError) as exc:  # Redis blip: keep the last view
+                    log.warning("membership refresh failed: %s", exc)
+                    await asyncio.sleep(self.sync_interval_s)
+        finally:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    # -- queries ------------------------------------------------------------------------
+
+    def ready_event(self, pool: str) -> asyncio.Event:
+        event = self._pool_ready.get(pool)
+        if event is None:
+            event = self._pool_ready[pool] = asyncio.Event()
+            event.set()
+        return event
+
+    def pool(self, name: str) -> PoolRecord | None:
+        return self.fleet.pools.get(name)
+
+    def routable(self, pool: str) -> list[EngineRuntime]:
+        """Engines of ``pool`` that may take new calls: active and not ejected by this process."""
+        found = []
+        for rec in self.fleet.engines.values():
+            rt = self.runtime.get(rec.url)
+            if rec.pool == pool and rec.state == "active" and rt is not None and not rt.ejected:
+                found.append(rt)
+        return found
+
+    def record(self, url: str) -> EngineRecord | None:
+        return self.fleet.engines.get(url)
+
+    # -- health -------------------------------------------------------------------------
+
+    def mark_ok(self, rt: EngineRuntime) -> None:
+        if rt.ejected:
+            log.info("engine %s is healthy again: rejoins", rt.engine_id)
+        rt.failures = 0
+        rt.ejected = False
+
+    def mark_failed(self, rt: EngineRuntime, why: str) -> None:
+        rt.failures += 1
+        if not rt.ejected and rt.failures >= self.eject_after:
+            rt.ejected = True
+            log.warning("engine %s ejected after %d failures (%s)", rt.engine_id, rt.failures, why)

@@ -1,0 +1,70 @@
+"""Health checks and load polling: every engine, every ``health_interval_s``, from every process.
+
+``/get_load`` is the probe: it answers while the engine serves and reports its queue, which
+refreshes the routing load. An engine failing ``eject_after_failures`` probes (or calls) in a
+row is ejected; it rejoins by itself when probes pass again, unless it reports weights other
+than its pool's current version (a restarted engine with stale weights stays out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import aiohttp
+
+from services.llm_proxy.fleet import EngineRuntime, FleetView
+from services.llm_proxy.metrics import ProxyMetrics
+from services.llm_proxy.upstream import EngineClient, open_connections
+
+log = logging.getLogger(__name__)
+
+
+class HealthChecker:
+    def __init__(
+        self, view: FleetView, client: EngineClient, session: aiohttp.ClientSession, metrics: ProxyMetrics
+    ) -> None:
+        self.view = view
+        self.client = client
+        self.session = session
+        self.metrics = metrics
+
+    async def run(self, interval_s: float) -> None:
+        while True:
+            await self.check_all()
+            await asyncio.sleep(interval_s)
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(rt) for rt in list(self.view.runtime.values())))
+        self.metrics.upstream_connections.set(open_connections(self.session))
+
+    async def check(self, rt: EngineRuntime) -> None:
+        status, doc = await self.client.call("GET", rt.url + "/get_load")
+        if status != 200:
+            self.view.mark_failed(rt, f"health check: {status} {doc}")
+        elif rt.ejected and not await self._weights_current(rt):
+            pass  # stays out until an admin re-adds it with the pool's weights
+        else:
+            rt.report(_num_reqs(doc))
+            self.view.mark_ok(rt)
+        self.metrics.engine_up.labels(rt.engine_id).set(0 if rt.ejected else 1)
+
+    async def _weights_current(self, rt: EngineRuntime) -> bool:
+        record = self.view.record(rt.url)
+        pool = self.view.pool(record.pool) if record else None
+        if pool is None or pool.version is None:
+            return True
+        status, info = await self.client.call("GET", rt.url + "/get_model_info")
+        version = info.get("weight_version") if isinstance(info, dict) else None
+        if status == 200 and version == pool.version:
+            return True
+        log.warning("engine %s is up but serves weights %r, pool %s is at %r", rt.engine_id, version, pool.name,
+                    pool.version)  # fmt: skip
+        return False
+
+
+def _num_reqs(doc: Any) -> int:
+    """SGLang's ``/get_load``: a list of per-DP-rank dicts (older versions: one dict)."""
+    entries = doc if isinstance(doc, list) else [doc]
+    return sum(int(e.get("num_reqs", 0)) for e in entries if isinstance(e, dict))

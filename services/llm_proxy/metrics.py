@@ -1,0 +1,59 @@
+"""The proxy's Prometheus metrics: the saturation numbers that show a hidden cap before it bites.
+
+With several processes, ``PROMETHEUS_MULTIPROC_DIR`` (set by the parent) makes every process
+write its values to files and ``/metrics`` on any process reports the sum over all of them.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+
+LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 300, 600, 1800)
+OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class ProxyMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.in_flight = Gauge(
+            "rollout_proxy_calls_in_flight", "Calls in flight per engine", ["engine"], registry=r,
+            multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.calls = Counter("rollout_proxy_calls", "Finished calls", ["engine", "route", "code"], registry=r)
+        self.errors = Counter("rollout_proxy_errors", "Error responses by code", ["engine", "code"], registry=r)
+        self.latency = Histogram(
+            "rollout_proxy_call_seconds", "Call latency seen by the client", ["engine"], buckets=LATENCY_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.tokens = Counter("rollout_proxy_tokens", "Tokens", ["engine", "kind"], registry=r)
+        self.overhead = Histogram(
+            "rollout_proxy_overhead_seconds", "Proxy-added time (call minus upstream)", buckets=OVERHEAD_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.retries = Counter("rollout_proxy_retries", "Calls retried on another engine", ["engine"], registry=r)
+        self.aborts = Counter("rollout_proxy_aborts", "Aborts sent to engines", ["reason"], registry=r)
+        self.upstream_connections = Gauge(
+            "rollout_proxy_upstream_connections", "Open upstream connections", registry=r, multiprocess_mode="livesum"
+        )
+        self.held = Gauge(
+            "rollout_proxy_calls_held", "Calls held during a weight update", ["pool"], registry=r,
+            multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.held_total = Counter("rollout_proxy_held_calls", "Calls that were held", ["pool"], registry=r)
+        self.engine_up = Gauge(
+            "rollout_proxy_engine_up", "1 if routable from this process", ["engine"], registry=r,
+            multiprocess_mode="min",
+        )  # fmt: skip
+        self.weight_update = Histogram(
+            "rollout_proxy_weight_update_seconds", "Weight-update transaction time", ["pool"], buckets=LATENCY_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+
+    def render(self) -> bytes:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            merged = CollectorRegistry()
+            multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+            return generate_latest(merged)
+        return generate_latest(self.registry)

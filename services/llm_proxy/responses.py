@@ -1,0 +1,52 @@
+"""Error and JSON responses of the proxy (every error is an ``ErrorBody`` with an ``ErrorCode``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from services.protocol import ErrorCode, PlatformError
+from services.protocol.errors import ErrorBody
+
+STATUS_OF: dict[ErrorCode, int] = {
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.UNKNOWN_POOL: 404,
+    ErrorCode.CONFLICT: 409,
+    ErrorCode.NO_HEALTHY_ENGINE: 503,
+    ErrorCode.ENGINE_UNAVAILABLE: 503,
+    ErrorCode.ENGINE_ERROR: 502,
+    ErrorCode.UPSTREAM_TIMEOUT: 504,
+    ErrorCode.WEIGHT_UPDATE_FAILED: 502,
+    ErrorCode.INTERNAL_ERROR: 500,
+}
+
+
+def json_response(doc: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(doc), status=status, content_type="application/json", headers=headers)
+
+
+def error_response(exc: PlatformError, headers: Mapping[str, str] | None = None) -> web.Response:
+    return json_response(exc.body().model_dump(mode="json"), exc.status, headers)
+
+
+def platform_error(code: ErrorCode, message: str, **kwargs: Any) -> PlatformError:
+    """A :class:`PlatformError` with the HTTP status that goes with ``code``."""
+    return PlatformError(code, message, status=STATUS_OF.get(code, 400), **kwargs)
+
+
+def error_frame(exc: PlatformError) -> bytes:
+    """An SSE frame carrying an error, for failures after a stream has started."""
+    return b"data: " + orjson.dumps(ErrorBody.of(exc.code, exc.message).model_dump(mode="json")) + b"\n\n"
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise platform_error(ErrorCode.BAD_REQUEST, f"the body is not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise platform_error(ErrorCode.BAD_REQUEST, "the body must be a JSON object")
+    return doc

@@ -1,0 +1,97 @@
+"""The proxy's processes: a parent that owns Redis (embedded when no URL is set) and seeds
+membership, and ``workers`` children, each with its own SO_REUSEPORT socket on the same port so
+the kernel spreads long-lived connections evenly. A child that dies is started again."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import signal
+import tempfile
+from multiprocessing.process import BaseProcess
+
+from aiohttp import web
+from redis.asyncio import Redis
+
+from services.llm_proxy.app import create_app
+from services.llm_proxy.membership import MembershipStore
+from services.llm_proxy.settings import ProxySettings
+from services.runtime.logs import configure_logging
+from services.runtime.redis_server import redis_url_or_embedded
+from services.runtime.settings import RedisSettings
+
+log = logging.getLogger(__name__)
+
+
+async def serve_worker(settings: ProxySettings, redis_url: str) -> None:
+    runner = web.AppRunner(
+        create_app(settings, redis_url), handler_cancellation=True, access_log=None, shutdown_timeout=3.0
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=True, backlog=16_384)
+    await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+
+
+def worker_main(settings: ProxySettings, redis_url: str, log_level: str | None) -> None:
+    """Entry point of one child process."""
+    import uvloop  # comes with uvicorn[standard]
+
+    configure_logging(log_level)
+    uvloop.run(serve_worker(settings, redis_url))
+
+
+async def seed_membership(settings: ProxySettings, redis_url: str) -> None:
+    redis = Redis.from_url(redis_url)
+    try:
+        await MembershipStore(redis).seed(settings.pool_map())
+    finally:
+        await redis.aclose()
+
+
+def run(settings: ProxySettings, redis_settings: RedisSettings) -> int:
+    """Run the parent until SIGTERM/SIGINT; returns the exit code."""
+    stopping = False
+
+    def _stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    with (
+        redis_url_or_embedded(redis_settings.url) as redis_url,
+        tempfile.TemporaryDirectory(prefix="proxy-prom-") as prom,
+    ):
+        asyncio.run(seed_membership(settings, redis_url))
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = prom  # children aggregate /metrics across processes
+        ctx = multiprocessing.get_context("spawn")
+        level = os.environ.get("ROLLOUT_LOG_LEVEL")
+
+        def start() -> BaseProcess:
+            proc = ctx.Process(target=worker_main, args=(settings, redis_url, level), daemon=True)
+            proc.start()
+            return proc
+
+        children = [start() for _ in range(settings.workers)]
+        log.info("proxy on %s:%d with %d worker processes", settings.host, settings.port, settings.workers)
+        while not stopping:
+            for i, child in enumerate(children):
+                child.join(timeout=0.2)
+                if child.exitcode is not None and not stopping:
+                    log.error("proxy worker %d exited with %s; starting another", child.pid, child.exitcode)
+                    children[i] = start()
+        for child in children:
+            child.terminate()
+        for child in children:
+            child.join(timeout=10)
+            if child.exitcode is None:
+                child.kill()
+    return 0

@@ -1,0 +1,58 @@
+"""``ROLLOUT_PROXY_*``: the proxy's one settings object, built in ``main`` and passed down."""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_POOL = "default"
+
+
+class ProxySettings(BaseSettings):
+    """Times are seconds, sizes tokens. ``engines``/``pools`` seed membership; the admin API changes it."""
+
+    model_config = SettingsConfigDict(env_prefix="ROLLOUT_PROXY_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    workers: int = Field(default_factory=lambda: len(os.sched_getaffinity(0)), ge=1)
+    engines: str = ""  # "url,url,...": engines of ``pool``
+    pool: str = DEFAULT_POOL  # the pool ``engines`` join
+    pools: str = ""  # "pool=url,url;pool2=url": more pools
+    # context guard
+    context_cap: int = Field(65_536, gt=1)  # prompt + new tokens, per call
+    max_new_tokens_cap: int = Field(8_192, ge=1)  # new tokens per call
+    # upstream client
+    connect_timeout_s: float = Field(10.0, gt=0)
+    keepalive_s: float = Field(4.0, gt=0, lt=5.0)  # below SGLang's 5 s server keep-alive
+    default_deadline_s: float | None = Field(None, gt=0)  # per call, unless X-Deadline-S says otherwise
+    retries: int = Field(2, ge=0)  # other engines tried when a connection fails before sending
+    # health and load
+    health_interval_s: float = Field(1.0, gt=0)
+    health_timeout_s: float = Field(2.0, gt=0)
+    eject_after_failures: int = Field(3, ge=1)  # consecutive failed checks or calls
+    sync_interval_s: float = Field(0.5, gt=0)  # local view refresh from Redis (pub/sub is faster)
+    affinity_overload_factor: float = Field(2.0, ge=1)  # sticky engine skipped when load > f x min + slack
+    affinity_overload_slack: int = Field(8, ge=0)
+    # weight updates
+    hold_queue_max: int = Field(100_000, ge=0)  # calls one process may hold during an update
+    engine_call_timeout_s: float = Field(600.0, gt=0)  # one control-plane call to one engine
+    lock_ttl_s: float = Field(900.0, gt=0)
+
+    def pool_map(self) -> dict[str, list[str]]:
+        """Every seeded pool and its engine URLs."""
+        found: dict[str, list[str]] = {}
+        if self.engines.strip():
+            found[self.pool] = _urls(self.engines)
+        for part in filter(None, (p.strip() for p in self.pools.split(";"))):
+            name, _, urls = part.partition("=")
+            if not name.strip() or not urls.strip():
+                raise ValueError(f"pools entry {part!r} is not pool=url,url")
+            found.setdefault(name.strip(), []).extend(_urls(urls))
+        return found
+
+
+def _urls(text: str) -> list[str]:
+    return [u.strip().rstrip("/") for u in text.split(",") if u.strip()]

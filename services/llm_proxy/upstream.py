@@ -1,0 +1,89 @@
+"""The upstream HTTP client: one aiohttp session per process, no connection cap.
+
+httpx's pool is O(n^2) in calls in flight and both libraries default to 100 connections, the
+hidden cap seen in the field; aiohttp with ``limit=0`` handles thousands in flight. The idle
+keep-alive stays below SGLang's 5 s so the client never reuses a socket the server is closing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import aiohttp
+import orjson
+
+from services.llm_proxy.settings import ProxySettings
+
+log = logging.getLogger(__name__)
+
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+# raised before a response arrived: the call may be retried on another engine
+NOT_ANSWERED = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
+
+def create_session(settings: ProxySettings) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(
+        limit=0, limit_per_host=0, keepalive_timeout=settings.keepalive_s, ttl_dns_cache=300
+    )
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+
+
+def open_connections(session: aiohttp.ClientSession) -> int:
+    """Connections the session holds (in use + idle); aiohttp exposes no public counter."""
+    connector = session.connector
+    if connector is None:
+        return 0
+    acquired = len(getattr(connector, "_acquired", ()))
+    idle = sum(len(v) for v in getattr(connector, "_conns", {}).values())
+    return acquired + idle
+
+
+class EngineClient:
+    """Control-plane calls to one engine at a time (JSON in, status + JSON out)."""
+
+    def __init__(self, session: aiohttp.ClientSession, timeout_s: float) -> None:
+        self.session = session
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def call(self, method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+        """``(status, parsed JSON or text)``; transport failures come back as status 0 and the error text."""
+        data = None if body is None else orjson.dumps(body)
+        try:
+            async with self.session.request(method, url, data=data, headers=JSON_HEADERS, timeout=self.timeout) as resp:
+                raw = await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return 0, f"{type(exc).__name__}: {exc}"
+        try:
+            return resp.status, orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            return resp.status, raw.decode(errors="replace")
+
+    async def abort(self, engine_url: str, rid: str) -> None:
+        status, detail = await self.call("POST", engine_url + "/abort_request", {"rid": rid})
+        if status != 200:
+            log.warning("abort of %s on %s failed: %s %s", rid, engine_url, status, detail)
+
+
+class BackgroundTasks:
+    """Fire-and-forget work (aborts, counters) that must outlive a cancelled handler."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("background task failed: %r", task.exception())
+
+    async def drain(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
