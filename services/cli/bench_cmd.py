@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from services.benchmarks import codec, proxy
+from services.benchmarks import codec, fleet, proxy
 
-BENCHMARKS = (codec, proxy)
+BENCHMARKS = (codec, fleet, proxy)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

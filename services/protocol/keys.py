@@ -65,6 +65,31 @@ def job_stats(job: str) -> str:
     return f"{_job(job)}:stats"
 
 
+def job_tokens() -> str:
+    """Hash: sha256 of a job token -> job name (the rollout API resolves bearer tokens with it)."""
+    return f"{PREFIX}:jobs:tokens"
+
+
+def attempts(job: str) -> str:
+    """Hash: trajectory id -> attempts started so far (workers; survives a worker crash)."""
+    return f"{_job(job)}:attempts"
+
+
+def finished(job: str) -> str:
+    """Hash: trajectory id -> the attempt whose record was published (at most one per trajectory)."""
+    return f"{_job(job)}:finished"
+
+
+def job_recent(job: str) -> str:
+    """List of the job's latest finished episodes, ``"<finished_at> <seconds> <turn_cap 0|1>"``, newest first."""
+    return f"{_job(job)}:recent"
+
+
+def rollout_episodes(job: str, rollout_id: str) -> str:
+    """List of one rollout's episode durations in seconds (tail figures)."""
+    return f"{_job(job)}:rollout:{rollout_id}:episodes"
+
+
 # -- LLM proxy -------------------------------------------------------------------------------
 
 

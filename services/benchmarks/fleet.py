@@ -1,0 +1,280 @@
+"""``rollout bench fleet``: N episodes in flight through the whole platform.
+
+Scripted SGLang-compatible engines play the field-shaped workload (turn counts, LLM latencies,
+command durations; ``fleet_workload``), time-scaled; commands really run in local sandboxes
+through the broker; LLM calls go through the proxy; work enters through the API. For each N the
+job's ``max_in_flight`` is N and the queue is kept topped up, then a window is measured:
+
+- ``trajectories_per_hour``: LLM calls per second x 3600 / mean turns of the workload (steady
+  state without waiting for 80-turn episodes); ``completed_per_hour`` counts finishes directly;
+- ``control_plane_cpu_ms_per_turn``: CPU of workers, proxy, broker (sandboxes included), API and
+  Redis per LLM call (engines excluded: they stand in for GPUs);
+- phase shares and the turn-cap hit rate over trajectories finished in the window;
+- ``tail_share_after_90pct`` of the first batch of N (a synchronous batch), when it finished in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from services.benchmarks import fleet_workload as workload
+from services.benchmarks.fleet_stack import Stack
+from services.benchmarks.report import print_table, write_json
+from services.protocol import Trajectory, from_stream_fields, keys
+from services.runtime.redis_server import redis_url_or_embedded
+from services.runtime.tokenizer import write_tokenizer_dir
+
+ADMIN = "bench-admin"
+CONTROL_PLANE = ("worker", "proxy", "broker", "api")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("fleet", help="episodes in flight through API, workers, proxy, engines and sandboxes")
+    p.add_argument("--in-flight", default="100,384,1000", help="comma-separated N (default 100,384,1000)")
+    p.add_argument("--time-scale", type=float, default=10.0, help="divide every field duration by this")
+    p.add_argument("--warmup-s", type=float, default=15.0)
+    p.add_argument("--window-s", type=float, default=60.0, help="measured window per N")
+    p.add_argument("--tail-wait-s", type=float, default=60.0, help="extra wait for the first batch to finish")
+    p.add_argument("--engines", type=int, default=0, help="scripted engines (default: one per 200 in flight)")
+    p.add_argument("--proxy-workers", type=int, default=2)
+    p.add_argument("--workers", type=int, default=2, help="worker processes")
+    p.add_argument("--classes", type=int, default=64, help="distinct episode classes in the script")
+    p.add_argument("--redis-url", default=None, help="default: an embedded server")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, default=None)
+    p.set_defaults(handler=run)
+
+
+@dataclass
+class Fleet:
+    stack: Stack
+    api: str
+    workers: list[str]
+    redis_url: str
+    classes: list[workload.EpisodeClass]
+
+
+def start_fleet(args: argparse.Namespace, root: Path, redis_url: str, max_n: int) -> Fleet:
+    model = write_tokenizer_dir(root / "model")
+    classes = workload.sample_classes(args.classes, args.time_scale, args.seed)
+    script = workload.write_script(root / "script.json", classes)
+    state = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
+    state.chmod(0o755)  # reachable by the sandbox user
+    (root / "logs").mkdir()
+    env = {**_base_env(), "ROLLOUT_REDIS_URL": redis_url, "ROLLOUT_API_ADMIN_TOKEN": ADMIN,
+           "ROLLOUT_WORKER_KEEP_MESSAGES": "false", "ROLLOUT_LOG_LEVEL": "WARNING"}  # fmt: skip
+    stack = Stack(root / "logs", env)
+    count = args.engines or max(1, math.ceil(max_n / 200))
+    engines = [stack.start("engine", [
+        "engine", "--mode", "scripted", "--script", str(script), "--model-path", str(model), "--port", "{port}",
+        "--max-running-requests", "1024",
+    ], health="/health").url for _ in range(count)]  # fmt: skip
+    proxy = stack.start("proxy", ["proxy", "--port", "{port}", "--workers", str(args.proxy_workers),
+                                  "--engines", ",".join(engines)]).url  # fmt: skip
+    broker = stack.start("broker", ["broker", "--port", "{port}", "--backend", "local", "--redis-url", redis_url,
+                                    "--state-dir", str(state)]).url  # fmt: skip
+    api = stack.start("api", ["api", "--port", "{port}", "--redis-url", redis_url]).url
+    per_worker = math.ceil(max_n / args.workers) + 8
+    workers = [stack.start("worker", [
+        "worker", "--port", "{port}", "--redis-url", redis_url, "--proxy-url", proxy, "--broker-url", broker,
+        "--model-path", str(model), "--concurrency", str(per_worker),
+    ]).url for _ in range(args.workers)]  # fmt: skip
+    return Fleet(stack, api, workers, redis_url, classes)
+
+
+def _base_env() -> dict[str, str]:
+    return dict(os.environ)
+
+
+def llm_calls(http: httpx.Client, workers: list[str]) -> float:
+    total = 0.0
+    for url in workers:
+        for line in http.get(f"{url}/metrics").text.splitlines():
+            if line.startswith("rollout_worker_llm_calls_total "):
+                total += float(line.split()[1])
+    return total
+
+
+def cpu_snapshot(fleet: Fleet, client: redis.Redis) -> dict[str, float]:
+    cpu = fleet.stack.cpu_seconds()
+    info: Any = client.info("cpu")
+    cpu["redis"] = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    return cpu
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    calls: float  # LLM calls answered, all workers
+    cpu: dict[str, float]  # CPU seconds by role
+    wall: float
+
+    @classmethod
+    def take(cls, http: httpx.Client, fleet: Fleet, client: redis.Redis) -> Snapshot:
+        return cls(llm_calls(http, fleet.workers), cpu_snapshot(fleet, client), time.time())
+
+
+class Submitter:
+    """Keeps a job's queue topped up so that N episodes stay in flight (the job's max_in_flight)."""
+
+    def __init__(self, http: httpx.Client, fleet: Fleet, job: str, n: int) -> None:
+        self.http, self.fleet, self.job, self.n = http, fleet, job, n
+        created = http.post("/jobs", json={"job": job, "quotas": {"max_in_flight": n, "max_queued": 10 * n + 100}},
+                            headers={"Authorization": f"Bearer {ADMIN}"})  # fmt: skip
+        created.raise_for_status()
+        self.headers = {"Authorization": f"Bearer {created.json()['token']}"}
+        self.rollouts: list[str] = []
+        self.submitted = 0
+
+    def submit(self, count: int) -> str:
+        classes = self.fleet.classes
+        tasks = [
+            workload.task_for(classes[(self.submitted + i) % len(classes)], f"t{self.submitted + i}")
+            for i in range(count)
+        ]
+        body = {"job": self.job, "tasks": tasks, "group_size": 1, "limits": {"max_turns": workload.TURN_CAP}}
+        response = self.http.post("/rollouts", json=body, headers=self.headers)
+        response.raise_for_status()
+        self.submitted += count
+        rollout: str = response.json()["rollout_id"]
+        self.rollouts.append(rollout)
+        return rollout
+
+    def top_up(self) -> None:
+        status = self.http.get(f"/jobs/{self.job}", headers=self.headers).json()
+        if status["queue_depth"] < self.n // 2:
+            self.submit(self.n)
+
+    def keep_up(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.top_up()
+            time.sleep(1.0)
+
+    def rollout(self, rollout_id: str) -> dict[str, Any]:
+        answer: dict[str, Any] = self.http.get(f"/rollouts/{rollout_id}", headers=self.headers).json()
+        return answer
+
+    def cancel_all(self) -> None:
+        for rollout in self.rollouts:
+            self.http.delete(f"/rollouts/{rollout}", headers=self.headers)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.http.get(f"/jobs/{self.job}", headers=self.headers).json()["in_flight"] == 0:
+                return
+            time.sleep(0.5)
+
+
+def finished_between(client: redis.Redis, job: str, start: float, end: float) -> list[Trajectory]:
+    entries: Any = client.xrange(keys.trajectory_stream(job))
+    found = [from_stream_fields(fields) for _, fields in entries]
+    return [t for t in found if start <= t.finished_at <= end and t.status.trainable]
+
+
+def phase_shares(trajectories: list[Trajectory]) -> dict[str, float]:
+    total = sum(t.timings.total_s for t in trajectories) or math.nan
+    phases = {
+        "llm": sum(t.timings.llm_s for t in trajectories),
+        "exec": sum(t.timings.exec_s for t in trajectories),
+        "sandbox_start": sum(t.timings.sandbox_start_s for t in trajectories),
+        "setup": sum(t.timings.setup_s for t in trajectories),
+        "reward": sum(t.timings.reward_s for t in trajectories),
+    }
+    shares = {name: value / total for name, value in phases.items()}
+    shares["other"] = max(0.0, 1.0 - sum(shares.values()))
+    return shares
+
+
+def measure(fleet: Fleet, args: argparse.Namespace, n: int) -> dict[str, Any]:
+    client = redis.Redis.from_url(fleet.redis_url)
+    with httpx.Client(base_url=fleet.api, timeout=60.0) as http:
+        job = f"fleet-{n}"
+        submitter = Submitter(http, fleet, job, n)
+        first = submitter.submit(n)
+        submitter.submit(n)
+        submitter.keep_up(args.warmup_s)
+        before = Snapshot.take(http, fleet, client)
+        submitter.keep_up(args.window_s)
+        after = Snapshot.take(http, fleet, client)
+        in_flight = http.get(f"/jobs/{job}", headers=submitter.headers).json()["in_flight"]
+        deadline = time.monotonic() + args.tail_wait_s
+        batch = submitter.rollout(first)
+        while batch["finished"] < batch["total"] and time.monotonic() < deadline:
+            time.sleep(1.0)
+            batch = submitter.rollout(first)
+        submitter.cancel_all()
+    done = finished_between(client, job, before.wall, after.wall)
+    client.close()
+    turns = after.calls - before.calls
+    seconds = after.wall - before.wall
+    cpu = {role: after.cpu.get(role, 0.0) - before.cpu.get(role, 0.0) for role in (*CONTROL_PLANE, "redis", "engine")}
+    control = sum(cpu[r] for r in (*CONTROL_PLANE, "redis"))
+    capped = sum(1 for t in done if t.truncation is not None and t.truncation.value == "turns")
+    return {
+        "in_flight": n,
+        "in_flight_measured": in_flight,
+        "turns_per_s": turns / seconds,
+        "trajectories_per_hour": turns / seconds * 3600 / workload.mean_turns(fleet.classes),
+        "completed_per_hour": len(done) / seconds * 3600,
+        "control_plane_cpu_ms_per_turn": 1000 * control / turns if turns else math.nan,
+        "cpu_ms_per_turn_by_role": {role: 1000 * v / turns if turns else math.nan for role, v in cpu.items()},
+        "control_plane_cores": control / seconds,
+        "phase_shares": phase_shares(done),
+        "turn_cap_hit_rate": capped / len(done) if done else math.nan,
+        "tail_share_after_90pct": batch["tail"]["tail_share_after_90pct"],
+        "first_batch_finished": batch["finished"] == batch["total"],
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    ns = [int(v) for v in str(args.in_flight).split(",")]
+    root = Path(tempfile.mkdtemp(prefix="rollout-fleet-"))
+    results: list[dict[str, Any]] = []
+    with redis_url_or_embedded(args.redis_url) as url:
+        fleet = start_fleet(args, root, url, max(ns))
+        try:
+            for n in ns:
+                print(f"measuring N={n} ...", flush=True)
+                results.append(measure(fleet, args, n))
+        finally:
+            fleet.stack.stop()
+            shutil.rmtree(root, ignore_errors=True)
+    report(args, fleet, results)
+    return 0
+
+
+def report(args: argparse.Namespace, fleet: Fleet, results: list[dict[str, Any]]) -> None:
+    rows = [{
+        "N": r["in_flight"], "traj/h": r["trajectories_per_hour"], "done/h": r["completed_per_hour"],
+        "turns/s": r["turns_per_s"], "cpu ms/turn": r["control_plane_cpu_ms_per_turn"],
+        "cores": r["control_plane_cores"], "llm share": r["phase_shares"]["llm"],
+        "cap rate": r["turn_cap_hit_rate"], "tail>90%": r["tail_share_after_90pct"],
+    } for r in results]  # fmt: skip
+    print_table(f"fleet benchmark (time scale 1/{args.time_scale:g})", rows)
+    first, last = results[0], results[-1]
+    efficiency = (last["trajectories_per_hour"] / last["in_flight"]) / (
+        first["trajectories_per_hour"] / first["in_flight"]
+    )
+    print(f"\nscaling efficiency N={first['in_flight']} -> N={last['in_flight']}: {efficiency:.2f}")
+    write_json(args.json, {
+        "benchmark": "fleet",
+        "time_scale": args.time_scale,
+        "workload_mean_turns": workload.mean_turns(fleet.classes),
+        "trajectories_per_hour": {str(r["in_flight"]): r["trajectories_per_hour"] for r in results},
+        "control_plane_cpu_ms_per_turn": {str(r["in_flight"]): r["control_plane_cpu_ms_per_turn"] for r in results},
+        "phase_shares": {str(r["in_flight"]): r["phase_shares"] for r in results},
+        "tail_share_after_90pct": {str(r["in_flight"]): r["tail_share_after_90pct"] for r in results},
+        "turn_cap_hit_rate": {str(r["in_flight"]): r["turn_cap_hit_rate"] for r in results},
+        "scaling_efficiency": efficiency,
+        "runs": results,
+    })  # fmt: skip

@@ -1,0 +1,30 @@
+"""``rollout worker``: a rollout worker process (run as many as you like, on as many machines)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("worker", help="run a rollout worker (agent episodes from the jobs' work streams)")
+    p.add_argument("--redis-url", default=None, help="default: ROLLOUT_WORKER_REDIS_URL (required)")
+    p.add_argument("--proxy-url", default=None)
+    p.add_argument("--broker-url", default=None)
+    p.add_argument("--model-path", type=Path, default=None, help="tokenizer directory of the policy")
+    p.add_argument("--concurrency", type=int, default=None, help="episodes at once in this process")
+    p.add_argument("--port", type=int, default=None, help="/healthz and /metrics port (default: a free one)")
+    p.add_argument("--worker-id", default=None)
+    p.add_argument("--jobs", type=lambda s: s.split(","), default=None, help="serve only these jobs (comma-separated)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.rollout_api.settings import WorkerSettings
+    from services.rollout_api.worker.main import run as run_worker
+
+    names = ("redis_url", "proxy_url", "broker_url", "model_path", "concurrency", "port", "worker_id", "jobs")
+    settings = WorkerSettings(**{k: getattr(args, k) for k in names if getattr(args, k) is not None})
+    if not settings.redis_url:
+        raise SystemExit("a worker needs a shared Redis: --redis-url or ROLLOUT_WORKER_REDIS_URL")
+    return run_worker(settings, settings.redis_url)

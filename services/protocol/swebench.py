@@ -1,0 +1,55 @@
+"""SWE-bench / SWE-smith style instances, as submitted to ``POST /rollouts/swebench``.
+
+The rollout API maps each instance onto a :class:`~services.protocol.tasks.Task` (a sandbox
+template, setup, and a reward command that runs the instance's tests); workers only see Tasks.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+from services.protocol.tasks import DEFAULT_GROUP_SIZE, AgentLimits, Name, SamplingParams
+
+
+class SweInstance(BaseModel):
+    """One row of a SWE-bench / SWE-smith dataset (extra columns are ignored)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    instance_id: Name
+    repo: str  # "owner/name"
+    base_commit: str = Field(min_length=1)
+    problem_statement: str = Field(min_length=1)
+    FAIL_TO_PASS: list[str] = Field(min_length=1)  # tests the fix must make pass
+    PASS_TO_PASS: list[str] = Field(default_factory=list)  # tests that must keep passing
+    image_name: str | None = None  # the instance's container image (SWE-smith: ``image_name``)
+    test_patch: str | None = None  # applied fresh before the tests run (SWE-bench)
+
+    @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
+    @classmethod
+    def _json_list(cls, value: Any) -> Any:
+        """The Hugging Face datasets store these lists as JSON strings."""
+        return json.loads(value) if isinstance(value, str) else value
+
+
+class SweBenchRolloutRequest(BaseModel):
+    """``POST /rollouts/swebench``: like ``RolloutRequest``, with instances instead of tasks."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job: Name
+    instances: list[SweInstance] = Field(min_length=1)
+    group_size: int = Field(DEFAULT_GROUP_SIZE, ge=1, le=1024)
+    limits: AgentLimits = Field(default_factory=AgentLimits)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    priority: int = Field(0, ge=-100, le=100)
+    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
+    max_attempts: int = Field(3, ge=1, le=10)
+    template: Name | None = None  # broker template for every instance; default: derived from image_name
+    repo_dir: str = "/testbed"  # where the repository is checked out inside the image
+    setup: list[str] | None = None  # default: check out base_commit
+    test_command: str = "python -m pytest -q -rA"  # the test ids are appended
+    reward_timeout_s: float = Field(1_800.0, gt=0)

@@ -1,0 +1,63 @@
+"""The rollout API application: ``create_app(settings, redis)``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.asyncio import Redis
+
+from services.rollout_api import jobs, rollouts, sse
+from services.rollout_api.context import ApiContext, Ctx
+from services.rollout_api.errors import install_error_handlers
+from services.rollout_api.metrics import ApiMetrics
+from services.rollout_api.scripts import Scripts
+from services.rollout_api.settings import ApiSettings
+from services.rollout_api.templates import TemplateCatalog
+
+
+def create_app(settings: ApiSettings, redis_url: str) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        redis = Redis.from_url(redis_url, decode_responses=False)
+        async with httpx.AsyncClient() as http:
+            app.state.ctx = ApiContext(
+                settings=settings, redis=redis, scripts=Scripts(redis), http=http,
+                templates=TemplateCatalog(settings.broker_url, settings.template_cache_s), metrics=ApiMetrics(),
+            )  # fmt: skip
+            try:
+                yield
+            finally:
+                await redis.aclose()
+
+    app = FastAPI(title="rollout API", lifespan=lifespan)
+    install_error_handlers(app)
+    app.include_router(jobs.router)
+    app.include_router(rollouts.router)
+    app.include_router(sse.router)
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        started = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        path = getattr(route, "path", "unmatched")
+        ctx: ApiContext = request.app.state.ctx
+        ctx.metrics.requests.labels(path, str(response.status_code)).inc()
+        ctx.metrics.latency.labels(path).observe(time.perf_counter() - started)
+        return response
+
+    @app.get("/healthz")
+    async def healthz(ctx: Ctx) -> dict[str, str]:
+        await ctx.redis.ping()
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics(ctx: Ctx) -> Response:
+        return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

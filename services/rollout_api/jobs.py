@@ -1,0 +1,59 @@
+"""``POST /jobs`` (admin) and ``GET /jobs/{job}``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter
+from redis.exceptions import ResponseError
+
+from services.protocol import ErrorCode, PlatformError, keys
+from services.protocol.api import JobCreate, JobCreated, JobStatus
+from services.protocol.keys import WORKERS_GROUP
+from services.rollout_api.auth import hash_token, new_token
+from services.rollout_api.context import AuthCaller, Ctx
+from services.rollout_api.records import JobRecord, read_job
+from services.rollout_api.stats import job_status
+
+router = APIRouter()
+
+
+@router.post("/jobs", status_code=201)
+async def create_job(body: JobCreate, ctx: Ctx, caller: AuthCaller) -> JobCreated:
+    caller.require_admin()
+    record = JobRecord.of(body)
+    token = new_token()
+    token_hash = hash_token(token)
+    created: Any = await ctx.redis.hsetnx(keys.job_record(body.job), "job", body.job)
+    if not created:
+        raise PlatformError(ErrorCode.CONFLICT, f"job {body.job!r} exists", status=409, field="job")
+    async with ctx.redis.pipeline(transaction=True) as pipe:
+        mapping: dict[Any, Any] = record.to_hash(token_hash, time.time())
+        pipe.hset(keys.job_record(body.job), mapping=mapping)
+        pipe.hset(keys.job_tokens(), token_hash, body.job)
+        pipe.sadd(keys.jobs_index(), body.job)
+        await pipe.execute()
+    await ensure_group(ctx, body.job)
+    return JobCreated(job=body.job, token=token)
+
+
+async def ensure_group(ctx: Ctx, job: str) -> None:
+    try:
+        await ctx.redis.xgroup_create(keys.work_stream(job), WORKERS_GROUP, id="0", mkstream=True)
+    except ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+async def job_or_404(ctx: Ctx, job: str) -> JobRecord:
+    record = await read_job(ctx.redis, job)
+    if record is None:
+        raise PlatformError(ErrorCode.UNKNOWN_JOB, f"no job {job!r}", status=404, field="job")
+    return record
+
+
+@router.get("/jobs/{job}")
+async def get_job(job: str, ctx: Ctx, caller: AuthCaller) -> JobStatus:
+    caller.require_job(job)
+    return await job_status(ctx.redis, await job_or_404(ctx, job))

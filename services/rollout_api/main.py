@@ -1,0 +1,22 @@
+"""Run the rollout API: settings in, uvicorn out."""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+
+from services.rollout_api.app import create_app
+from services.rollout_api.settings import ApiSettings
+from services.runtime.redis_server import redis_url_or_embedded
+
+log = logging.getLogger(__name__)
+
+
+def run(settings: ApiSettings) -> int:
+    if not settings.admin_token:
+        log.warning("ROLLOUT_API_ADMIN_TOKEN is empty: jobs cannot be created")
+    with redis_url_or_embedded(settings.redis_url) as url:
+        app = create_app(settings, url)
+        uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)
+    return 0

@@ -1,0 +1,45 @@
+"""Publishing a trajectory's single final record (worker, or the API when it drops queued work)."""
+
+from __future__ import annotations
+
+import time
+
+from services.protocol import Cap, Status, Trajectory, WorkItem, to_stream_fields
+from services.rollout_api.scripts import Outcome, Scripts
+
+
+def trajectory_shell(item: WorkItem, attempt: int, status: Status, *, worker: str = "") -> Trajectory:
+    """A trajectory for ``item`` with identity filled in and no token data yet."""
+    now = time.time()
+    return Trajectory(
+        trajectory_id=item.trajectory_id,
+        attempt=attempt,
+        job=item.job,
+        rollout_id=item.rollout_id,
+        task_id=item.task.id,
+        group_id=item.group_id,
+        sample_index=item.sample_index,
+        group_size=item.group_size,
+        status=status,
+        metadata=dict(item.task.metadata),
+        worker=worker,
+        started_at=now,
+        finished_at=now,
+    )
+
+
+async def publish(scripts: Scripts, traj: Trajectory, *, maxlen: int, ran: bool) -> str | None:
+    """XADD ``traj`` to its job's stream unless the trajectory already has a final record."""
+    traj.check()
+    outcome = Outcome(
+        trajectory_id=traj.trajectory_id,
+        attempt=traj.attempt,
+        status=traj.status.value,
+        duration_s=max(0.0, traj.finished_at - traj.started_at),
+        turn_cap=traj.truncation is Cap.TURNS,
+        turns=len(traj.turns),
+        ran=ran,
+    )
+    return await scripts.publish(
+        traj.job, traj.rollout_id, outcome, to_stream_fields(traj), maxlen=maxlen, now=traj.finished_at
+    )

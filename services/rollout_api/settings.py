@@ -1,0 +1,56 @@
+"""One settings class per process kind: ``ROLLOUT_API_*`` for the API, ``ROLLOUT_WORKER_*`` for workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ApiSettings(BaseSettings):
+    """``ROLLOUT_API_*``: the rollout API process."""
+
+    model_config = SettingsConfigDict(env_prefix="ROLLOUT_API_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    redis_url: str | None = None  # None: an embedded Redis (single-machine use only)
+    admin_token: str = Field("", repr=False)  # required to create jobs; empty: job creation is refused
+    broker_url: str | None = None  # when set, templates are checked at submission (400 unknown_template)
+    max_body_bytes: int = 32 * 1024 * 1024  # POST bodies above this get 413
+    idempotency_ttl_s: int = 7 * 24 * 3600  # how long a submitted idempotency key is remembered
+    template_cache_s: float = 5.0  # how long the broker's template list is reused
+    sse_block_ms: int = 5_000  # XREAD BLOCK of the trajectory stream; a keep-alive comment follows each empty wait
+    trajectory_stream_maxlen: int = 100_000  # MAXLEN ~ of trajectory streams (cancellations published here)
+
+
+class WorkerSettings(BaseSettings):
+    """``ROLLOUT_WORKER_*``: one rollout worker process."""
+
+    model_config = SettingsConfigDict(env_prefix="ROLLOUT_WORKER_", extra="ignore")
+
+    redis_url: str | None = None
+    proxy_url: str = "http://127.0.0.1:8100"
+    broker_url: str = "http://127.0.0.1:8200"
+    model_path: Path | None = None  # HF tokenizer directory (tokenizer.json + tokenizer_config.json)
+    worker_id: str = ""  # consumer name; default: hostname-pid
+    concurrency: int = Field(64, ge=1)  # episodes at once in this process
+    jobs: list[str] | None = None  # serve only these jobs (dedicated workers); None: every job
+    host: str = "127.0.0.1"
+    port: int = 0  # /healthz and /metrics; 0: a free port (logged)
+    poll_interval_s: float = 0.05  # idle wait when no job has work
+    jobs_refresh_s: float = 2.0  # how often the job list (weights, quotas) is re-read
+    heartbeat_s: float = 10.0  # XCLAIM own items (resets their idle time) and renew sandbox leases
+    reclaim_idle_s: float = 60.0  # items idle this long belong to a dead worker and are reclaimed
+    reclaim_interval_s: float = 5.0  # how often XAUTOCLAIM runs
+    cancel_poll_s: float = 0.5  # how often running rollouts are checked for cancellation
+    lease_ttl_s: float = 120.0  # sandbox lease TTL; renewed every heartbeat
+    lease_wait_s: float = 60.0  # how long the broker may queue a lease request for capacity
+    retry_backoff_s: float = 1.0  # first infra-retry backoff; doubles per attempt
+    retry_backoff_max_s: float = 30.0
+    llm_timeout_s: float = 600.0  # per LLM call (also sent as X-Deadline-S)
+    broker_timeout_s: float = 60.0  # HTTP overhead allowed on top of a command's own timeout
+    trajectory_stream_maxlen: int = 100_000  # XADD MAXLEN ~ of each job's trajectory stream
+    shutdown_grace_s: float = 30.0  # on SIGTERM, running episodes get this long before being handed back
+    keep_messages: bool = True  # put readable messages in trajectories

@@ -1,0 +1,68 @@
+"""``GET /jobs/{job}/trajectories``: the job's trajectory stream as Server-Sent Events.
+
+Each event's ``id`` is the stream entry id and ``data`` the trajectory as JSON; a client that
+reconnects with ``Last-Event-ID`` (or ``?after=``) continues after that entry. The stream is read
+with XREAD (no consumer group): SSE readers never take trajectories away from a trainer's group.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Header, Query
+from fastapi.responses import StreamingResponse
+from redis.asyncio import Redis
+
+from services.protocol import ErrorCode, PlatformError, from_stream_fields, keys, trajectory_to_json
+from services.rollout_api.context import AuthCaller, Ctx
+from services.rollout_api.jobs import job_or_404
+from services.rollout_api.metrics import ApiMetrics
+
+router = APIRouter()
+_ENTRY_ID = re.compile(r"^\d+(-\d+)?$")
+
+
+def _start_id(last_event_id: str | None, after: str | None) -> str:
+    chosen = last_event_id or after or "0-0"
+    if chosen == "$" or _ENTRY_ID.match(chosen):
+        return chosen
+    raise PlatformError(ErrorCode.BAD_REQUEST, f"bad event id {chosen!r}", status=400, field="Last-Event-ID")
+
+
+async def events(
+    redis: Redis, metrics: ApiMetrics, job: str, start: str, limit: int | None, block_ms: int
+) -> AsyncIterator[bytes]:
+    stream = keys.trajectory_stream(job)
+    last, sent = start, 0
+    yield b"retry: 1000\n\n"
+    while limit is None or sent < limit:
+        count = 100 if limit is None else min(100, limit - sent)
+        reply: Any = await redis.xread({stream: last}, count=count, block=block_ms)
+        if not reply:
+            yield b": keep-alive\n\n"
+            continue
+        for entry_id, fields in reply[0][1]:
+            last = entry_id.decode()
+            data = trajectory_to_json(from_stream_fields(fields))
+            yield b"id: " + entry_id + b"\nevent: trajectory\ndata: " + data + b"\n\n"
+            sent += 1
+            metrics.sse_events.labels(job).inc()
+
+
+@router.get("/jobs/{job}/trajectories")
+async def stream_trajectories(
+    job: str,
+    ctx: Ctx,
+    caller: AuthCaller,
+    last_event_id: str | None = Header(None),
+    after: str | None = Query(None, description="entry id to continue after (same as Last-Event-ID)"),
+    limit: int | None = Query(None, ge=1, description="close the stream after this many events"),
+) -> StreamingResponse:
+    caller.require_job(job)
+    await job_or_404(ctx, job)
+    start = _start_id(last_event_id, after)
+    body = events(ctx.redis, ctx.metrics, job, start, limit, ctx.settings.sse_block_ms)
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(body, media_type="text/event-stream", headers=headers)

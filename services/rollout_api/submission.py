@@ -1,0 +1,147 @@
+"""Turning a ``RolloutRequest`` into work items and admitting them atomically."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from services.protocol import ErrorCode, PlatformError, RolloutRequest, WorkItem, keys
+from services.protocol.api import RolloutAccepted
+from services.rollout_api.context import ApiContext
+from services.rollout_api.errors import validation_error
+from services.rollout_api.records import JobRecord, int_field
+from services.rollout_api.scripts import Admitted
+
+M = TypeVar("M", bound=BaseModel)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, or 413 as soon as it is known to exceed ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> PlatformError:
+    return PlatformError(ErrorCode.PAYLOAD_TOO_LARGE, f"request body over {limit} bytes", status=413)
+
+
+def parse(model: type[M], body: bytes) -> M:
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+def new_rollout_id(job: str) -> str:
+    """``<job>.<random hex>``: the job is recoverable from the id (``job_of``)."""
+    return f"{job}.{secrets.token_hex(8)}"
+
+
+def job_of(rollout_id: str) -> str:
+    job, sep, _ = rollout_id.rpartition(".")
+    if not sep or not job:
+        raise PlatformError(ErrorCode.NOT_FOUND, f"no rollout {rollout_id!r}", status=404)
+    return job
+
+
+def check_unique_tasks(request: RolloutRequest) -> None:
+    seen: set[str] = set()
+    for index, task in enumerate(request.tasks):
+        if task.id in seen:
+            raise PlatformError(
+                ErrorCode.VALIDATION_ERROR, f"duplicate task id {task.id!r}", status=422, field=f"tasks.{index}.id"
+            )
+        seen.add(task.id)
+
+
+async def check_templates(ctx: ApiContext, request: RolloutRequest) -> None:
+    known = await ctx.templates.names(ctx.http)
+    if known is None:
+        return
+    for index, task in enumerate(request.tasks):
+        if task.sandbox.template not in known:
+            raise PlatformError(
+                ErrorCode.UNKNOWN_TEMPLATE,
+                f"the broker has no template {task.sandbox.template!r}",
+                status=400,
+                field=f"tasks.{index}.sandbox.template",
+            )
+
+
+def work_items(request: RolloutRequest, rollout_id: str, pool: str, now: float) -> list[tuple[str, bytes]]:
+    items = []
+    for task in request.tasks:
+        for sample in range(request.group_size):
+            item = WorkItem(
+                job=request.job,
+                rollout_id=rollout_id,
+                trajectory_id=WorkItem.make_trajectory_id(rollout_id, task.id, sample),
+                task=task,
+                group_id=WorkItem.make_group_id(rollout_id, task.id),
+                sample_index=sample,
+                group_size=request.group_size,
+                max_attempts=request.max_attempts,
+                limits=request.limits,
+                sampling=request.sampling,
+                pool=pool,
+                priority=request.priority,
+                enqueued_at=now,
+            )
+            items.append((item.trajectory_id, item.model_dump_json().encode()))
+    return items
+
+
+async def admit(ctx: ApiContext, request: RolloutRequest, job: JobRecord) -> RolloutAccepted:
+    check_unique_tasks(request)
+    await check_templates(ctx, request)
+    now = time.time()
+    rollout_id = new_rollout_id(request.job)
+    items = work_items(request, rollout_id, job.pool, now)
+    record = {
+        "job": request.job,
+        "total": str(len(items)),
+        "tasks": str(len(request.tasks)),
+        "group_size": str(request.group_size),
+        "idempotency_key": request.idempotency_key or "",
+    }
+    admitted = await ctx.scripts.admit(
+        request.job, rollout_id, request.idempotency_key, record, items,
+        now=now, idempotency_ttl_s=ctx.settings.idempotency_ttl_s,
+    )  # fmt: skip
+    return await _answer(ctx, request, job, admitted, len(items))
+
+
+async def _answer(
+    ctx: ApiContext, request: RolloutRequest, job: JobRecord, admitted: Admitted, n_items: int
+) -> RolloutAccepted:
+    if admitted.outcome == -1:
+        ctx.metrics.rejected.labels(ErrorCode.QUOTA_EXCEEDED.value).inc()
+        raise PlatformError(
+            ErrorCode.QUOTA_EXCEEDED,
+            f"job {job.job!r} has {admitted.value} items queued; {n_items} more would pass max_queued "
+            f"{job.quotas.max_queued}",
+            status=429,
+            retry_after_s=5.0,
+        )
+    if admitted.outcome == 0:
+        raw: Any = await ctx.redis.hmget(keys.rollout_record(job.job, admitted.value), ["total", "tasks"])
+        values = {"total": (raw[0] or b"0").decode(), "tasks": (raw[1] or b"0").decode()}
+        return RolloutAccepted(
+            rollout_id=admitted.value, job=job.job, tasks=int_field(values, "tasks"),
+            trajectories=int_field(values, "total"), duplicate=True,
+        )  # fmt: skip
+    ctx.metrics.items_queued.labels(job.job).inc(n_items)
+    return RolloutAccepted(rollout_id=admitted.value, job=job.job, tasks=len(request.tasks), trajectories=n_items)

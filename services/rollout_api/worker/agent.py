@@ -1,0 +1,212 @@
+"""One attempt of one episode: lease a sandbox, run the bash agent turn by turn with the token
+sequence held here (token in, token out), score it, release the sandbox.
+
+Raises :class:`InfraError` when the platform fails the attempt and ``CancelledError`` when it is
+stopped; returns the trajectory (completed or truncated) otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from services.protocol import Cap, ErrorCode, InfraStage, Message, Status, Trajectory, Turn, WorkItem
+from services.protocol.sandboxes import ExecRequest, Lease, LeaseRequest, Resources
+from services.rollout_api.publishing import trajectory_shell
+from services.rollout_api.settings import WorkerSettings
+from services.rollout_api.worker.clients import (
+    BrokerClient,
+    ContextExceeded,
+    Generation,
+    InfraError,
+    ProxyClient,
+    release_quietly,
+)
+from services.rollout_api.worker.conversation import (
+    SYSTEM_PROMPT,
+    format_error,
+    observation,
+    parse_action,
+    task_message,
+)
+from services.rollout_api.worker.metrics import WorkerMetrics
+from services.rollout_api.worker.reward import score
+from services.rollout_api.worker.tokenization import ChatTokenizer
+from services.rollout_api.worker.tokens import TokenBuffer
+
+
+@dataclass
+class AgentDeps:
+    """What every episode of a worker shares."""
+
+    proxy: ProxyClient
+    broker: BrokerClient
+    tokenizer: ChatTokenizer
+    settings: WorkerSettings
+    worker_id: str
+    metrics: WorkerMetrics
+    leases: set[str] = field(default_factory=set)  # held now; renewed by the worker's heartbeat
+
+
+class Episode:
+    def __init__(self, deps: AgentDeps, item: WorkItem, attempt: int) -> None:
+        self.deps = deps
+        self.item = item
+        self.limits = item.limits
+        self.traj = trajectory_shell(item, attempt, Status.COMPLETED, worker=deps.worker_id)
+        self.tokens = TokenBuffer()
+        self.messages: list[dict[str, str]] = []
+
+    async def run(self) -> Trajectory:
+        traj = self.traj
+        traj.timings.queued_s = max(0.0, traj.started_at - self.item.enqueued_at)
+        lease = await self._lease()
+        try:
+            cap = await self._run_capped(lease)
+            traj.status = Status.TRUNCATED if cap else Status.COMPLETED
+            traj.truncation = cap
+            started = time.monotonic()
+            traj.reward, traj.reward_details = await score(self.deps.broker, lease.id, self.item.task.reward)
+            traj.timings.reward_s = time.monotonic() - started
+        finally:
+            self.deps.leases.discard(lease.id)
+            await release_quietly(self.deps.broker, lease.id)
+        return self._finish()
+
+    async def _lease(self) -> Lease:
+        spec = self.item.task.sandbox
+        request = LeaseRequest(
+            template=spec.template,
+            resources=Resources(cpus=spec.cpus, memory_mb=spec.memory_mb, disk_mb=spec.disk_mb),
+            ttl_s=self.deps.settings.lease_ttl_s,
+            job=self.item.job,
+            labels={"trajectory": self.item.trajectory_id, "attempt": str(self.traj.attempt)},
+            network=spec.network,
+            wait_s=self.deps.settings.lease_wait_s,
+        )
+        started = time.monotonic()
+        lease = await self.deps.broker.lease(request)
+        self.deps.leases.add(lease.id)
+        self.traj.timings.sandbox_start_s = time.monotonic() - started
+        return lease
+
+    async def _run_capped(self, lease: Lease) -> Cap | None:
+        """Setup and the agent loop under the episode's wall clock."""
+        try:
+            async with asyncio.timeout(self.limits.wall_clock_s):
+                await self._setup(lease)
+                return await self._loop(lease)
+        except TimeoutError:
+            return Cap.WALL_CLOCK
+
+    async def _setup(self, lease: Lease) -> None:
+        spec = self.item.task.sandbox
+        started = time.monotonic()
+        for path, content in spec.files.items():
+            await self.deps.broker.write_file(lease.id, path, content)
+        for command in spec.setup:
+            result = await self.deps.broker.exec(
+                lease.id, ExecRequest(shell=command, timeout_s=self.limits.command_timeout_s, env=spec.env)
+            )
+            if result.exit_code != 0:
+                raise InfraError(
+                    InfraStage.SANDBOX_EXEC, ErrorCode.INTERNAL_ERROR,
+                    f"setup command {command!r} exited {result.exit_code}: {(result.stdout + result.stderr)[-300:]}",
+                )  # fmt: skip
+        self.traj.timings.setup_s = time.monotonic() - started
+
+    async def _loop(self, lease: Lease) -> Cap | None:
+        tok = self.deps.tokenizer
+        self.messages = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": task_message(self.item.task.prompt)},
+        ]
+        self.tokens.set_prompt(tok.prompt_ids(self.messages))
+        pending: list[int] = []  # the last observation's tokens, sent with the next call
+        for index in range(self.limits.max_turns):
+            budget = self.limits.max_trajectory_tokens - self.tokens.total - len(pending)
+            if budget <= 0:
+                return Cap.TRAJECTORY_TOKENS
+            self.tokens.add_observation(pending)
+            max_new = min(self.limits.max_tokens_per_turn, budget)
+            try:
+                generation, turn = await self._generate(index, max_new)
+            except ContextExceeded:
+                return Cap.CONTEXT_LENGTH
+            if generation.finish_reason == "length":
+                return self._length_cap(len(generation.output_ids), max_new)
+            if generation.finish_reason == "abort":
+                raise InfraError(InfraStage.LLM, ErrorCode.ENGINE_ERROR, "the engine aborted the generation")
+            reply = tok.decode(generation.output_ids)
+            self.messages.append({"role": "assistant", "content": reply})
+            action = parse_action(reply)
+            if action.submits:
+                return None
+            if action.command is None:
+                content = format_error(action)
+            else:
+                result = await self._execute(lease, action.command, turn)
+                if result is None:
+                    return Cap.COMMAND_TIMEOUT
+                content = result
+            message = {"role": "user", "content": content}
+            self.messages.append(message)
+            ended = bool(generation.output_ids) and generation.output_ids[-1] == tok.eos_id
+            pending = tok.message_ids(message, reply_ended_with_eos=ended)
+            turn.observation_tokens = len(pending)
+        return Cap.TURNS
+
+    def _length_cap(self, generated: int, max_new: int) -> Cap:
+        """Which cap cut a reply that ended by length: fewer tokens than asked means the proxy's
+        context guard clamped it to the room left in the engine's context."""
+        if generated < max_new:
+            return Cap.CONTEXT_LENGTH
+        return Cap.TURN_TOKENS if max_new == self.limits.max_tokens_per_turn else Cap.TRAJECTORY_TOKENS
+
+    async def _generate(self, index: int, max_new: int) -> tuple[Generation, Turn]:
+        started = time.monotonic()
+        generation = await self.deps.proxy.generate(
+            self.tokens.context(), self.item.sampling, max_new,
+            pool=self.item.pool, session_id=f"{self.item.trajectory_id}#{self.traj.attempt}",
+        )  # fmt: skip
+        llm_s = time.monotonic() - started
+        self.deps.metrics.llm_calls.inc()
+        turn = Turn(
+            index=index,
+            response_offset=len(self.tokens.response_ids),
+            response_tokens=len(generation.output_ids),
+            prompt_tokens=self.tokens.total,
+            cached_tokens=generation.cached_tokens,
+            weight_version=generation.weight_version,
+            engine_id=generation.engine_id,
+            finish_reason=generation.finish_reason,
+            llm_s=llm_s,
+        )
+        self.tokens.add_generated(generation.output_ids, generation.logprobs)
+        self.traj.turns.append(turn)
+        self.traj.timings.llm_s += llm_s
+        return generation, turn
+
+    async def _execute(self, lease: Lease, command: str, turn: Turn) -> str | None:
+        """Run the agent's command; its observation, or None when it hit the command timeout."""
+        spec = self.item.task.sandbox
+        request = ExecRequest(
+            shell=command, timeout_s=self.limits.command_timeout_s, env=spec.env,
+            max_output_bytes=max(4 * self.limits.observation_max_bytes, 65_536),
+        )  # fmt: skip
+        started = time.monotonic()
+        result = await self.deps.broker.exec(lease.id, request)
+        turn.exec_s = time.monotonic() - started
+        turn.exit_code = result.exit_code
+        self.traj.timings.exec_s += turn.exec_s
+        return None if result.timed_out else observation(result, self.limits.observation_max_bytes)
+
+    def _finish(self) -> Trajectory:
+        traj = self.traj
+        traj.prompt_ids, traj.response_ids, traj.loss_mask, traj.response_logprobs = self.tokens.arrays()
+        traj.finished_at = time.time()
+        traj.timings.total_s = traj.finished_at - traj.started_at
+        if self.deps.settings.keep_messages:
+            traj.messages = [Message(role=m["role"], content=m["content"]) for m in self.messages]
+        return traj

@@ -1,0 +1,73 @@
+"""Run a rollout worker: settings in, an asyncio process out (``/healthz`` and ``/metrics`` on a port)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.asyncio import Redis
+
+from services.rollout_api.settings import WorkerSettings
+from services.rollout_api.worker.agent import AgentDeps
+from services.rollout_api.worker.clients import BrokerClient, ProxyClient, new_session
+from services.rollout_api.worker.metrics import WorkerMetrics
+from services.rollout_api.worker.tokenization import ChatTokenizer
+from services.rollout_api.worker.worker import Worker
+from services.runtime.net import free_port
+
+log = logging.getLogger(__name__)
+
+
+def status_app(worker: Worker, metrics: WorkerMetrics) -> web.Application:
+    async def healthz(_: web.Request) -> web.Response:
+        await worker.redis.ping()
+        return web.json_response({"status": "ok", "worker": worker.name, "running": len(worker.running)})
+
+    async def metrics_route(_: web.Request) -> web.Response:
+        body = generate_latest(metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_route)
+    return app
+
+
+async def serve(settings: WorkerSettings, redis_url: str) -> None:
+    if settings.model_path is None:
+        raise SystemExit("ROLLOUT_WORKER_MODEL_PATH (--model-path) is required: the tokenizer directory")
+    tokenizer = ChatTokenizer.from_dir(settings.model_path)
+    worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+    metrics = WorkerMetrics(settings.concurrency)
+    redis = Redis.from_url(redis_url, decode_responses=False)
+    async with new_session() as session:
+        deps = AgentDeps(
+            proxy=ProxyClient(session, settings.proxy_url.rstrip("/"), settings.llm_timeout_s),
+            broker=BrokerClient(session, settings.broker_url.rstrip("/"), settings.broker_timeout_s),
+            tokenizer=tokenizer, settings=settings, worker_id=worker_id, metrics=metrics,
+        )  # fmt: skip
+        worker = Worker(redis, deps, metrics)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        runner = web.AppRunner(status_app(worker, metrics), access_log=None)
+        await runner.setup()
+        port = settings.port or free_port(settings.host)
+        await web.TCPSite(runner, settings.host, port).start()
+        log.info("worker %s: %d slots, status on http://%s:%d", worker_id, settings.concurrency, settings.host, port)
+        try:
+            await worker.run()
+        finally:
+            await runner.cleanup()
+            await redis.aclose()
+    log.info("worker %s stopped", worker_id)
+
+
+def run(settings: WorkerSettings, redis_url: str) -> int:
+    asyncio.run(serve(settings, redis_url))
+    return 0

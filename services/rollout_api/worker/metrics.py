@@ -1,0 +1,29 @@
+"""Prometheus metrics of one worker process (its own registry)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class WorkerMetrics:
+    def __init__(self, concurrency: int) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.slots = Gauge("rollout_worker_slots", "episodes this process may run at once", registry=r)
+        self.slots.set(concurrency)
+        self.running = Gauge("rollout_worker_episodes_running", "episodes running now", registry=r)
+        self.taken = Counter("rollout_worker_items_taken_total", "work items taken, by job", ["job"], registry=r)
+        self.reclaimed = Counter(
+            "rollout_worker_items_reclaimed_total", "items reclaimed from dead workers", ["job"], registry=r
+        )
+        self.published = Counter(
+            "rollout_worker_trajectories_total", "trajectories published, by job and status", ["job", "status"],
+            registry=r,
+        )  # fmt: skip
+        self.infra = Counter("rollout_worker_infra_errors_total", "failed attempts, by stage", ["stage"], registry=r)
+        self.turns = Counter("rollout_worker_turns_total", "agent turns of published trajectories", registry=r)
+        self.llm_calls = Counter("rollout_worker_llm_calls_total", "LLM calls answered", registry=r)
+        self.episode_seconds = Histogram(
+            "rollout_worker_episode_seconds", "episode wall time", registry=r,
+            buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600),
+        )  # fmt: skip

@@ -1,0 +1,128 @@
+"""One work item from take to ack: attempts with backoff, the single final record, the ack.
+
+Every ending is published exactly once (the publish script refuses a second record for the same
+trajectory): ``completed``/``truncated`` from the episode, ``infra_error`` when attempts run out,
+``cancelled`` when the rollout was cancelled. A worker shutting down hands the item back instead
+(no record, no ack) so another worker takes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from services.protocol import ErrorCode, InfraFailure, InfraStage, Status, Trajectory, WorkItem, keys
+from services.protocol.keys import WORKERS_GROUP
+from services.rollout_api.publishing import publish, trajectory_shell
+from services.rollout_api.scripts import Scripts
+from services.rollout_api.worker.agent import AgentDeps, Episode
+from services.rollout_api.worker.clients import InfraError
+from services.rollout_api.worker.metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
+
+STOP_CANCELLED = "cancelled"  # the rollout was cancelled: publish as cancelled
+STOP_SHUTDOWN = "shutdown"  # this worker is stopping: hand the item back
+
+
+@dataclass
+class Delivery:
+    """A work-stream entry this worker holds (in its pending list) until it acks it."""
+
+    job: str
+    entry_id: str
+    item: WorkItem
+    stop_reason: str | None = None  # set before the running task is cancelled
+
+
+class ItemRunner:
+    def __init__(self, redis: Redis, scripts: Scripts, deps: AgentDeps, metrics: WorkerMetrics) -> None:
+        self.redis = redis
+        self.scripts = scripts
+        self.deps = deps
+        self.metrics = metrics
+        self.settings = deps.settings
+
+    async def run(self, delivery: Delivery) -> None:
+        try:
+            await self._attempts(delivery)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._stopped(delivery))
+            raise
+
+    async def _attempts(self, delivery: Delivery) -> None:
+        item = delivery.item
+        while True:
+            taken = await self.scripts.take(item.job, item.rollout_id, item.trajectory_id)
+            if taken.attempt < 0:  # already has its record (a duplicate delivery)
+                await self._ack(delivery)
+                return
+            if taken.cancelled:
+                await self._finish(delivery, trajectory_shell(item, taken.attempt, Status.CANCELLED), ran=False)
+                return
+            if taken.attempt > item.max_attempts:  # earlier holders died on every attempt
+                error = InfraError(InfraStage.WORKER, ErrorCode.INTERNAL_ERROR, "workers were lost on every attempt")
+                await self._finish(delivery, self._infra(item, taken.attempt - 1, error), ran=False)
+                return
+            failure = await self._attempt(delivery, taken.attempt)
+            if failure is None:
+                return
+            error = failure
+            await self.redis.hincrby(keys.job_stats(item.job), f"infra:{error.stage.value}", 1)
+            self.metrics.infra.labels(error.stage.value).inc()
+            if not error.retryable or taken.attempt >= item.max_attempts:
+                await self._finish(delivery, self._infra(item, taken.attempt, error), ran=True)
+                return
+            await asyncio.sleep(self._backoff(taken.attempt))
+
+    async def _attempt(self, delivery: Delivery, attempt: int) -> InfraError | None:
+        """Run one attempt; None when it was published, else the infrastructure failure."""
+        item = delivery.item
+        try:
+            traj = await Episode(self.deps, item, attempt).run()
+        except InfraError as exc:
+            log.warning("%s attempt %d: %s", item.trajectory_id, attempt, exc)
+            return exc
+        except Exception as exc:  # a bug in this worker: record it as the worker's failure, never as reward 0
+            log.exception("%s attempt %d crashed", item.trajectory_id, attempt)
+            return InfraError(InfraStage.WORKER, ErrorCode.INTERNAL_ERROR, f"worker error: {exc!r}")
+        self.metrics.turns.inc(len(traj.turns))
+        self.metrics.episode_seconds.observe(traj.timings.total_s)
+        await self._finish(delivery, traj, ran=True)
+        return None
+
+    def _backoff(self, attempt: int) -> float:
+        return float(min(self.settings.retry_backoff_max_s, self.settings.retry_backoff_s * 2 ** (attempt - 1)))
+
+    def _infra(self, item: WorkItem, attempt: int, error: InfraError) -> Trajectory:
+        traj = trajectory_shell(item, max(1, attempt), Status.INFRA_ERROR, worker=self.deps.worker_id)
+        traj.infra = InfraFailure(stage=error.stage, code=error.code, message=error.message, attempts=attempt)
+        return traj
+
+    async def _stopped(self, delivery: Delivery) -> None:
+        item = delivery.item
+        if delivery.stop_reason == STOP_CANCELLED:
+            attempt = int(await self.redis.hget(keys.attempts(item.job), item.trajectory_id) or 1)
+            await self._finish(delivery, trajectory_shell(item, attempt, Status.CANCELLED), ran=False)
+        else:  # shutdown: give the attempt back; the entry stays pending and is reclaimed elsewhere
+            await self.redis.hincrby(keys.attempts(item.job), item.trajectory_id, -1)
+
+    async def _finish(self, delivery: Delivery, traj: Trajectory, *, ran: bool) -> None:
+        traj.worker = self.deps.worker_id
+        if not ran:
+            traj.finished_at = time.time()
+        entry = await publish(self.scripts, traj, maxlen=self.settings.trajectory_stream_maxlen, ran=ran)
+        if entry is not None:
+            self.metrics.published.labels(traj.job, traj.status.value).inc()
+        await self._ack(delivery)
+
+    async def _ack(self, delivery: Delivery) -> None:
+        stream = keys.work_stream(delivery.job)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xack(stream, WORKERS_GROUP, delivery.entry_id)
+            pipe.xdel(stream, delivery.entry_id)
+            await pipe.execute()

@@ -1,0 +1,90 @@
+"""Token-in-token-out chat tokenization with the model directory's tokenizer and chat template.
+
+The worker never re-tokenizes the history: the first prompt is rendered and tokenized once, and
+each later message is rendered as a *delta* against a fixed dummy conversation (the text the
+template adds for that message alone), then tokenized by itself and appended.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+_DUMMY = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+_DUMMY_REPLY = "\x00A\x00"  # a reply that cannot occur in the template's own text
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _compile(template: str) -> Any:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise
+    env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent, ensure_ascii=False)
+    return env.from_string(template)
+
+
+@dataclass(frozen=True)
+class ChatTokenizer:
+    tokenizer: Tokenizer
+    template: Any  # a compiled jinja2 template
+    eos_id: int
+    special: dict[str, Any]  # bos_token / eos_token for templates that use them
+    after_eos: str  # what the template puts after the assistant's eos (ChatML: "\n")
+    after_content: str  # what the template puts after an assistant message's content (eos text included)
+
+    @classmethod
+    def from_dir(cls, directory: Path) -> ChatTokenizer:
+        tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        config = json.loads((directory / "tokenizer_config.json").read_text())
+        eos_text = _token_text(config.get("eos_token"))
+        eos_id = tokenizer.token_to_id(eos_text) if eos_text else None
+        if eos_text is None or eos_id is None:
+            raise ValueError(f"{directory}: eos_token {eos_text!r} is not in the vocabulary")
+        special = {"bos_token": _token_text(config.get("bos_token")) or "", "eos_token": eos_text}
+        template = _compile(config["chat_template"])
+        with_reply = _render(template, special, [*_DUMMY, {"role": "assistant", "content": _DUMMY_REPLY}], False)
+        after_content = with_reply[with_reply.index(_DUMMY_REPLY) + len(_DUMMY_REPLY) :]
+        after_eos = after_content[len(eos_text) :] if after_content.startswith(eos_text) else after_content
+        return cls(tokenizer, template, eos_id, special, after_eos, after_content)
+
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        return _render(self.template, self.special, messages, add_generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """The first prompt (system + task), with the generation prompt that opens the reply."""
+        return self.encode(self.render(messages, True))
+
+    def message_ids(self, message: dict[str, str], *, reply_ended_with_eos: bool) -> list[int]:
+        """Tokens that follow the model's last generated token: the end of its turn, ``message``,
+        and the generation prompt of the next reply."""
+        before = [*_DUMMY, {"role": "assistant", "content": "A"}]
+        base = self.render(before, False)
+        full = self.render([*before, message], True)
+        if not full.startswith(base):
+            raise ValueError("the chat template rewrites earlier messages; cannot tokenize a delta")
+        closing = self.after_eos if reply_ended_with_eos else self.after_content
+        return self.encode(closing + full[len(base) :])
+
+
+def _render(template: Any, special: dict[str, Any], messages: list[dict[str, str]], gen: bool) -> str:
+    return str(template.render(messages=messages, add_generation_prompt=gen, **special))
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):  # {"content": "<|im_end|>", ...} in some configs
+        value = value.get("content")
+    return str(value) if value else None

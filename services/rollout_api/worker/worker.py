@@ -1,0 +1,225 @@
+"""The worker process: fills its episode slots from the jobs' work streams in fair-share order,
+reclaims items of dead workers, heartbeats its own, watches for cancellations, and shuts down
+gracefully."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from services.protocol import WorkItem, keys
+from services.protocol.keys import WORKERS_GROUP
+from services.rollout_api.records import read_jobs
+from services.rollout_api.scripts import Scripts
+from services.rollout_api.worker.agent import AgentDeps
+from services.rollout_api.worker.metrics import WorkerMetrics
+from services.rollout_api.worker.runner import STOP_CANCELLED, STOP_SHUTDOWN, Delivery, ItemRunner
+from services.rollout_api.worker.scheduler import FairShare
+
+log = logging.getLogger(__name__)
+
+Entry = tuple[bytes, dict[bytes, bytes]]
+
+
+class Worker:
+    def __init__(self, redis: Redis, deps: AgentDeps, metrics: WorkerMetrics) -> None:
+        self.redis = redis
+        self.deps = deps
+        self.settings = deps.settings
+        self.metrics = metrics
+        self.name = deps.worker_id
+        self.runner = ItemRunner(redis, Scripts(redis), deps, metrics)
+        self.fair = FairShare()
+        self.max_in_flight: dict[str, int] = {}
+        self.running: dict[asyncio.Task[None], Delivery] = {}
+        self.slot_freed = asyncio.Event()
+        self.stopping = asyncio.Event()
+
+    @property
+    def free(self) -> int:
+        return self.settings.concurrency - len(self.running)
+
+    async def run(self) -> None:
+        await self.refresh_jobs()
+        loops = [
+            self._every(self.settings.jobs_refresh_s, self.refresh_jobs),
+            self._every(self.settings.heartbeat_s, self.heartbeat),
+            self._every(self.settings.reclaim_interval_s, self.reclaim),
+            self._every(self.settings.cancel_poll_s, self.watch_cancellations),
+        ]
+        background = [asyncio.create_task(loop) for loop in loops]
+        try:
+            await self._fill()
+        finally:
+            await self._drain()
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    async def _every(self, period_s: float, action: Callable[[], Awaitable[None]]) -> None:
+        while not self.stopping.is_set():
+            try:
+                await asyncio.wait_for(self.stopping.wait(), timeout=period_s)
+            except TimeoutError:
+                pass
+            if self.stopping.is_set():
+                return
+            try:
+                await action()
+            except Exception:
+                log.exception("%s failed; retrying in %.1fs", action.__name__, period_s)
+
+    # -- taking work -------------------------------------------------------------------------
+
+    async def refresh_jobs(self) -> None:
+        records = await read_jobs(self.redis)
+        if self.settings.jobs is not None:
+            records = [r for r in records if r.job in self.settings.jobs]
+        for record in records:
+            if record.job not in self.fair.jobs:
+                await self._ensure_group(record.job)
+        self.fair.set_jobs({r.job: r.weight for r in records})
+        self.max_in_flight = {r.job: r.quotas.max_in_flight for r in records}
+
+    async def _ensure_group(self, job: str) -> None:
+        try:
+            await self.redis.xgroup_create(keys.work_stream(job), WORKERS_GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def _fill(self) -> None:
+        while not self.stopping.is_set():
+            if self.free <= 0:
+                self.slot_freed.clear()
+                await self._wait(self.slot_freed, 1.0)
+                continue
+            try:
+                took = await self._take_round()
+            except Exception:
+                log.exception("taking work failed")
+                took = 0
+            if not took:
+                await self._wait(self.slot_freed, self.settings.poll_interval_s)
+
+    async def _wait(self, event: asyncio.Event, timeout_s: float) -> None:
+        waiters = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self.stopping.wait())]
+        await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in waiters:
+            waiter.cancel()
+
+    async def _take_round(self) -> int:
+        """Fill free slots one item at a time, each from the job first in fair-share order."""
+        took = 0
+        exhausted: set[str] = set()
+        while self.free > 0 and not self.stopping.is_set():
+            order = [job for job in self.fair.order() if job not in exhausted]
+            if not order:
+                break
+            job = order[0]
+            entry = await self._read_one(job)
+            if entry is None:
+                exhausted.add(job)
+                self.fair.mark_idle(job)
+                continue
+            self.fair.charge(job)
+            self._start(job, entry, reclaimed=False)
+            took += 1
+        return took
+
+    async def _read_one(self, job: str) -> Entry | None:
+        limit = self.max_in_flight.get(job)
+        if limit is not None:
+            in_flight: Any = await self.redis.hget(keys.job_stats(job), "in_flight")
+            if int(in_flight or 0) >= limit:
+                return None
+        reply: Any = await self.redis.xreadgroup(WORKERS_GROUP, self.name, {keys.work_stream(job): ">"}, count=1)
+        if not reply or not reply[0][1]:
+            return None
+        entry: Entry = reply[0][1][0]
+        return entry
+
+    def _start(self, job: str, entry: Entry, *, reclaimed: bool) -> None:
+        entry_id, fields = entry
+        item = WorkItem.model_validate_json(fields[b"item"])
+        delivery = Delivery(job=job, entry_id=entry_id.decode(), item=item)
+        task = asyncio.create_task(self.runner.run(delivery), name=item.trajectory_id)
+        self.running[task] = delivery
+        task.add_done_callback(self._done)
+        (self.metrics.reclaimed if reclaimed else self.metrics.taken).labels(job).inc()
+        self.metrics.running.set(len(self.running))
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.running.pop(task, None)
+        self.metrics.running.set(len(self.running))
+        self.slot_freed.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("item %s failed outside its attempts", task.get_name(), exc_info=task.exception())
+
+    # -- liveness ----------------------------------------------------------------------------
+
+    async def heartbeat(self) -> None:
+        """Reset the idle time of the entries we hold (so they are not reclaimed) and renew leases."""
+        by_job: dict[str, list[str]] = {}
+        for delivery in list(self.running.values()):
+            by_job.setdefault(delivery.job, []).append(delivery.entry_id)
+        for job, ids in by_job.items():
+            claim: list[Any] = list(ids)
+            await self.redis.xclaim(keys.work_stream(job), WORKERS_GROUP, self.name, 0, claim, justid=True)
+        renewals = [self.deps.broker.renew(lease, self.settings.lease_ttl_s) for lease in list(self.deps.leases)]
+        for result in await asyncio.gather(*renewals, return_exceptions=True):
+            if isinstance(result, Exception):
+                log.warning("lease renewal failed: %s", result)
+
+    async def reclaim(self) -> None:
+        """Take over items another worker has not heartbeated for ``reclaim_idle_s``."""
+        idle_ms = int(self.settings.reclaim_idle_s * 1000)
+        for job in self.fair.order():
+            if self.free <= 0 or self.stopping.is_set():
+                return
+            reply: Any = await self.redis.xautoclaim(
+                keys.work_stream(job), WORKERS_GROUP, self.name, idle_ms, start_id="0-0", count=self.free
+            )
+            for entry_id, fields in reply[1]:
+                if not fields:
+                    continue
+                log.info("reclaimed %s from a dead worker (job %s)", entry_id.decode(), job)
+                self._start(job, (entry_id, fields), reclaimed=True)
+
+    async def watch_cancellations(self) -> None:
+        pairs = {(d.job, d.item.rollout_id) for d in self.running.values()}
+        if not pairs:
+            return
+        ordered = sorted(pairs)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job, rollout_id in ordered:
+                pipe.hget(keys.rollout_record(job, rollout_id), "cancelled")
+            flags = await pipe.execute()
+        cancelled = {pair for pair, flag in zip(ordered, flags, strict=True) if flag == b"1"}
+        for task, delivery in list(self.running.items()):
+            if (delivery.job, delivery.item.rollout_id) in cancelled and delivery.stop_reason is None:
+                delivery.stop_reason = STOP_CANCELLED
+                task.cancel()
+
+    # -- shutdown ----------------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        if not self.running:
+            return
+        log.info("stopping: %d episodes get %.0fs to finish", len(self.running), self.settings.shutdown_grace_s)
+        deadline = time.monotonic() + self.settings.shutdown_grace_s
+        while self.running and time.monotonic() < deadline:
+            await asyncio.wait(list(self.running), timeout=max(0.0, deadline - time.monotonic()))
+        for task, delivery in list(self.running.items()):
+            delivery.stop_reason = delivery.stop_reason or STOP_SHUTDOWN
+            task.cancel()
+        await asyncio.gather(*list(self.running), return_exceptions=True)

@@ -1,0 +1,163 @@
+"""A whole rollout fleet as real processes for end-to-end tests: Redis, scripted engines, the
+LLM proxy, the sandbox broker (local backend), the rollout API, workers."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from services.protocol import Trajectory, from_stream_fields, keys
+from tests.support.processes import ServiceProcess, start_service
+
+ADMIN = "e2e-admin"
+SUBMIT = "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"
+
+# Fast liveness settings so that reclaim, cancellation and retries happen within seconds.
+WORKER_ENV = {
+    "ROLLOUT_WORKER_HEARTBEAT_S": "0.5",
+    "ROLLOUT_WORKER_RECLAIM_IDLE_S": "3",
+    "ROLLOUT_WORKER_RECLAIM_INTERVAL_S": "0.5",
+    "ROLLOUT_WORKER_RETRY_BACKOFF_S": "0.2",
+    "ROLLOUT_WORKER_LEASE_TTL_S": "30",
+    "ROLLOUT_WORKER_CANCEL_POLL_S": "0.2",
+    "ROLLOUT_WORKER_JOBS_REFRESH_S": "0.3",
+    "ROLLOUT_WORKER_POLL_INTERVAL_S": "0.05",
+    "ROLLOUT_WORKER_SHUTDOWN_GRACE_S": "2",
+}
+
+
+@dataclass
+class Fleet:
+    redis_url: str
+    model_path: Path
+    logs: Path
+    api: ServiceProcess
+    proxy: ServiceProcess
+    broker: ServiceProcess
+    engines: dict[str, ServiceProcess]
+    workers: list[ServiceProcess] = field(default_factory=list)
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.api.url, timeout=30.0)
+
+    def start_worker(self, *, jobs: list[str] | None = None, concurrency: int = 16, **env: str) -> ServiceProcess:
+        args = [
+            "-m", "services.cli", "worker", "--port", "{port}", "--redis-url", self.redis_url,
+            "--proxy-url", self.proxy.url, "--broker-url", self.broker.url, "--model-path", str(self.model_path),
+            "--concurrency", str(concurrency),
+        ]  # fmt: skip
+        if jobs:
+            args += ["--jobs", ",".join(jobs)]
+        worker = start_service(args, log_dir=self.logs, env={**WORKER_ENV, **env}, name="worker")
+        self.workers.append(worker)
+        return worker
+
+    def stop(self) -> None:
+        for service in [*self.workers, self.api, self.proxy, self.broker, *self.engines.values()]:
+            service.stop()
+
+
+def create_job(client: httpx.Client, job: str, **extra: Any) -> dict[str, str]:
+    response = client.post("/jobs", json={"job": job, **extra}, headers=bearer(ADMIN))
+    assert response.status_code == 201, response.text
+    return bearer(response.json()["token"])
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def submit(client: httpx.Client, headers: dict[str, str], body: dict[str, Any]) -> str:
+    response = client.post("/rollouts", json=body, headers=headers)
+    assert response.status_code == 202, response.text
+    rollout_id: str = response.json()["rollout_id"]
+    return rollout_id
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 60.0, every_s: float = 0.2) -> Any:
+    """Poll ``check`` until it returns something truthy (a bound for a test that would hang, not a timing)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"gave up waiting for {what}; last value {check()!r}")
+
+
+def wait_finished(client: httpx.Client, headers: dict[str, str], rollout_id: str, timeout_s: float = 60.0) -> Any:
+    def done() -> Any:
+        status = client.get(f"/rollouts/{rollout_id}", headers=headers).json()
+        return status if status["finished"] >= status["total"] else None
+
+    return wait_for(f"rollout {rollout_id} to finish", done, timeout_s)
+
+
+def trajectories(redis_url: str, job: str) -> list[Trajectory]:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        entries: Any = client.xrange(keys.trajectory_stream(job))
+        return [from_stream_fields(fields) for _, fields in entries]
+    finally:
+        client.close()
+
+
+def task(task_id: str, prompt: str, *, answer_check: bool = True, **extra: Any) -> dict[str, Any]:
+    reward = 'test "$(cat answer.txt 2>/dev/null)" = 42' if answer_check else "true"
+    return {"id": task_id, "prompt": prompt, "reward": {"command": reward}, **extra}
+
+
+def write_script(path: Path, rules: dict[str, list[Any]]) -> Path:
+    doc = {"rules": [{"match": m, "replies": r} for m, r in rules.items()], "default": "I give up.", "latency_s": 0.0}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def start_engine(script: Path, model_path: Path, logs: Path, name: str) -> ServiceProcess:
+    args = [
+        "-m", "services.cli", "engine", "--mode", "scripted", "--script", str(script),
+        "--model-path", str(model_path), "--port", "{port}",
+    ]  # fmt: skip
+    return start_service(args, log_dir=logs, health_path="/health", name=name)
+
+
+def start_fleet(redis_url: str, script: Path, model_path: Path, logs: Path, state_dir: Path) -> Fleet:
+    started: list[ServiceProcess] = []
+    try:
+        engines = {"default": start_engine(script, model_path, logs, "engine")}
+        started.append(engines["default"])
+        engines["llmfail"] = start_engine(script, model_path, logs, "engine-llmfail")
+        started.append(engines["llmfail"])
+        proxy = start_service(
+            [
+                "-m", "services.cli", "proxy", "--port", "{port}", "--workers", "1",
+                "--engines", engines["default"].url, "--pools", f"llmfail={engines['llmfail'].url}",
+                "--context-cap", "4000", "--health-interval-s", "0.5", "--eject-after-failures", "1",
+            ],
+            log_dir=logs, env={"ROLLOUT_REDIS_URL": redis_url}, name="proxy",
+        )  # fmt: skip
+        started.append(proxy)
+        broker = start_service(
+            [
+                "-m", "services.cli", "broker", "--port", "{port}", "--backend", "local",
+                "--redis-url", redis_url, "--state-dir", str(state_dir),
+            ],
+            log_dir=logs, name="broker",
+        )  # fmt: skip
+        started.append(broker)
+        api = start_service(
+            ["-m", "services.cli", "api", "--port", "{port}", "--redis-url", redis_url, "--broker-url", broker.url],
+            log_dir=logs, env={"ROLLOUT_API_ADMIN_TOKEN": ADMIN}, name="api",
+        )  # fmt: skip
+    except BaseException:
+        for service in started:
+            service.stop()
+        raise
+    return Fleet(redis_url, model_path, logs, api, proxy, broker, engines)

@@ -1,0 +1,96 @@
+"""The agent's plain parts: tokenizing deltas, parsing actions, observations, rewards, figures,
+the SWE-bench adapter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.protocol.sandboxes import ExecResult
+from services.protocol.swebench import SweBenchRolloutRequest, SweInstance
+from services.rollout_api.figures import percentile, rate_per_hour, tail_share
+from services.rollout_api.swebench import instance_task, patched_files, template_for
+from services.rollout_api.worker.conversation import SUBMIT_COMMAND, observation, parse_action, truncate_middle
+from services.rollout_api.worker.reward import parse_reward
+from services.rollout_api.worker.tokenization import ChatTokenizer
+from services.runtime.tokenizer import write_tokenizer_dir
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> ChatTokenizer:
+    return ChatTokenizer.from_dir(write_tokenizer_dir(tmp_path_factory.mktemp("tok")))
+
+
+def test_deltas_equal_the_whole_conversation_tokenized(tokenizer: ChatTokenizer) -> None:
+    """prompt + (reply tokens + eos + observation delta)* == the template rendered over everything."""
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task ü"}]
+    ids = tokenizer.prompt_ids(messages)
+    for reply, obs in [("thought\n```bash\nls\n```", "<returncode>0</returncode>"), ("again", "fix format")]:
+        ids += [*tokenizer.encode(reply), tokenizer.eos_id]
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": obs}]
+        ids += tokenizer.message_ids(messages[-1], reply_ended_with_eos=True)
+    assert ids == tokenizer.encode(tokenizer.render(messages, True))
+    assert tokenizer.eos_id == 258
+
+
+def test_delta_after_a_reply_without_eos(tokenizer: ChatTokenizer) -> None:
+    ids = tokenizer.message_ids({"role": "user", "content": "x"}, reply_ended_with_eos=False)
+    assert ids[0] == tokenizer.eos_id
+
+
+def test_parse_action() -> None:
+    one = parse_action("THOUGHT: look\n\n```bash\nls -la\n```\n")
+    assert (one.command, one.blocks, one.submits) == ("ls -la", 1, False)
+    assert parse_action("no block").command is None
+    two = parse_action("```bash\nls\n```\n```bash\npwd\n```")
+    assert (two.command, two.blocks) == (None, 2)
+    assert parse_action(f"done\n```bash\n{SUBMIT_COMMAND}\n```").submits
+
+
+def test_observation_keeps_head_and_tail() -> None:
+    text = "HEAD" + "x" * 5000 + "TAIL"
+    cut = truncate_middle(text, 1000)
+    assert cut.startswith("HEAD") and cut.endswith("TAIL") and len(cut.encode()) <= 1000
+    result = ExecResult(exit_code=2, stdout="out", stderr="err", duration_s=0.1)
+    assert observation(result, 1000) == "<returncode>2</returncode>\n<output>\nout\nerr\n</output>"
+
+
+def test_parse_reward() -> None:
+    assert parse_reward("running\n0.75\n") == 0.75
+    assert parse_reward("no number") is None
+    assert parse_reward("") is None
+
+
+def test_figures() -> None:
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([], 99) is None
+    assert tail_share(0.0, 60.0, 100.0) == 0.4
+    assert tail_share(0.0, None, 100.0) is None
+    assert rate_per_hour([0.0, 1.0, 2.0]) == 3600.0
+
+
+def test_swebench_adapter() -> None:
+    patch = "diff --git a/t/test_x.py b/t/test_x.py\n--- a/t/test_x.py\n+++ b/t/test_x.py\n"
+    instance = SweInstance(
+        instance_id="o__r-1", repo="o/r", base_commit="abc", problem_statement="bug",
+        FAIL_TO_PASS=["t/test_x.py::test_a"], PASS_TO_PASS=["t/test_x.py::test_b"], image_name="reg/sweb.eval.o-r:v1",
+        test_patch=patch,
+    )  # fmt: skip
+    request = SweBenchRolloutRequest(job="j", instances=[instance])
+    task = instance_task(instance, request)
+    assert task.sandbox.template == "sweb.eval.o-r-v1" == template_for("reg/sweb.eval.o-r:v1")
+    assert task.sandbox.workdir == "/testbed"
+    assert patched_files(patch) == ["t/test_x.py"]
+    assert task.reward.files == {"/tmp/rollout_test.patch": patch}
+    assert task.reward.command.endswith("python -m pytest -q -rA t/test_x.py::test_a t/test_x.py::test_b")
+    assert "git checkout -q abc -- t/test_x.py" in task.reward.command
+    assert task.sandbox.setup == ["git -C /testbed checkout -q abc"]
+
+
+def test_tokenizer_dir_without_eos_is_refused(tmp_path: Path) -> None:
+    directory = write_tokenizer_dir(tmp_path / "tok")
+    config = directory / "tokenizer_config.json"
+    config.write_text(config.read_text().replace('"eos_token": "<|im_end|>"', '"eos_token": "<nope>"'))
+    with pytest.raises(ValueError, match="eos_token"):
+        ChatTokenizer.from_dir(directory)
