@@ -42,6 +42,7 @@ class Drop(StrEnum):
     UNKNOWN_VERSION = "unknown_version"
     GROUP_TOO_SMALL = "group_too_small"
     ZERO_VARIANCE = "zero_variance"
+    MALFORMED = "malformed"  # the stream entry could not be decoded
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,10 @@ class GroupAssembler:
             del self.open[group.group_id]
             self.completed_groups += 1
             self._settle(group)
+
+    def reject_entry(self, entry_id: str) -> None:
+        """An undecodable stream entry: decided at once (acknowledged with the next checkpoint)."""
+        self._decide(entry_id, f"entry:{entry_id}", Drop.MALFORMED)
 
     def take(self, n: int, version: int) -> list[Group]:
         """Up to ``n`` ready groups, oldest first, re-checked for staleness at ``version``; the rest carry over."""
