@@ -86,12 +86,14 @@ def init_parallel(parallel: ParallelConfig, seed: int) -> None:
 
     apply_cpu_shims()
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
         rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+        # under torchrun the env:// rendezvous; alone, a private loopback port (never written to
+        # os.environ, so child processes do not inherit a port this process holds)
+        init = "env://" if "MASTER_ADDR" in os.environ else f"tcp://127.0.0.1:{_free_port()}"
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=rank, world_size=world)
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(parallel.tensor_parallel, parallel.pipeline_parallel)
     if torch.cuda.is_available():
