@@ -66,10 +66,10 @@ def shims_applied() -> bool:
 
 def apply_cpu_shims() -> bool:
     """Apply the shims once if no GPU is present. Returns whether they are active."""
-    if shims_applied():
-        return True
     if not shims_needed():
         return False
+    if shims_applied():
+        return True
     from megatron.core.tensor_parallel import random as megatron_random
 
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]

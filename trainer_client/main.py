@@ -13,8 +13,19 @@ logger = logging.getLogger("trainer_client")
 
 
 def run(settings: TrainSettings) -> Trainer:
-    """The training loop: wait for complete groups, one GRPO step, export + sync, checkpoint, log."""
+    """Train until ``max_steps`` (or no batch completes within ``wait_timeout_s``), then plot."""
     trainer = Trainer.start(settings)
+    try:
+        loop(trainer, settings)
+    finally:
+        trainer.close()
+    if settings.plot and (records := trainer.log.read()):
+        plot_steps(records, settings.work_dir / "steps.png")
+    return trainer
+
+
+def loop(trainer: Trainer, settings: TrainSettings) -> None:
+    """Wait for complete groups, one GRPO step, export + sync, checkpoint, log; until max_steps."""
     while trainer.state.step < settings.max_steps:
         timer = StepTimer()
         with timer.phase("wait_rollouts_s"):
@@ -32,9 +43,6 @@ def run(settings: TrainSettings) -> Trainer:
         logger.info("step %d reward %.3f gap %.4f ess %.3f time %.2fs", record.step, record.reward_mean,
                     record.logprob_gap, record.ess, record.timings["total_s"])  # fmt: skip
     trainer.checkpoint(force=True)
-    if settings.plot and (records := trainer.log.read()):
-        plot_steps(records, settings.work_dir / "steps.png")
-    return trainer
 
 
 def main() -> None:

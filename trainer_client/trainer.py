@@ -121,6 +121,13 @@ class Trainer:
         self.consumer.ack(self.state.to_ack)
         self.state.to_ack = []
 
+    def close(self) -> None:
+        if self.supply:
+            self.supply.client.close()
+        if self.publisher:
+            self.publisher.close()
+        self.consumer.client.close()
+
     def record(
         self, groups: list[Group], samples: list[Sample], stats: StepStats, sync_ok: bool | None, timer: StepTimer
     ) -> StepRecord:
