@@ -47,6 +47,7 @@ class FleetState:
     updates: list[WeightUpdate] = field(default_factory=list)
     requested_groups: int = 0
     fail_weights: bool = False
+    trajectory_shape: dict[str, int] = field(default_factory=dict)  # make_trajectory's length arguments
 
 
 def _error(status: int, code: ErrorCode, message: str) -> JSONResponse:
@@ -139,16 +140,17 @@ def _run(client: redis.Redis, state: FleetState, rollout_id: str, request: Rollo
         for i in range(request.group_size):
             reward, seed = float(rng.random() < 0.5), rng.randrange(1 << 30)
             traj = make_trajectory(group_id, i, reward=reward, version=state.version,
-                                   group_size=request.group_size, job=request.job, seed=seed)  # fmt: skip
+                                   group_size=request.group_size, job=request.job, seed=seed,
+                                   **state.trajectory_shape)  # type: ignore[arg-type]  # fmt: skip
             traj.trajectory_id = f"{group_id}:{i}"
             traj.rollout_id = rollout_id
             client.xadd(keys.trajectory_stream(request.job), to_stream_fields(traj))  # type: ignore[arg-type]
 
 
 @contextmanager
-def serve_fleet(redis_url: str) -> Iterator[tuple[str, FleetState]]:
+def serve_fleet(redis_url: str, **shape: int) -> Iterator[tuple[str, FleetState]]:
     """Run the app on a free loopback port for the duration of the block."""
-    state = FleetState(redis_url=redis_url)
+    state = FleetState(redis_url=redis_url, trajectory_shape=shape)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -12,7 +12,7 @@ from tests.trainer.conftest import TINY
 from trainer_client.export import CHECKSUM_FILE, directory_checksum, export_hf
 from trainer_client.model import ModelConfig, ParallelConfig, build_gpt, init_parallel, logits
 
-pytestmark = [pytest.mark.trainer]
+pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
 
 @pytest.mark.parametrize("tied", [False, True])

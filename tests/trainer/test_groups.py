@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from services.protocol.status import Status
 from services.protocol.trajectory import Trajectory
 from tests.trainer.factories import make_trajectory
 from trainer_client.groups import Drop, GroupAssembler
+
+pytestmark = [pytest.mark.trainer]
 
 
 def feed(asm: GroupAssembler, trajs: list[Trajectory], version: int = 0) -> None:

@@ -9,6 +9,8 @@ import torch
 
 from trainer_client import grpo
 
+pytestmark = [pytest.mark.trainer]
+
 
 def test_group_advantages_with_std() -> None:
     # rewards 1, 0, 0, 1: mean 0.5, population std 0.5 -> +1, -1, -1, +1

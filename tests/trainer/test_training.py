@@ -16,7 +16,7 @@ from trainer_client.groups import GroupAssembler
 from trainer_client.learner import Learner, LossConfig
 from trainer_client.model import ModelConfig, OptimConfig, ParallelConfig, Policy, build_policy, device, token_logprobs
 
-pytestmark = [pytest.mark.trainer]
+pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
 
 def own_logprobs(policy: Policy, traj: Trajectory) -> list[float]:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.trainer.fake_fleet import serve_fleet
 from trainer_client.export import Export, directory_checksum
 from trainer_client.weights import WeightPublisher
+
+pytestmark = [pytest.mark.trainer]
 
 
 def fake_export(root: Path, version: str) -> Export:
