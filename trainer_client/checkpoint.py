@@ -43,6 +43,7 @@ class TrainerState(BaseModel):
     dropped: dict[str, str] = Field(default_factory=dict)  # key -> drop reason
     to_ack: list[str] = Field(default_factory=list)  # stream entries decided up to this checkpoint
     last_entry_id: str = "0-0"  # the newest stream entry read (the group's position is in Redis)
+    requested_groups: int = 0  # groups requested from the API so far (admission control)
     drops: dict[str, int] = Field(default_factory=dict)  # cumulative, by reason (trajectories)
     dropped_groups: dict[str, int] = Field(default_factory=dict)  # cumulative, by reason
 

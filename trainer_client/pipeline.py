@@ -56,19 +56,21 @@ class RolloutSupply:
         self.client, self.job, self.admission = client, job, admission
         self.group_size, self.sampling, self.limits = group_size, sampling, limits
         self._tasks: Iterator[Task] = itertools.cycle(tasks)
-        self.requested = 0  # groups requested so far
-        self._batch = 0
+        self.requested = 0  # groups requested so far (restored from the checkpoint on resume)
 
-    def top_up(self, finished_groups: int, step: int) -> int:
-        """Request groups up to the target; ``finished_groups`` = groups trained on or dropped so far."""
+    def top_up(self, finished_groups: int) -> int:
+        """Request groups up to the target; ``finished_groups`` = groups trained on or dropped so far.
+
+        The idempotency key is the count of groups requested before: a trainer resumed from a
+        checkpoint repeats the same keys, and the API answers them without queueing twice.
+        """
         want = self.admission.to_request(self.requested - finished_groups)
         if want == 0:
             return 0
-        self._batch += 1
         tasks = [next(self._tasks) for _ in range(want)]
         request = RolloutRequest(
             job=self.job, tasks=_unique(tasks), group_size=self.group_size, sampling=self.sampling,
-            limits=self.limits, idempotency_key=f"{self.job}-step{step}-batch{self._batch}",
+            limits=self.limits, idempotency_key=f"{self.job}-from-group-{self.requested}",
         )  # fmt: skip
         accepted = self.client.submit(request)
         self.requested += accepted.tasks

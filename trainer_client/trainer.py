@@ -58,6 +58,8 @@ class Trainer:
         trainer._groups_seen.update(state.dropped_groups)
         assembler.drops.update(state.drops)
         assembler.dropped_groups.update(state.dropped_groups)
+        if trainer.supply:
+            trainer.supply.requested = state.requested_groups
         if s.metrics_port:
             trainer.metrics.serve(s.metrics_port)
         return trainer
@@ -71,7 +73,7 @@ class Trainer:
 
     def top_up(self) -> None:
         if self.supply:
-            self.supply.top_up(self.finished_groups(), self.state.step)
+            self.supply.top_up(self.finished_groups())
 
     def gather(self) -> list[Group]:
         """Read until ``batch_groups`` complete groups are ready (or the wait times out); take them."""
@@ -115,6 +117,7 @@ class Trainer:
         if not force and self.state.step % self.settings.checkpoint_every:
             return
         self.state.last_entry_id = self.consumer.last_entry_id
+        self.state.requested_groups = self.supply.requested if self.supply else 0
         self.state.drops = dict(self.assembler.drops)
         self.state.dropped_groups = dict(self.assembler.dropped_groups)
         checkpoint.save(self.settings.checkpoint_dir, self.policy, self.state, self.settings.keep_checkpoints)

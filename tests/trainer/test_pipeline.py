@@ -43,9 +43,12 @@ def test_training_loop_with_api_and_proxy(tmp_path: Path, redis_url: str, tokeni
             max_staleness=1, overprovision=2.0, max_steps=4, checkpoint_every=2, micro_batch_size=4,
             wait_timeout_s=20,
         )  # fmt: skip
-        run(settings)
+        run(settings.model_copy(update={"max_steps": 3}))
+        requested_before_restart = fleet.requested_groups
+        run(settings)  # resumes from checkpoint 3: admission state restored, repeated requests deduplicated
     records = StepLog(settings.step_log).read()
     assert [r.step for r in records] == [1, 2, 3, 4]
+    assert fleet.requested_groups <= requested_before_restart + 2
     # admission: never more than (max_staleness + 1) x batch_groups = 2 groups requested and unfinished
     assert all(r.in_flight_groups <= 2 for r in records)
     trained = sum(r.groups for r in records)
