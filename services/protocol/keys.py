@@ -11,6 +11,7 @@ PREFIX = "rollout"
 
 # consumer group names
 WORKERS_GROUP = "workers"  # on every work stream: the rollout workers
+TRAINERS_GROUP = "trainer"  # on every trajectory stream: the job's trainer (acks after its checkpoint)
 
 
 def _job(job: str) -> str:

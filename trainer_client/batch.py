@@ -1,0 +1,105 @@
+"""From GRPO groups to padded tensors: one row per trajectory, aligned for next-token logprobs.
+
+Row layout: ``input_ids = tokens[:-1]`` and ``labels = tokens[1:]`` with ``tokens = prompt +
+response``. Response token ``j`` is predicted at position ``P - 1 + j`` (``P`` = prompt length),
+so the trajectory's ``loss_mask`` and engine ``response_logprobs`` are shifted there. Rows are
+right-padded with mask 0.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from trainer_client.groups import Group, key_of
+from trainer_client.grpo import group_advantages
+
+
+@dataclass(frozen=True)
+class Sample:
+    key: str
+    tokens: torch.Tensor  # int64 [P + R]
+    prompt_len: int
+    loss_mask: torch.Tensor  # float [R]
+    engine_logprobs: torch.Tensor  # float [R]
+    advantage: float
+    reward: float
+    staleness: int
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    input_ids: torch.Tensor  # [B, L] int64
+    labels: torch.Tensor  # [B, L] int64
+    mask: torch.Tensor  # [B, L] float: 1 on generated response tokens
+    engine_logprobs: torch.Tensor  # [B, L] float
+    advantages: torch.Tensor  # [B, 1] float
+
+    @property
+    def tokens(self) -> int:
+        return int(self.mask.sum())
+
+
+def as_tensor(values: array, dtype: torch.dtype) -> torch.Tensor:  # type: ignore[type-arg]
+    """Zero-copy view of a contract token array (then cast to ``dtype``)."""
+    if len(values) == 0:
+        return torch.zeros(0, dtype=dtype)
+    source = {"i": torch.int32, "f": torch.float32, "B": torch.uint8}[values.typecode]
+    return torch.frombuffer(values, dtype=source).to(dtype)
+
+
+def samples_from_groups(groups: list[Group], version: int, normalize_std: bool, max_len: int) -> list[Sample]:
+    """One sample per valid member; advantages normalised within each group."""
+    samples = []
+    for group in groups:
+        advantages = group_advantages(group.rewards(), normalize_std=normalize_std)
+        for member, adv in zip(group.members, advantages.tolist(), strict=True):
+            traj = member.trajectory
+            prompt = as_tensor(traj.prompt_ids, torch.int64)
+            response = as_tensor(traj.response_ids, torch.int64)
+            keep = max(0, min(len(response), max_len + 1 - len(prompt)))
+            samples.append(
+                Sample(
+                    key=key_of(traj),
+                    tokens=torch.cat([prompt, response[:keep]]),
+                    prompt_len=len(prompt),
+                    loss_mask=as_tensor(traj.loss_mask, torch.float32)[:keep],
+                    engine_logprobs=as_tensor(traj.response_logprobs, torch.float32)[:keep],
+                    advantage=adv,
+                    reward=traj.reward,
+                    staleness=version - member.version,
+                )
+            )
+    return samples
+
+
+def collate(samples: list[Sample], device: torch.device) -> MicroBatch:
+    length = max(len(s.tokens) - 1 for s in samples)
+    rows = len(samples)
+    input_ids = torch.zeros(rows, length, dtype=torch.int64)
+    labels = torch.zeros(rows, length, dtype=torch.int64)
+    mask = torch.zeros(rows, length)
+    engine = torch.zeros(rows, length)
+    for i, s in enumerate(samples):
+        n = len(s.tokens) - 1
+        input_ids[i, :n] = s.tokens[:-1]
+        labels[i, :n] = s.tokens[1:]
+        start, resp = s.prompt_len - 1, len(s.loss_mask)
+        mask[i, start : start + resp] = s.loss_mask
+        engine[i, start : start + resp] = s.engine_logprobs
+    advantages = torch.tensor([[s.advantage] for s in samples])
+    return MicroBatch(*(t.to(device) for t in (input_ids, labels, mask, engine, advantages)))
+
+
+def micro_batches(samples: list[Sample], size: int, device: torch.device) -> list[MicroBatch]:
+    """Split into micro-batches of ``size`` rows, longest first (less padding)."""
+    ordered = sorted(samples, key=lambda s: len(s.tokens), reverse=True)
+    return [collate(ordered[i : i + size], device) for i in range(0, len(ordered), size)]
+
+
+def staleness_histogram(samples: list[Sample]) -> dict[str, int]:
+    counts = Counter(s.staleness for s in samples)
+    return {str(k): counts[k] for k in sorted(counts)}

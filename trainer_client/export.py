@@ -1,0 +1,152 @@
+"""Hugging Face export of the Megatron policy: Llama naming, safetensors, config, tokenizer, checksum.
+
+Layout of one export (``<root>/v<version>/``)::
+
+    model.safetensors   weights in LlamaForCausalLM naming (float32)
+    config.json         LlamaConfig fields plus "architectures" (SGLang needs it)
+    tokenizer files     copied from the trainer's tokenizer directory
+    CHECKSUM            "sha256:<hex>" (also returned and posted in the WeightUpdate)
+
+The checksum is sha256 over the other files in name order, each as ``name \\0 bytes \\0``; an
+export is written under a temporary name and renamed when complete. Only tensor- and
+pipeline-parallel size 1 are handled (larger sizes would need a gather first).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from trainer_client.model import ModelConfig
+
+CHECKSUM_FILE = "CHECKSUM"
+
+
+@dataclass(frozen=True)
+class Export:
+    version: str
+    path: Path
+    checksum: str  # "sha256:<hex>"
+    seconds: float
+
+
+def hf_state_dict(megatron_state: dict[str, Any], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Rename (and split) Megatron GPTModel tensors into LlamaForCausalLM tensors."""
+    sd = {k: v for k, v in megatron_state.items() if isinstance(v, torch.Tensor) and "_extra_state" not in k}
+    out = {
+        "model.embed_tokens.weight": sd["embedding.word_embeddings.weight"],
+        "model.norm.weight": sd["decoder.final_layernorm.weight"],
+    }
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = sd["output_layer.weight"]
+    for i in range(cfg.num_layers):
+        out.update(_layer(sd, cfg, i))
+    return {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in out.items()}
+
+
+def _layer(sd: dict[str, torch.Tensor], cfg: ModelConfig, i: int) -> dict[str, torch.Tensor]:
+    src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
+    groups, per_group, head_dim = cfg.num_query_groups, cfg.num_attention_heads // cfg.num_query_groups, cfg.head_dim
+    qkv = sd[src + "self_attention.linear_qkv.weight"].view(groups, per_group + 2, head_dim, cfg.hidden_size)
+    gate, up = sd[src + "mlp.linear_fc1.weight"].chunk(2, dim=0)
+    return {
+        dst + "self_attn.q_proj.weight": qkv[:, :per_group].reshape(-1, cfg.hidden_size),
+        dst + "self_attn.k_proj.weight": qkv[:, per_group].reshape(-1, cfg.hidden_size),
+        dst + "self_attn.v_proj.weight": qkv[:, per_group + 1].reshape(-1, cfg.hidden_size),
+        dst + "self_attn.o_proj.weight": sd[src + "self_attention.linear_proj.weight"],
+        dst + "mlp.gate_proj.weight": gate,
+        dst + "mlp.up_proj.weight": up,
+        dst + "mlp.down_proj.weight": sd[src + "mlp.linear_fc2.weight"],
+        dst + "input_layernorm.weight": sd[src + "input_layernorm.weight"],
+        dst + "post_attention_layernorm.weight": sd[src + "pre_mlp_layernorm.weight"],
+    }
+
+
+def hf_config(cfg: ModelConfig, eos_token_id: int | None = None) -> dict[str, Any]:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.ffn_hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_query_groups,
+        "head_dim": cfg.head_dim,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rms_norm_eps": cfg.norm_epsilon,
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "torch_dtype": "float32",
+        "eos_token_id": eos_token_id,
+    }
+
+
+def directory_checksum(path: Path) -> str:
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.iterdir() if p.is_file() and p.name != CHECKSUM_FILE):
+        digest.update(file.name.encode() + b"\0")
+        digest.update(file.read_bytes() + b"\0")
+    return f"sha256:{digest.hexdigest()}"
+
+
+def export_hf(
+    megatron_state: dict[str, Any],
+    cfg: ModelConfig,
+    version: str,
+    root: Path,
+    tokenizer_dir: Path | None,
+    keep: int = 3,
+) -> Export:
+    """Write ``<root>/v<version>`` and return where it is and its checksum."""
+    start = time.perf_counter()
+    final, tmp = root / f"v{version}", root / f"v{version}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(hf_state_dict(megatron_state, cfg), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    eos = _copy_tokenizer(tokenizer_dir, tmp) if tokenizer_dir else None
+    (tmp / "config.json").write_text(json.dumps(hf_config(cfg, eos), indent=2))
+    checksum = directory_checksum(tmp)
+    (tmp / CHECKSUM_FILE).write_text(checksum + "\n")
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    _prune(root, keep)
+    return Export(version=version, path=final, checksum=checksum, seconds=time.perf_counter() - start)
+
+
+def _copy_tokenizer(source: Path, target: Path) -> int | None:
+    """Copy the tokenizer files; return the eos token id if the tokenizer names one."""
+    for file in source.iterdir():
+        if file.is_file():
+            shutil.copy2(file, target / file.name)
+    return _eos_id(target)
+
+
+def _eos_id(directory: Path) -> int | None:
+    config, tokenizer = directory / "tokenizer_config.json", directory / "tokenizer.json"
+    if not (config.exists() and tokenizer.exists()):
+        return None
+    eos = json.loads(config.read_text()).get("eos_token")
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    for token in json.loads(tokenizer.read_text()).get("added_tokens", []):
+        if token.get("content") == eos:
+            return int(token["id"])
+    return None
+
+
+def _prune(root: Path, keep: int) -> None:
+    exports = sorted((p for p in root.glob("v*") if not p.name.endswith(".tmp")), key=lambda p: p.stat().st_mtime)
+    for old in exports[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)

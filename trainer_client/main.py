@@ -1,0 +1,55 @@
+"""``rollout-train``: asynchronous GRPO on a job's trajectory stream (settings: ``ROLLOUT_TRAIN_*``)."""
+
+from __future__ import annotations
+
+import logging
+
+from trainer_client.metrics import StepTimer
+from trainer_client.plot import plot_steps
+from trainer_client.settings import TrainSettings
+from trainer_client.trainer import Trainer
+
+logger = logging.getLogger("trainer_client")
+
+
+def run(settings: TrainSettings) -> Trainer:
+    """Train until ``max_steps`` (or no batch completes within ``wait_timeout_s``), then plot."""
+    trainer = Trainer.start(settings)
+    try:
+        loop(trainer, settings)
+    finally:
+        trainer.close()
+    if settings.plot and (records := trainer.log.read()):
+        plot_steps(records, settings.work_dir / "steps.png")
+    return trainer
+
+
+def loop(trainer: Trainer, settings: TrainSettings) -> None:
+    """Wait for complete groups, one GRPO step, export + sync, checkpoint, log; until max_steps."""
+    while trainer.state.step < settings.max_steps:
+        timer = StepTimer()
+        with timer.phase("wait_rollouts_s"):
+            trainer.top_up()
+            groups = trainer.gather()
+        if not groups:
+            logger.warning("no complete batch within %.0fs; stopping", settings.wait_timeout_s)
+            break
+        samples, stats = trainer.train(groups)  # logprob recompute + actor update, timed inside
+        with timer.phase("export_sync_s"):
+            sync_ok = trainer.export_and_sync()
+        with timer.phase("checkpoint_s"):
+            trainer.checkpoint()
+        record = trainer.record(groups, samples, stats, sync_ok, timer)
+        logger.info("step %d reward %.3f gap %.4f ess %.3f time %.2fs", record.step, record.reward_mean,
+                    record.logprob_gap, record.ess, record.timings["total_s"])  # fmt: skip
+    trainer.checkpoint(force=True)
+
+
+def main() -> None:
+    settings = TrainSettings()
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run(settings)
+
+
+if __name__ == "__main__":  # dist_checkpointing spawns processes: the guard is required
+    main()

@@ -1,0 +1,72 @@
+"""The trainer's settings: one pydantic-settings class, ``ROLLOUT_TRAIN_*`` (nested with ``__``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.protocol import keys
+from services.protocol.tasks import AgentLimits, SamplingParams
+from trainer_client.learner import LossConfig
+from trainer_client.model import ModelConfig, OptimConfig, ParallelConfig
+
+
+class TrainSettings(BaseSettings):
+    """Everything ``rollout-train`` needs; e.g. ``ROLLOUT_TRAIN_MODEL__HIDDEN_SIZE=256``."""
+
+    model_config = SettingsConfigDict(env_prefix="ROLLOUT_TRAIN_", env_nested_delimiter="__", extra="ignore")
+
+    job: str = "demo"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    consumer_group: str = keys.TRAINERS_GROUP
+    # rollout API: without it the trainer only consumes what already flows into the job's stream
+    api_url: str | None = None
+    api_token: str | None = None  # the job's bearer token
+    tasks_path: Path | None = None  # JSONL of services.protocol.tasks.Task, cycled through
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    limits: AgentLimits = Field(default_factory=AgentLimits)
+    # LLM proxy: without it exports are written but not announced
+    proxy_url: str | None = None
+    proxy_token: str | None = None  # admin token for /admin/weights
+    pool: str = "default"
+    sync_timeout_s: float = Field(600.0, gt=0)
+    # model, optimizer, loss
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    tokenizer_dir: Path | None = None  # copied into every export
+    # GRPO batch and staleness
+    group_size: int = Field(8, ge=1)
+    batch_groups: int = Field(4, ge=1)  # groups per optimizer step
+    min_valid: int = Field(2, ge=1)  # fewer valid members: the group is dropped
+    max_staleness: int = Field(2, ge=0)  # versions; also sets the admission cap (max_staleness + 1) x batch_groups
+    overprovision: float = Field(2.0, ge=1.0)  # groups kept in flight / batch_groups (capped by admission)
+    micro_batch_size: int = Field(4, ge=1)
+    max_seq_len: int = Field(4096, ge=8)
+    # run
+    max_steps: int = Field(100, ge=1)
+    checkpoint_every: int = Field(1, ge=1)
+    export_every: int = Field(1, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    work_dir: Path = Path("runs/trainer")  # checkpoints/, exports/, steps.jsonl, steps.png
+    read_count: int = Field(256, ge=1)
+    read_block_ms: int = Field(200, ge=1)
+    wait_timeout_s: float = Field(600.0, gt=0)  # give up when no batch completes for this long
+    metrics_port: int | None = None  # serve Prometheus /metrics while training
+    plot: bool = True
+    log_level: str = "INFO"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.work_dir / "checkpoints"
+
+    @property
+    def export_dir(self) -> Path:
+        return self.work_dir / "exports"
+
+    @property
+    def step_log(self) -> Path:
+        return self.work_dir / "steps.jsonl"

@@ -1,0 +1,56 @@
+"""Announce a new export to the LLM proxy and wait for its verdict."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from services.protocol.weights import WeightUpdate, WeightUpdateResult
+from trainer_client.export import Export
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SyncOutcome:
+    ok: bool
+    seconds: float
+    result: WeightUpdateResult | None
+    error: str | None = None
+
+
+class WeightPublisher:
+    """POSTs a :class:`WeightUpdate` to ``<proxy>/admin/weights``; the answer is the fleet's verdict."""
+
+    def __init__(self, proxy_url: str, pool: str, token: str | None = None, timeout_s: float = 600.0) -> None:
+        self.pool = pool
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=proxy_url, timeout=timeout_s, headers=headers)
+
+    def publish(self, export: Export) -> SyncOutcome:
+        update = WeightUpdate(
+            pool=self.pool, version=export.version, location=str(export.path), checksum=export.checksum
+        )
+        start = time.perf_counter()
+        try:
+            response = self.http.post("/admin/weights", content=update.model_dump_json(),
+                                      headers={"Content-Type": "application/json"})  # fmt: skip
+        except httpx.HTTPError as exc:
+            logger.error("weight update %s to pool %s failed: %s", export.version, self.pool, exc)
+            return SyncOutcome(False, time.perf_counter() - start, None, str(exc))
+        elapsed = time.perf_counter() - start
+        if response.status_code != 200:
+            logger.error(
+                "weight update %s refused: HTTP %d %s", export.version, response.status_code, response.text[:300]
+            )
+            return SyncOutcome(False, elapsed, None, f"HTTP {response.status_code}")
+        result = WeightUpdateResult.model_validate_json(response.content)
+        if not result.ok or result.quarantined:
+            logger.warning("weight update %s: ok=%s quarantined=%s", export.version, result.ok, result.quarantined)
+        return SyncOutcome(result.ok, elapsed, result)
+
+    def close(self) -> None:
+        self.http.close()
