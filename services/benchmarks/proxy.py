@@ -91,7 +91,7 @@ def _row(name: str, result: LoadResult, cpu_s: float | None) -> dict[str, Any]:
         "p99_s": percentile(lat, 99),
         "calls_per_s": result.throughput,
         "wall_s": result.wall_s,
-        "cpu_s": cpu_s if cpu_s is not None else float("nan"),
+        "cpu_s": cpu_s,
     }
 
 
@@ -108,6 +108,7 @@ def _phase(spec: LoadSpec, process: Launched | None) -> tuple[LoadResult, float 
 def measure(
     args: argparse.Namespace, requests: int, urls: list[str], proxy: Launched, router: Launched | None, tmp: Path
 ) -> dict[str, Any]:
+    run_in_process(_spec(args, urls, args.concurrency, args.concurrency))  # warm-up, not measured
     direct, _ = _phase(_spec(args, urls, args.concurrency, requests), None)
     update: dict[str, Any] = {}
     if args.weight_update:

@@ -157,7 +157,8 @@ class Forwarder:
 
     async def _forward(self, request: web.Request, call: Call, rt: EngineRuntime, payload: bytes) -> web.StreamResponse:
         rt.in_flight += 1
-        self.metrics.in_flight.labels(rt.engine_id).inc()
+        series = self.metrics.engine(rt.engine_id)
+        series.in_flight.inc()
         sent = time.perf_counter()
         loop = asyncio.get_running_loop()
         deadline_at = None if call.deadline_s is None else loop.time() + call.deadline_s
@@ -184,7 +185,7 @@ class Forwarder:
             return self._fail(call, rt, ErrorCode.ENGINE_UNAVAILABLE, f"engine connection failed: {exc}")
         finally:
             rt.in_flight -= 1
-            self.metrics.in_flight.labels(rt.engine_id).dec()
+            series.in_flight.dec()
 
     async def _send(self, rt: EngineRuntime, call: Call, payload: bytes) -> aiohttp.ClientResponse:
         try:
@@ -252,15 +253,16 @@ class Forwarder:
     def _observe(self, call: Call, rt: EngineRuntime, code: str, doc: Any) -> None:
         elapsed = time.perf_counter() - call.started
         m = self.metrics
+        series = m.engine(rt.engine_id)
         m.calls.labels(rt.engine_id, call.route, code).inc()
-        m.latency.labels(rt.engine_id).observe(elapsed)
+        series.latency.observe(elapsed)
         if call.upstream_s:
             m.overhead.observe(max(0.0, elapsed - call.upstream_s))
         prompt, completion = _token_counts(doc)
         if prompt:
-            m.tokens.labels(rt.engine_id, "prompt").inc(prompt)
+            series.prompt_tokens.inc(prompt)
         if completion:
-            m.tokens.labels(rt.engine_id, "completion").inc(completion)
+            series.completion_tokens.inc(completion)
 
     async def _relay_stream(
         self,

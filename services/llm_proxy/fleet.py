@@ -47,12 +47,13 @@ class FleetView:
         self.fleet = Fleet()
         self.runtime: dict[str, EngineRuntime] = {}
         self._pool_ready: dict[str, asyncio.Event] = {}
-        self._changed = asyncio.Event()
+        self._routable: dict[str, list[EngineRuntime]] = {}  # per pool; cleared on every change
 
     # -- following Redis ----------------------------------------------------------------
 
     async def refresh(self) -> None:
         self.fleet = await self.store.read()
+        self._routable.clear()
         for url, rec in self.fleet.engines.items():
             if url not in self.runtime:
                 self.runtime[url] = EngineRuntime(url=url, engine_id=rec.engine_id)
@@ -97,11 +98,15 @@ class FleetView:
 
     def routable(self, pool: str) -> list[EngineRuntime]:
         """Engines of ``pool`` that may take new calls: active and not ejected by this process."""
+        cached = self._routable.get(pool)
+        if cached is not None:
+            return cached
         found = []
         for rec in self.fleet.engines.values():
             rt = self.runtime.get(rec.url)
             if rec.pool == pool and rec.state == "active" and rt is not None and not rt.ejected:
                 found.append(rt)
+        self._routable[pool] = found
         return found
 
     def record(self, url: str) -> EngineRecord | None:
@@ -112,6 +117,7 @@ class FleetView:
     def mark_ok(self, rt: EngineRuntime) -> None:
         if rt.ejected:
             log.info("engine %s is healthy again: rejoins", rt.engine_id)
+            self._routable.clear()
         rt.failures = 0
         rt.ejected = False
 
@@ -119,4 +125,5 @@ class FleetView:
         rt.failures += 1
         if not rt.ejected and rt.failures >= self.eject_after:
             rt.ejected = True
+            self._routable.clear()
             log.warning("engine %s ejected after %d failures (%s)", rt.engine_id, rt.failures, why)
