@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.llm_proxy.fleet import FleetView
 from services.llm_proxy.membership import EngineRecord, MembershipStore, PoolRecord
+from services.llm_proxy.metrics import ProxyMetrics
 from services.llm_proxy.responses import error_response, json_response, platform_error, read_json
 from services.llm_proxy.upstream import EngineClient
 from services.llm_proxy.weights import WeightTransaction
@@ -42,8 +43,14 @@ class EngineRef(BaseModel):
 
 class Admin:
     def __init__(
-        self, view: FleetView, store: MembershipStore, client: EngineClient, transaction: WeightTransaction
+        self,
+        view: FleetView,
+        store: MembershipStore,
+        client: EngineClient,
+        transaction: WeightTransaction,
+        metrics: ProxyMetrics,
     ) -> None:
+        self.metrics = metrics
         self.view = view
         self.store = store
         self.client = client
@@ -115,6 +122,7 @@ class Admin:
 
     async def weights(self, body: dict[str, Any]) -> web.Response:
         result = await self.transaction.run(WeightUpdate.model_validate(body))
+        self.metrics.weight_update.labels(result.pool).observe(result.total_s)
         return json_response(result.model_dump(mode="json"))
 
     # -- helpers ------------------------------------------------------------------------

@@ -9,9 +9,10 @@ client goes away or the deadline passes.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
+import secrets
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,10 +74,17 @@ class Forwarder:
         self.router = Router(settings.affinity_overload_factor, settings.affinity_overload_slack)
         self.rng = random.Random()
         self.held_now = 0
+        self._rid_prefix = secrets.token_hex(8)  # random per process
+        self._rid_counter = itertools.count()
+
+    def _mint_rid(self) -> str:
+        """32 hex characters: a random per-process prefix and a counter. All rids have the same length,
+        so none is a prefix of another (SGLang's ``/abort_request`` matches by prefix)."""
+        return f"{self._rid_prefix}{next(self._rid_counter):016x}"
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
-        rid = uuid.uuid4().hex  # fixed length: no rid is a prefix of another (SGLang aborts by prefix)
+        rid = self._mint_rid()
         try:
             call = await self._prepare(request, rid, started)
             await self._hold(call.pool)
@@ -254,7 +262,7 @@ class Forwarder:
         elapsed = time.perf_counter() - call.started
         m = self.metrics
         series = m.engine(rt.engine_id)
-        m.calls.labels(rt.engine_id, call.route, code).inc()
+        m.call_done(rt.engine_id, call.route, code).inc()
         series.latency.observe(elapsed)
         if call.upstream_s:
             m.overhead.observe(max(0.0, elapsed - call.upstream_s))

@@ -28,6 +28,7 @@ class EngineSeries:
 class ProxyMetrics:
     def __init__(self) -> None:
         self._engines: dict[str, EngineSeries] = {}
+        self._calls: dict[tuple[str, str, str], Counter] = {}
         r = self.registry = CollectorRegistry()
         self.in_flight = Gauge(
             "rollout_proxy_calls_in_flight", "Calls in flight per engine", ["engine"], registry=r,
@@ -73,6 +74,14 @@ class ProxyMetrics:
                 completion_tokens=self.tokens.labels(engine_id, "completion"),
             )
         return series
+
+    def call_done(self, engine_id: str, route: str, code: str) -> Counter:
+        """The ``calls`` child for one (engine, route, code), bound once."""
+        key = (engine_id, route, code)
+        child = self._calls.get(key)
+        if child is None:
+            child = self._calls[key] = self.calls.labels(engine_id, route, code)
+        return child
 
     def render(self) -> bytes:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
