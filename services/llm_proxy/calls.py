@@ -197,7 +197,7 @@ class Forwarder:
 
     async def _send(self, rt: EngineRuntime, call: Call, payload: bytes) -> aiohttp.ClientResponse:
         try:
-            return await self.session.post(rt.url + call.route, data=payload, headers=JSON_HEADERS)
+            return await self.session.post(rt.endpoint(call.route), data=payload, headers=JSON_HEADERS)
         except NOT_ANSWERED as exc:
             raise NotAnswered(f"{type(exc).__name__}: {exc}") from exc
 

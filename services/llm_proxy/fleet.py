@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from yarl import URL
 
 from services.llm_proxy.membership import EngineRecord, Fleet, MembershipStore, PoolRecord
 
@@ -26,6 +27,14 @@ class EngineRuntime:
     in_flight_at_report: int = 0
     failures: int = 0  # consecutive failed health checks or calls
     ejected: bool = False
+    _urls: dict[str, URL] = field(default_factory=dict)
+
+    def endpoint(self, route: str) -> URL:
+        """``url + route`` as a parsed URL, built once (parsing costs more than the rest of a send)."""
+        found = self._urls.get(route)
+        if found is None:
+            found = self._urls[route] = URL(self.url + route)
+        return found
 
     @property
     def load(self) -> int:
