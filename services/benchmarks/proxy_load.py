@@ -41,6 +41,12 @@ class LoadResult:
     errors: Counter[str] = field(default_factory=Counter)  # "HTTP 503", "ServerDisconnectedError", ...
     wall_s: float = 0.0
 
+    def merge(self, other: LoadResult) -> None:
+        """Pool another run's calls into this one (throughput = all calls over all wall time)."""
+        self.latencies_s += other.latencies_s
+        self.errors += other.errors
+        self.wall_s += other.wall_s
+
     @property
     def throughput(self) -> float:
         return len(self.latencies_s) / self.wall_s if self.wall_s else 0.0
