@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
@@ -27,6 +28,8 @@ class EngineRuntime:
     in_flight_at_report: int = 0
     failures: int = 0  # consecutive failed health checks or calls
     ejected: bool = False
+    answered_at: float = 0.0  # monotonic time of the last good answer (a call or a probe)
+    probed_at: float = 0.0  # monotonic time of the last probe
     _urls: dict[str, URL] = field(default_factory=dict)
 
     def endpoint(self, route: str) -> URL:
@@ -129,6 +132,7 @@ class FleetView:
             self._routable.clear()
         rt.failures = 0
         rt.ejected = False
+        rt.answered_at = time.monotonic()
 
     def mark_failed(self, rt: EngineRuntime, why: str) -> None:
         rt.failures += 1
