@@ -217,7 +217,12 @@ class Forwarder:
     def _answer(self, call: Call, rt: EngineRuntime, status: int, raw: bytes) -> web.Response:
         if status != 200:
             return self._engine_error(call, rt, status, raw)
-        doc = orjson.loads(raw)
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return self._fail(
+                call, rt, ErrorCode.ENGINE_ERROR, f"engine answered 200 with a non-JSON body: {raw[:200]!r}"
+            )
         version = self._stamp(call, doc, rt)
         self._observe(call, rt, "200", doc)
         return json_response(doc, 200, self._provenance(call, rt, version))

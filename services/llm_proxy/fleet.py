@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from yarl import URL
 
 from services.llm_proxy.membership import EngineRecord, Fleet, MembershipStore, PoolRecord
@@ -90,7 +91,7 @@ class FleetView:
                     while await pubsub.get_message(ignore_subscribe_messages=True, timeout=0):
                         pass  # coalesce a burst of notices into one refresh
                     await self.refresh()
-                except (OSError, ConnectionError, TimeoutError) as exc:  # Redis blip: keep the last view
+                except (RedisError, OSError, TimeoutError) as exc:  # Redis blip: keep the last view
                     log.warning("membership refresh failed: %s", exc)
                     await asyncio.sleep(self.sync_interval_s)
         finally:

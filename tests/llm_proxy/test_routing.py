@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,3 +197,23 @@ def test_lora_adapters_are_fanned_out_to_the_pool(fleet: Fleet) -> None:
     unload = {"pool": "default", "action": "unload", "lora_name": "job-b"}
     assert httpx.post(fleet.proxy + "/admin/lora", json=unload, timeout=30).json()["adapters"] == {}
     assert generate(fleet.proxy, body).status_code == 400
+
+
+def test_a_killed_proxy_worker_is_replaced(fleet: Fleet) -> None:
+    pids = {httpx.get(fleet.proxy + "/healthz").json()["pid"] for _ in range(12)}
+    assert len(pids) == 2  # two processes share the port (SO_REUSEPORT)
+    victim = min(pids)
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: _fresh_pids(fleet.proxy) - (pids - {victim}) != set(), 30, "a new worker")
+    body = {"input_ids": [1], "sampling_params": {"max_new_tokens": 1}}
+    assert {generate(fleet.proxy, body).status_code for _ in range(8)} == {200}
+
+
+def _fresh_pids(proxy: str) -> set[int]:
+    found = set()
+    for _ in range(12):
+        try:
+            found.add(httpx.get(proxy + "/healthz", timeout=5).json()["pid"])
+        except httpx.HTTPError:
+            pass
+    return found
