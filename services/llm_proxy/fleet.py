@@ -29,6 +29,7 @@ class EngineRuntime:
     in_flight_at_report: int = 0
     failures: int = 0  # consecutive failed health checks or calls
     ejected: bool = False
+    weight_version: str | None = None  # what the engine reported last (/get_model_info)
     answered_at: float = 0.0  # monotonic time of the last good answer (a call or a probe)
     probed_at: float = 0.0  # monotonic time of the last probe
     _urls: dict[str, URL] = field(default_factory=dict)

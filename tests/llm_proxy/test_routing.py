@@ -89,6 +89,7 @@ def test_streaming_generate_and_chat_are_relayed_with_engine_id(fleet: Fleet) ->
     body = {"input_ids": [1, 2], "stream": True, "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}
     with httpx.stream("POST", fleet.proxy + "/generate", json=body, timeout=30) as resp:
         engine_id = resp.headers[h.HEADER_ENGINE]
+        assert resp.headers[h.HEADER_WEIGHT_VERSION] == "default"  # known before the first token
         frames = [ln[6:] for ln in resp.iter_lines() if ln.startswith("data: ")]
     assert frames[-1] == "[DONE]" and len(frames) >= 3
     assert all(json.loads(f)["meta_info"][h.META_ENGINE] == engine_id for f in frames[:-1])
