@@ -35,6 +35,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--prompt-min", type=int, default=1024)
     p.add_argument("--prompt-max", type=int, default=64_000)
     p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--rounds", type=int, default=1, help="rounds of the three phases, order rotated (1)")
     p.add_argument("--no-router", action="store_true", help="skip the sglang-router phase")
     p.add_argument("--weight-update", action="store_true", help="run a weight update mid proxy phase")
     p.add_argument("--proxy-url", default=None, help="load an existing proxy instead of starting one")
@@ -91,7 +92,7 @@ def _row(name: str, result: LoadResult, cpu_s: float | None) -> dict[str, Any]:
         "p99_s": percentile(lat, 99),
         "calls_per_s": result.throughput,
         "wall_s": result.wall_s,
-        "cpu_s": cpu_s if cpu_s is not None else float("nan"),
+        "cpu_s": cpu_s,
     }
 
 
@@ -108,31 +109,41 @@ def _phase(spec: LoadSpec, process: Launched | None) -> tuple[LoadResult, float 
 def measure(
     args: argparse.Namespace, requests: int, urls: list[str], proxy: Launched, router: Launched | None, tmp: Path
 ) -> dict[str, Any]:
-    direct, _ = _phase(_spec(args, urls, args.concurrency, requests), None)
+    """Warm up, then ``--rounds`` rounds of direct / proxy / router, the order rotated every round so
+    that load from other work on the host falls on every target alike; calls are pooled per target."""
+    run_in_process(_spec(args, urls, args.concurrency, args.concurrency))  # warm-up, not measured
+    targets: list[tuple[str, list[str], Launched | None]] = [("direct", urls, None), ("our proxy", [proxy.url], proxy)]
+    if router is not None:
+        targets.append(("sglang-router", [router.url], router))
+    pooled: dict[str, LoadResult] = {name: LoadResult() for name, _, _ in targets}
+    cpu: dict[str, float] = dict.fromkeys(pooled, 0.0)
     update: dict[str, Any] = {}
-    if args.weight_update:
-        ours, proxy_cpu = _phase_with_update(args, requests, proxy, tmp, update)
-    else:
-        ours, proxy_cpu = _phase(_spec(args, [proxy.url], args.concurrency, requests), proxy)
-    rows = [_row("direct", direct, None), _row("our proxy", ours, proxy_cpu)]
+    for r in range(args.rounds):
+        for name, target_urls, process in targets[r % len(targets) :] + targets[: r % len(targets)]:
+            spec = _spec(args, target_urls, args.concurrency, requests)
+            if name == "our proxy" and args.weight_update and r == 0:
+                result, used = _phase_with_update(args, spec, proxy, tmp, update)
+            else:
+                result, used = _phase(spec, process)
+            pooled[name].merge(result)
+            cpu[name] += used or 0.0
+    direct, ours = pooled["direct"], pooled["our proxy"]
+    rows = [_row(name, pooled[name], cpu[name] if process else None) for name, _, process in targets]
     figures: dict[str, Any] = {
         "engines": args.engines, "concurrency": args.concurrency, "requests": requests, "workers": args.workers,
-        "prompt_tokens": [args.prompt_min, args.prompt_max], "call_seconds": args.call_seconds,
+        "rounds": args.rounds, "prompt_tokens": [args.prompt_min, args.prompt_max], "call_seconds": args.call_seconds,
         "errors": sum(ours.errors.values()), "error_kinds": dict(ours.errors),
         "direct_errors": sum(direct.errors.values()),
         "added_latency_p50_ms": _added_ms(ours, direct, 50), "added_latency_p99_ms": _added_ms(ours, direct, 99),
-        "throughput_ratio_vs_direct": ours.throughput / direct.throughput if direct.throughput else float("nan"),
-        "proxy_cpu_s": proxy_cpu,
+        "throughput_ratio_vs_direct": _ratio(ours, direct), "proxy_cpu_s": cpu["our proxy"],
     }  # fmt: skip
     if router is not None:
-        theirs, router_cpu = _phase(_spec(args, [router.url], args.concurrency, requests), router)
-        rows.append(_row("sglang-router", theirs, router_cpu))
+        theirs = pooled["sglang-router"]
         figures |= {
             "router_errors": sum(theirs.errors.values()),
             "router_added_latency_p50_ms": _added_ms(theirs, direct, 50),
             "router_added_latency_p99_ms": _added_ms(theirs, direct, 99),
-            "throughput_ratio_vs_router": ours.throughput / theirs.throughput if theirs.throughput else float("nan"),
-            "router_cpu_s": router_cpu,
+            "throughput_ratio_vs_router": _ratio(ours, theirs), "router_cpu_s": cpu["sglang-router"],
         }  # fmt: skip
     if update:
         figures["weight_update"] = update
@@ -140,16 +151,18 @@ def measure(
     return figures
 
 
+def _ratio(a: LoadResult, b: LoadResult) -> float | None:
+    return a.throughput / b.throughput if b.throughput else None
+
+
 def _phase_with_update(
-    args: argparse.Namespace, requests: int, proxy: Launched, tmp: Path, out: dict[str, Any]
+    args: argparse.Namespace, spec: LoadSpec, proxy: Launched, tmp: Path, out: dict[str, Any]
 ) -> tuple[LoadResult, float | None]:
     """The proxy phase with a weight update posted once the calls are in flight."""
     weights = tmp / "weights-bench-v1"
     weights.mkdir(exist_ok=True)
     box: list[tuple[LoadResult, float | None]] = []
-    load = threading.Thread(
-        target=lambda: box.append(_phase(_spec(args, [proxy.url], args.concurrency, requests), proxy))
-    )
+    load = threading.Thread(target=lambda: box.append(_phase(spec, proxy)))
     load.start()
     time.sleep(max(2.0, args.call_seconds))  # the calls are in flight by now
     body = {"pool": "default", "version": "bench-v1", "location": str(weights), "checksum": "sha256:bench"}

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from services.runtime.net import free_port
+from services.runtime.net import free_port, free_port_range
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -61,29 +60,11 @@ def launch(name: str, argv: Sequence[str], url: str, health: str, log_dir: Path,
     raise TimeoutError(f"{name} did not become healthy within {timeout_s} s")
 
 
-def consecutive_free_ports(count: int) -> int:
-    """A base port with ``count`` consecutive free ports after it."""
-    for _ in range(50):
-        base = free_port()
-        if base + count < 65_000 and all(_free(base + i) for i in range(count)):
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports found")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def start_engines(
     k: int, processes: int, engine_args: Sequence[str], log_dir: Path
 ) -> tuple[list[Launched], list[str]]:
     """``k`` sim engines in ``processes`` processes on consecutive ports."""
-    base = consecutive_free_ports(k)
+    base = free_port_range(k)
     launched, urls = [], []
     per = -(-k // processes)
     for p, first in enumerate(range(0, k, per)):

@@ -24,7 +24,7 @@ DISTINCT_PROMPTS = 64
 
 @dataclass(frozen=True, slots=True)
 class LoadSpec:
-    targets: tuple[str, ...]  # base URLs, used round-robin (one proxy, or every engine directly)
+    targets: tuple[str, ...]  # base URLs; caller j always uses targets[j % len] (one proxy, or every engine)
     concurrency: int
     requests: int
     prompt_min: int = 1024
@@ -40,6 +40,12 @@ class LoadResult:
     latencies_s: list[float] = field(default_factory=list)  # successful calls only
     errors: Counter[str] = field(default_factory=Counter)  # "HTTP 503", "ServerDisconnectedError", ...
     wall_s: float = 0.0
+
+    def merge(self, other: LoadResult) -> None:
+        """Pool another run's calls into this one (throughput = all calls over all wall time)."""
+        self.latencies_s += other.latencies_s
+        self.errors += other.errors
+        self.wall_s += other.wall_s
 
     @property
     def throughput(self) -> float:
@@ -66,9 +72,9 @@ async def run_load(spec: LoadSpec) -> LoadResult:
     timeout = aiohttp.ClientTimeout(total=spec.call_timeout_s, sock_connect=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
-        async def caller() -> None:
+        async def caller(j: int) -> None:
+            url = spec.targets[j % len(spec.targets)] + "/generate"
             while (i := next(counter)) < spec.requests:
-                url = spec.targets[i % len(spec.targets)] + "/generate"
                 started = time.perf_counter()
                 try:
                     async with session.post(url, data=bodies[i % len(bodies)], headers=headers) as resp:
@@ -82,7 +88,7 @@ async def run_load(spec: LoadSpec) -> LoadResult:
                 result.latencies_s.append(time.perf_counter() - started)
 
         started = time.perf_counter()
-        await asyncio.gather(*(caller() for _ in range(spec.concurrency)))
+        await asyncio.gather(*(caller(j) for j in range(spec.concurrency)))
         result.wall_s = time.perf_counter() - started
     return result
 

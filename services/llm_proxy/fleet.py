@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from yarl import URL
 
 from services.llm_proxy.membership import EngineRecord, Fleet, MembershipStore, PoolRecord
 
@@ -26,6 +29,17 @@ class EngineRuntime:
     in_flight_at_report: int = 0
     failures: int = 0  # consecutive failed health checks or calls
     ejected: bool = False
+    weight_version: str | None = None  # what the engine reported last (/get_model_info)
+    answered_at: float = 0.0  # monotonic time of the last good answer (a call or a probe)
+    probed_at: float = 0.0  # monotonic time of the last probe
+    _urls: dict[str, URL] = field(default_factory=dict)
+
+    def endpoint(self, route: str) -> URL:
+        """``url + route`` as a parsed URL, built once (parsing costs more than the rest of a send)."""
+        found = self._urls.get(route)
+        if found is None:
+            found = self._urls[route] = URL(self.url + route)
+        return found
 
     @property
     def load(self) -> int:
@@ -47,12 +61,13 @@ class FleetView:
         self.fleet = Fleet()
         self.runtime: dict[str, EngineRuntime] = {}
         self._pool_ready: dict[str, asyncio.Event] = {}
-        self._changed = asyncio.Event()
+        self._routable: dict[str, list[EngineRuntime]] = {}  # per pool; cleared on every change
 
     # -- following Redis ----------------------------------------------------------------
 
     async def refresh(self) -> None:
         self.fleet = await self.store.read()
+        self._routable.clear()
         for url, rec in self.fleet.engines.items():
             if url not in self.runtime:
                 self.runtime[url] = EngineRuntime(url=url, engine_id=rec.engine_id)
@@ -77,7 +92,7 @@ class FleetView:
                     while await pubsub.get_message(ignore_subscribe_messages=True, timeout=0):
                         pass  # coalesce a burst of notices into one refresh
                     await self.refresh()
-                except (OSError, ConnectionError, TimeoutError) as exc:  # Redis blip: keep the last view
+                except (RedisError, OSError, TimeoutError) as exc:  # Redis blip: keep the last view
                     log.warning("membership refresh failed: %s", exc)
                     await asyncio.sleep(self.sync_interval_s)
         finally:
@@ -97,11 +112,15 @@ class FleetView:
 
     def routable(self, pool: str) -> list[EngineRuntime]:
         """Engines of ``pool`` that may take new calls: active and not ejected by this process."""
+        cached = self._routable.get(pool)
+        if cached is not None:
+            return cached
         found = []
         for rec in self.fleet.engines.values():
             rt = self.runtime.get(rec.url)
             if rec.pool == pool and rec.state == "active" and rt is not None and not rt.ejected:
                 found.append(rt)
+        self._routable[pool] = found
         return found
 
     def record(self, url: str) -> EngineRecord | None:
@@ -112,11 +131,14 @@ class FleetView:
     def mark_ok(self, rt: EngineRuntime) -> None:
         if rt.ejected:
             log.info("engine %s is healthy again: rejoins", rt.engine_id)
+            self._routable.clear()
         rt.failures = 0
         rt.ejected = False
+        rt.answered_at = time.monotonic()
 
     def mark_failed(self, rt: EngineRuntime, why: str) -> None:
         rt.failures += 1
         if not rt.ejected and rt.failures >= self.eject_after:
             rt.ejected = True
+            self._routable.clear()
             log.warning("engine %s ejected after %d failures (%s)", rt.engine_id, rt.failures, why)

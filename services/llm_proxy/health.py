@@ -3,13 +3,16 @@
 ``/get_load`` is the probe: it answers while the engine serves and reports its queue, which
 refreshes the routing load. An engine failing ``eject_after_failures`` probes (or calls) in a
 row is ejected; it rejoins by itself when probes pass again, unless it reports weights other
-than its pool's current version (a restarted engine with stale weights stays out).
+than its pool's current version (a restarted engine with stale weights stays out). An engine
+that answered a call within the last interval is not probed (that answer was its health check),
+except every ``LOAD_REFRESH_INTERVALS`` intervals, to refresh its load.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import aiohttp
@@ -19,6 +22,8 @@ from services.llm_proxy.metrics import ProxyMetrics
 from services.llm_proxy.upstream import EngineClient, open_connections
 
 log = logging.getLogger(__name__)
+
+LOAD_REFRESH_INTERVALS = 5
 
 
 class HealthChecker:
@@ -32,14 +37,21 @@ class HealthChecker:
 
     async def run(self, interval_s: float) -> None:
         while True:
-            await self.check_all()
+            await self.check_all(interval_s)
             await asyncio.sleep(interval_s)
 
-    async def check_all(self) -> None:
-        await asyncio.gather(*(self.check(rt) for rt in list(self.view.runtime.values())))
+    async def check_all(self, interval_s: float = 0.0) -> None:
+        now = time.monotonic()
+        due = [
+            rt
+            for rt in list(self.view.runtime.values())
+            if now - rt.answered_at >= interval_s or now - rt.probed_at >= LOAD_REFRESH_INTERVALS * interval_s
+        ]
+        await asyncio.gather(*(self.check(rt) for rt in due))
         self.metrics.upstream_connections.set(open_connections(self.session))
 
     async def check(self, rt: EngineRuntime) -> None:
+        rt.probed_at = time.monotonic()
         status, doc = await self.client.call("GET", rt.url + "/get_load")
         if status != 200:
             self.view.mark_failed(rt, f"health check: {status} {doc}")
@@ -48,7 +60,15 @@ class HealthChecker:
         else:
             rt.report(_num_reqs(doc))
             self.view.mark_ok(rt)
+            if rt.weight_version is None:
+                await self._learn_version(rt)
         self.metrics.engine_up.labels(rt.engine_id).set(0 if rt.ejected else 1)
+
+    async def _learn_version(self, rt: EngineRuntime) -> None:
+        """The version a new engine serves, for provenance before its pool's first update."""
+        status, info = await self.client.call("GET", rt.url + "/get_model_info")
+        if status == 200 and isinstance(info, dict) and info.get("weight_version") is not None:
+            rt.weight_version = str(info["weight_version"])
 
     async def _weights_current(self, rt: EngineRuntime) -> bool:
         record = self.view.record(rt.url)
@@ -58,6 +78,7 @@ class HealthChecker:
         status, info = await self.client.call("GET", rt.url + "/get_model_info")
         version = info.get("weight_version") if isinstance(info, dict) else None
         if status == 200 and version == pool.version:
+            rt.weight_version = pool.version
             return True
         log.warning("engine %s is up but serves weights %r, pool %s is at %r", rt.engine_id, version, pool.name,
                     pool.version)  # fmt: skip

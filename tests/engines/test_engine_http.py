@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from services.runtime.net import free_port_range
 from services.runtime.tokenizer import write_tokenizer_dir
 from tests.support.processes import ServiceProcess, start_service
 
@@ -24,7 +25,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     svc: ServiceProcess = start_service(
         ["-m", "services.cli", "engine", "--port", "{port}", "--count", "2", "--model-path", str(tok),
          "--output-tokens", "12", "--decode-step-s", "0.005", "--context-length", "4096", "--seed", "7"],
-        log_dir=root / "logs", name="engine",
+        log_dir=root / "logs", name="engine", port=free_port_range(2),
     )  # fmt: skip
     try:
         yield [svc.url, f"http://127.0.0.1:{svc.port + 1}"]
