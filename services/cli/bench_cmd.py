@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from services.benchmarks import codec
+from services.benchmarks import broker, codec
 
-BENCHMARKS = (codec,)
+BENCHMARKS = (codec, broker)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

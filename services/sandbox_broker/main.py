@@ -18,6 +18,6 @@ def run(settings: BrokerSettings) -> int:
     with redis_url_or_embedded(settings.redis_url or RedisSettings().url) as redis_url:
         app = create_app(settings, redis_url)
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
-                                timeout_keep_alive=30)  # fmt: skip
+                                timeout_keep_alive=30, loop="asyncio")  # fmt: skip
         uvicorn.Server(config).run()
     return 0

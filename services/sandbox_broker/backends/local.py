@@ -64,7 +64,7 @@ class LocalBackend:
         self.root.mkdir(parents=True, exist_ok=True)
         for directory in (self.root.parent, self.root):
             directory.chmod(0o711)  # the sandbox uid passes through, lists nothing
-        self.cgroups = await asyncio.to_thread(Cgroups.probe, self.pids_max)
+        self.cgroups = await asyncio.to_thread(Cgroups.probe, self.pids_max, Cgroups.scope_of(self.root))
         paths = SandboxPaths(self.root.parent / "probe")
         self._layout(paths)
         binary, version, ok, detail = await probe_bwrap(paths, self.uid)
