@@ -39,6 +39,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--docker-host", default=None, help="docker backend: the engine socket (unix://...)")
     p.add_argument("--docker-image", default=None, help="docker backend: a prepared image")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
+    p.add_argument("--log-dir", type=Path, default=None, help="keep the broker's log here (default: discarded)")
     p.set_defaults(handler=run)
 
 
@@ -80,7 +81,9 @@ async def _bench(args: argparse.Namespace, redis_url: str, root: Path) -> dict[s
     env = _broker_env(args, root, fake)
     argv = ["-m", "services.cli", "broker", "--port", "{port}", "--backend", args.backend, "--redis-url", redis_url,
             "--warm-pool", "0"]  # fmt: skip
-    broker = python_proc(argv, env, root / "broker.log")
+    log_dir = args.log_dir or root
+    log_dir.mkdir(parents=True, exist_ok=True)
+    broker = python_proc(argv, env, log_dir / "broker.log")
     fields = {k.removeprefix("ROLLOUT_BROKER_").lower(): v for k, v in env.items()}
     settings = BrokerSettings.model_validate({**fields, "backend": args.backend, "redis_url": redis_url})
     started = time.monotonic()

@@ -75,6 +75,12 @@ class Load:
             return response.status == 204
 
     async def episode(self, body: dict[str, Any], outcome: Outcome) -> None:
+        try:
+            await self._episode(body, outcome)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            outcome.error(f"{type(exc).__name__}: {exc}")
+
+    async def _episode(self, body: dict[str, Any], outcome: Outcome) -> None:
         started = time.monotonic()
         lease = await self.create(body, outcome)
         if lease is None:
