@@ -97,13 +97,13 @@ class Cgroups:
         """Kill what is left and remove the groups (retrying while the kernel reaps)."""
         if self.mode == "none":
             return
-        for _ in range(50):
+        for attempt in range(100):  # killed processes leave their group when the kernel has reaped them
             self.kill(sandbox_id)
             leftover = [d for d in self._dirs(sandbox_id) if d.exists() and not _rmdir(d)]
             if not leftover:
                 return
-            time.sleep(0.01)
-        log.warning("cgroups of %s could not be removed", sandbox_id)
+            time.sleep(min(0.1, 0.005 * (attempt + 1)))
+        log.warning("cgroups of %s could not be removed yet; the orphan sweep will retry", sandbox_id)
 
     def list_ids(self) -> list[str]:
         if self.mode == "none":

@@ -154,10 +154,19 @@ class LocalBackend:
                 continue
             found.append(Sandbox(meta_path.parent.name, meta.get("labels", {}), WORKDIR, meta.get("created_at", 0.0)))
         known = {s.sandbox_id for s in found}
-        # half-created sandboxes (no meta yet) and leftover cgroups still count as ours
+        # half-created sandboxes (no meta yet) and leftover cgroups still count as ours; their age is
+        # their directory's, so that the reaper's grace spares one that is being created right now
         extra = {p.name for p in self.root.iterdir() if p.name.startswith("loc-")} | set(self.cgroups.list_ids())
-        found += [Sandbox(i, {}, WORKDIR, 0.0) for i in sorted(extra - known)]
+        found += [Sandbox(i, {}, WORKDIR, self._age_stamp(i)) for i in sorted(extra - known)]
         return found
+
+    def _age_stamp(self, sandbox_id: str) -> float:
+        for path in (self.root / sandbox_id, *(p.parent for p in self.cgroups.procs_files(sandbox_id))):
+            try:
+                return path.stat().st_mtime
+            except OSError:
+                continue
+        return 0.0
 
     # -- commands ------------------------------------------------------------------------------
 
