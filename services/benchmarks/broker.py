@@ -21,6 +21,7 @@ from services.benchmarks.broker_procs import Proc, python_proc
 from services.benchmarks.report import percentile, print_table, write_json
 from services.runtime.redis_server import redis_url_or_embedded
 from services.sandbox_broker.settings import BrokerSettings
+from services.sandbox_broker.templates import default_template
 
 DEFAULT_SETUP = "python3 -c 'import json, sqlite3' && mkdir -p repo"  # a template that does a little work
 COLD = {"cpus": 0.5, "memory_mb": 1024, "disk_mb": 2048}  # unlike the pool's: always a cold start
@@ -104,7 +105,8 @@ async def _bench(args: argparse.Namespace, redis_url: str, root: Path) -> dict[s
 
 
 async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: BrokerSettings) -> dict[str, Any]:
-    template = {"name": "bench", "setup": args.setup, "warm_pool": args.leases}
+    image = default_template(settings).image  # docker and e2b templates name an image
+    template = {"name": "bench", "setup": args.setup, "warm_pool": args.leases, "image": image}
     await load.register(template, timeout_s=600)
     cold = await run_leases(load, args.leases, {"template": "bench", "resources": COLD})
     await load.wait_pool(args.leases, timeout_s=600)
