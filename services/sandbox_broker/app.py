@@ -102,9 +102,10 @@ def _install_routes(app: FastAPI, settings: BrokerSettings, metrics: BrokerMetri
         await broker.release(lease_id)
         return Response(status_code=204)
 
-    @app.post("/leases/{lease_id}/exec")
-    async def exec_(lease_id: str, body: ExecRequest, broker: BrokerDep) -> ExecResult:
-        return await broker.exec(lease_id, body)
+    @app.post("/leases/{lease_id}/exec", response_model=ExecResult)
+    async def exec_(lease_id: str, body: ExecRequest, broker: BrokerDep) -> Response:
+        result = await broker.exec(lease_id, body)  # the hot path: serialized once, not re-validated
+        return Response(result.model_dump_json(), media_type="application/json")
 
     @app.post("/leases/{lease_id}/exec/stream")
     async def exec_stream(lease_id: str, body: ExecRequest, broker: BrokerDep) -> StreamingResponse:

@@ -1,4 +1,8 @@
-"""Entrypoint: resolve Redis (configured or embedded), build the app, serve it."""
+"""Entrypoint: resolve Redis (configured or embedded), build the app, serve it.
+
+The event loop is asyncio's, not uvloop: every local command is a child process, and CPython
+spawns them with vfork (uvloop forks, copying the broker's page tables each time).
+"""
 
 from __future__ import annotations
 

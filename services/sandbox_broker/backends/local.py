@@ -34,7 +34,7 @@ from services.sandbox_broker.backends.bwrap import (
     probe_bwrap,
 )
 from services.sandbox_broker.backends.cgroups import Cgroups
-from services.sandbox_broker.backends.process import run_process
+from services.sandbox_broker.backends.process import run_process, watch_children_with_pidfds
 from services.sandbox_broker.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ class LocalBackend:
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> dict[str, Any]:
+        watch_children_with_pidfds()
         self.root.mkdir(parents=True, exist_ok=True)
         for directory in (self.root.parent, self.root):
             directory.chmod(0o711)  # the sandbox uid passes through, lists nothing
