@@ -140,6 +140,7 @@ class LocalBackend:
 
     async def destroy(self, sandbox_id: str) -> None:
         paths = self._paths(sandbox_id)
+        paths.meta.unlink(missing_ok=True)  # first: a command cut short now reports the sandbox gone
         await asyncio.to_thread(self.cgroups.remove, sandbox_id)
         await asyncio.to_thread(shutil.rmtree, paths.root, True)
 
@@ -188,7 +189,7 @@ class LocalBackend:
             argv = [*bwrap_argv(self._bwrap, paths, uid=self.uid, network=network, cwd=cwd), *command]
             host_cwd = None
         argv = [*limits_prefix(meta.get("rlimits", {}), self.cgroups.procs_files(sandbox_id)), *argv]
-        return await run_process(
+        result = await run_process(
             argv,
             env=env,
             timeout_s=request.timeout_s,
@@ -198,6 +199,9 @@ class LocalBackend:
             sink=sink,
             on_timeout=lambda: self._kill_all(sandbox_id),
         )
+        if not paths.meta.is_file():  # destroyed under the command (reaped, released): not a result
+            raise sandbox_gone(sandbox_id)
+        return result
 
     def _kill_all(self, sandbox_id: str) -> None:
         killed = self.cgroups.kill(sandbox_id)
