@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from services.benchmarks import codec, fleet, proxy
+from services.benchmarks import broker, broker_load, codec, fleet, proxy
 
-BENCHMARKS = (codec, fleet, proxy)
+BENCHMARKS = (broker, broker_load, codec, fleet, proxy)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

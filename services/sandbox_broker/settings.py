@@ -21,6 +21,7 @@ class BrokerSettings(BaseSettings):
     port: int = 8300
     backend: BackendName = "local"
     redis_url: str | None = None  # None: ROLLOUT_REDIS_URL, else an embedded server
+    redis_connections: int = Field(1024, gt=0)  # pool size; requests wait for a free connection past it
     instance: str = ""  # replica name, stable across restarts; default "<hostname>:<port>"
     allow_unisolated: bool = False  # UNSAFE: run local sandboxes without namespaces if bwrap fails
 

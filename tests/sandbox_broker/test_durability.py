@@ -52,7 +52,12 @@ def test_a_lease_without_heartbeats_is_reaped(start_broker: BrokerFactory, state
         assert client.post(f"/leases/{short['id']}/renew", json={"ttl_s": 60}).status_code == 404
         assert run(client, kept["id"], "echo alive")["stdout"] == "alive\n"
         client.delete(f"/leases/{kept['id']}")
-        assert _sandboxes(state_dir) == set()
+
+        dying = lease(client, ttl_s=1)  # reaped while its command runs: an infra error, not a result
+        cut = client.post(f"/leases/{dying['id']}/exec", json={"shell": "sleep 20", "timeout_s": 30})
+        assert cut.status_code == 410 and cut.json()["error"]["code"] == "sandbox_died"
+        assert cut.json()["error"]["infra"] is True
+        assert _eventually(lambda: _sandboxes(state_dir) == set())
 
 
 def test_recovery_after_kill_9(start_broker: BrokerFactory, state_dir: Path, redis_client: redis.Redis) -> None:

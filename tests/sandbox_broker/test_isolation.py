@@ -83,7 +83,7 @@ def test_timeouts_and_release_kill_the_whole_process_tree(start_broker: BrokerFa
         lid = lease(client)["id"]
         command = f"(setsid sleep {marker} &); (sleep {marker}1 &); sleep {marker}2"
         result = run(client, lid, command, timeout_s=1)
-        assert result["timed_out"] is True and result["exit_code"] == 124
+        assert result["timed_out"] is True and result["exit_code"] == 124, result
         assert _gone(f"sleep\0{marker}")
 
         # a command that finishes takes its background children with it (the kernel ends its pid namespace)
