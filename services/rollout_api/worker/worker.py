@@ -108,7 +108,8 @@ class Worker:
             except Exception:
                 log.exception("taking work failed")
                 took = 0
-            if not took:
+            if not took:  # nothing to take (or every job at its quota): wait for a poll tick or a free slot
+                self.slot_freed.clear()
                 await self._wait(self.slot_freed, self.settings.poll_interval_s)
 
     async def _wait(self, event: asyncio.Event, timeout_s: float) -> None:
