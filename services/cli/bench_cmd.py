@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from services.benchmarks import codec, fleet
+from services.benchmarks import codec, fleet, proxy
 
-BENCHMARKS = (codec, fleet)
+BENCHMARKS = (codec, proxy, fleet)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -28,6 +28,7 @@ FLAGS: dict[str, type] = {
     "runaway_fraction": float,
     "eos_token_id": int,
     "weight_load_s": float,
+    "prefix_cache_entries": int,
 }
 
 

@@ -58,6 +58,7 @@ class Engine:
             )
         )
         self.metrics = EngineMetrics(settings.served_model_name)
+        self.lora_adapters: dict[str, str] = {}  # name -> path
         self._loop_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:

@@ -56,6 +56,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE]
     try:
         body = await read_json(request)
+        lora = body.get("lora_path")
+        if lora is not None and lora not in engine.lora_adapters:
+            raise EngineRequestError(f"LoRA adapter {lora} is not loaded.")
         prompt_ids = prompt_ids_of(engine, body)
         params = params_of(body)
         gen = await engine.generate(prompt_ids, params, body.get("rid"))
@@ -70,6 +73,25 @@ async def generate(request: web.Request) -> web.StreamResponse:
     await wait_done(engine, gen)
     engine.record_finished(gen, prompt_ids)
     return json_response(native_output(engine, gen, prompt_ids, params.return_logprob))
+
+
+async def load_lora_adapter(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    body = await read_json(request)
+    name, path = body.get("lora_name"), body.get("lora_path")
+    if not isinstance(name, str) or not isinstance(path, str):
+        return json_response({"success": False, "error_message": "lora_name and lora_path are required"}, 400)
+    engine.lora_adapters[name] = path
+    return json_response({"success": True, "error_message": "", "loaded_adapters": engine.lora_adapters})
+
+
+async def unload_lora_adapter(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    body = await read_json(request)
+    name = body.get("lora_name")
+    if engine.lora_adapters.pop(str(name), None) is None:
+        return json_response({"success": False, "error_message": f"LoRA adapter {name} is not loaded"}, 400)
+    return json_response({"success": True, "error_message": "", "loaded_adapters": engine.lora_adapters})
 
 
 async def pause_generation(request: web.Request) -> web.Response:
@@ -163,6 +185,8 @@ async def metrics(request: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/generate", generate)
     app.router.add_post("/pause_generation", pause_generation)
+    app.router.add_post("/load_lora_adapter", load_lora_adapter)
+    app.router.add_post("/unload_lora_adapter", unload_lora_adapter)
     app.router.add_post("/continue_generation", continue_generation)
     app.router.add_post("/update_weights_from_disk", update_weights_from_disk)
     app.router.add_post("/abort_request", abort_request)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -48,7 +48,7 @@ class TextCodec:
         return str(self._tok.decode(list(ids), skip_special_tokens=True))
 
 
-def render_chat(messages: Sequence[dict[str, object]]) -> str:
+def render_chat(messages: Sequence[Mapping[str, object]]) -> str:
     """ChatML (Qwen style) with the generation prompt opened, as the bundled chat template renders it."""
     parts = [f"<|im_start|>{m.get('role', 'user')}\n{_content_text(m.get('content'))}<|im_end|>\n" for m in messages]
     return "".join(parts) + "<|im_start|>assistant\n"

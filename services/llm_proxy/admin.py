@@ -10,8 +10,10 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from services.llm_proxy.adapters import AdapterChange, Adapters
 from services.llm_proxy.fleet import FleetView
 from services.llm_proxy.membership import EngineRecord, MembershipStore, PoolRecord
+from services.llm_proxy.metrics import ProxyMetrics
 from services.llm_proxy.responses import error_response, json_response, platform_error, read_json
 from services.llm_proxy.upstream import EngineClient
 from services.llm_proxy.weights import WeightTransaction
@@ -42,8 +44,15 @@ class EngineRef(BaseModel):
 
 class Admin:
     def __init__(
-        self, view: FleetView, store: MembershipStore, client: EngineClient, transaction: WeightTransaction
+        self,
+        view: FleetView,
+        store: MembershipStore,
+        client: EngineClient,
+        transaction: WeightTransaction,
+        metrics: ProxyMetrics,
     ) -> None:
+        self.metrics = metrics
+        self.adapters = Adapters(store, client)
         self.view = view
         self.store = store
         self.client = client
@@ -56,6 +65,7 @@ class Admin:
         app.router.add_post("/admin/engines/drain", self._wrap(self.drain))
         app.router.add_post("/admin/engines/remove", self._wrap(self.remove))
         app.router.add_post("/admin/weights", self._wrap(self.weights))
+        app.router.add_post("/admin/lora", self._wrap(self.lora))
 
     @staticmethod
     def _wrap(handler: Any) -> Any:
@@ -86,6 +96,7 @@ class Admin:
         req = EngineJoin.model_validate(body)
         pool = await self._pool(req.pool, create=True)
         await self._load_pool_weights(req.url, pool)
+        await self.adapters.load_all(req.url.rstrip("/"), pool)
         await self.store.put_engine(EngineRecord(url=req.url.rstrip("/"), pool=req.pool))
         log.info("engine %s joined pool %s", req.url, req.pool)
         return json_response({"url": req.url, "pool": req.pool, "state": "active"})
@@ -98,6 +109,7 @@ class Admin:
         await self.store.put_engine(record.model_copy(update={"state": "draining"}))
         await self._wait_idle(record.url, req.drain_timeout_s)
         await self._load_pool_weights(record.url, target)
+        await self.adapters.load_all(record.url, target)
         await self.store.put_engine(EngineRecord(url=record.url, pool=req.pool))
         log.info("engine %s moved from pool %s to %s", record.url, record.pool, req.pool)
         return json_response({"url": record.url, "pool": req.pool, "state": "active"})
@@ -115,7 +127,11 @@ class Admin:
 
     async def weights(self, body: dict[str, Any]) -> web.Response:
         result = await self.transaction.run(WeightUpdate.model_validate(body))
+        self.metrics.weight_update.labels(result.pool).observe(result.total_s)
         return json_response(result.model_dump(mode="json"))
+
+    async def lora(self, body: dict[str, Any]) -> web.Response:
+        return json_response(await self.adapters.change(AdapterChange.model_validate(body)))
 
     # -- helpers ------------------------------------------------------------------------
 

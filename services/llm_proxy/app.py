@@ -59,7 +59,8 @@ def create_app(settings: ProxySettings, redis_url: str) -> web.Application:
         for path in ("/generate", "/v1/chat/completions", "/v1/completions"):
             app.router.add_post(path, forwarder.handle)
         control = EngineClient(session, settings.engine_call_timeout_s)
-        Admin(view, store, control, WeightTransaction(redis, store, control, settings.lock_ttl_s)).add_routes(app)
+        transaction = WeightTransaction(redis, store, control, settings.lock_ttl_s, settings.update_settle_s)
+        Admin(view, store, control, transaction, proxy_metrics).add_routes(app)
         checker = HealthChecker(view, EngineClient(session, settings.health_timeout_s), session, proxy_metrics)
         await checker.check_all()
         tasks = [

@@ -9,9 +9,10 @@ client goes away or the deadline passes.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
+import secrets
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,10 +74,17 @@ class Forwarder:
         self.router = Router(settings.affinity_overload_factor, settings.affinity_overload_slack)
         self.rng = random.Random()
         self.held_now = 0
+        self._rid_prefix = secrets.token_hex(8)  # random per process
+        self._rid_counter = itertools.count()
+
+    def _mint_rid(self) -> str:
+        """32 hex characters: a random per-process prefix and a counter. All rids have the same length,
+        so none is a prefix of another (SGLang's ``/abort_request`` matches by prefix)."""
+        return f"{self._rid_prefix}{next(self._rid_counter):016x}"
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
-        rid = uuid.uuid4().hex  # fixed length: no rid is a prefix of another (SGLang aborts by prefix)
+        rid = self._mint_rid()
         try:
             call = await self._prepare(request, rid, started)
             await self._hold(call.pool)
@@ -157,7 +165,8 @@ class Forwarder:
 
     async def _forward(self, request: web.Request, call: Call, rt: EngineRuntime, payload: bytes) -> web.StreamResponse:
         rt.in_flight += 1
-        self.metrics.in_flight.labels(rt.engine_id).inc()
+        series = self.metrics.engine(rt.engine_id)
+        series.in_flight.inc()
         sent = time.perf_counter()
         loop = asyncio.get_running_loop()
         deadline_at = None if call.deadline_s is None else loop.time() + call.deadline_s
@@ -184,11 +193,11 @@ class Forwarder:
             return self._fail(call, rt, ErrorCode.ENGINE_UNAVAILABLE, f"engine connection failed: {exc}")
         finally:
             rt.in_flight -= 1
-            self.metrics.in_flight.labels(rt.engine_id).dec()
+            series.in_flight.dec()
 
     async def _send(self, rt: EngineRuntime, call: Call, payload: bytes) -> aiohttp.ClientResponse:
         try:
-            return await self.session.post(rt.url + call.route, data=payload, headers=JSON_HEADERS)
+            return await self.session.post(rt.endpoint(call.route), data=payload, headers=JSON_HEADERS)
         except NOT_ANSWERED as exc:
             raise NotAnswered(f"{type(exc).__name__}: {exc}") from exc
 
@@ -252,15 +261,16 @@ class Forwarder:
     def _observe(self, call: Call, rt: EngineRuntime, code: str, doc: Any) -> None:
         elapsed = time.perf_counter() - call.started
         m = self.metrics
-        m.calls.labels(rt.engine_id, call.route, code).inc()
-        m.latency.labels(rt.engine_id).observe(elapsed)
+        series = m.engine(rt.engine_id)
+        m.call_done(rt.engine_id, call.route, code).inc()
+        series.latency.observe(elapsed)
         if call.upstream_s:
             m.overhead.observe(max(0.0, elapsed - call.upstream_s))
         prompt, completion = _token_counts(doc)
         if prompt:
-            m.tokens.labels(rt.engine_id, "prompt").inc(prompt)
+            series.prompt_tokens.inc(prompt)
         if completion:
-            m.tokens.labels(rt.engine_id, "completion").inc(completion)
+            series.completion_tokens.inc(completion)
 
     async def _relay_stream(
         self,

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from yarl import URL
 
 from services.llm_proxy.membership import EngineRecord, Fleet, MembershipStore, PoolRecord
 
@@ -26,6 +28,16 @@ class EngineRuntime:
     in_flight_at_report: int = 0
     failures: int = 0  # consecutive failed health checks or calls
     ejected: bool = False
+    answered_at: float = 0.0  # monotonic time of the last good answer (a call or a probe)
+    probed_at: float = 0.0  # monotonic time of the last probe
+    _urls: dict[str, URL] = field(default_factory=dict)
+
+    def endpoint(self, route: str) -> URL:
+        """``url + route`` as a parsed URL, built once (parsing costs more than the rest of a send)."""
+        found = self._urls.get(route)
+        if found is None:
+            found = self._urls[route] = URL(self.url + route)
+        return found
 
     @property
     def load(self) -> int:
@@ -47,12 +59,13 @@ class FleetView:
         self.fleet = Fleet()
         self.runtime: dict[str, EngineRuntime] = {}
         self._pool_ready: dict[str, asyncio.Event] = {}
-        self._changed = asyncio.Event()
+        self._routable: dict[str, list[EngineRuntime]] = {}  # per pool; cleared on every change
 
     # -- following Redis ----------------------------------------------------------------
 
     async def refresh(self) -> None:
         self.fleet = await self.store.read()
+        self._routable.clear()
         for url, rec in self.fleet.engines.items():
             if url not in self.runtime:
                 self.runtime[url] = EngineRuntime(url=url, engine_id=rec.engine_id)
@@ -97,11 +110,15 @@ class FleetView:
 
     def routable(self, pool: str) -> list[EngineRuntime]:
         """Engines of ``pool`` that may take new calls: active and not ejected by this process."""
+        cached = self._routable.get(pool)
+        if cached is not None:
+            return cached
         found = []
         for rec in self.fleet.engines.values():
             rt = self.runtime.get(rec.url)
             if rec.pool == pool and rec.state == "active" and rt is not None and not rt.ejected:
                 found.append(rt)
+        self._routable[pool] = found
         return found
 
     def record(self, url: str) -> EngineRecord | None:
@@ -112,11 +129,14 @@ class FleetView:
     def mark_ok(self, rt: EngineRuntime) -> None:
         if rt.ejected:
             log.info("engine %s is healthy again: rejoins", rt.engine_id)
+            self._routable.clear()
         rt.failures = 0
         rt.ejected = False
+        rt.answered_at = time.monotonic()
 
     def mark_failed(self, rt: EngineRuntime, why: str) -> None:
         rt.failures += 1
         if not rt.ejected and rt.failures >= self.eject_after:
             rt.ejected = True
+            self._routable.clear()
             log.warning("engine %s ejected after %d failures (%s)", rt.engine_id, rt.failures, why)

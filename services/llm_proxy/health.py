@@ -3,13 +3,16 @@
 ``/get_load`` is the probe: it answers while the engine serves and reports its queue, which
 refreshes the routing load. An engine failing ``eject_after_failures`` probes (or calls) in a
 row is ejected; it rejoins by itself when probes pass again, unless it reports weights other
-than its pool's current version (a restarted engine with stale weights stays out).
+than its pool's current version (a restarted engine with stale weights stays out). An engine
+that answered a call within the last interval is not probed (that answer was its health check),
+except every ``LOAD_REFRESH_INTERVALS`` intervals, to refresh its load.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import aiohttp
@@ -19,6 +22,8 @@ from services.llm_proxy.metrics import ProxyMetrics
 from services.llm_proxy.upstream import EngineClient, open_connections
 
 log = logging.getLogger(__name__)
+
+LOAD_REFRESH_INTERVALS = 5
 
 
 class HealthChecker:
@@ -32,14 +37,21 @@ class HealthChecker:
 
     async def run(self, interval_s: float) -> None:
         while True:
-            await self.check_all()
+            await self.check_all(interval_s)
             await asyncio.sleep(interval_s)
 
-    async def check_all(self) -> None:
-        await asyncio.gather(*(self.check(rt) for rt in list(self.view.runtime.values())))
+    async def check_all(self, interval_s: float = 0.0) -> None:
+        now = time.monotonic()
+        due = [
+            rt
+            for rt in list(self.view.runtime.values())
+            if now - rt.answered_at >= interval_s or now - rt.probed_at >= LOAD_REFRESH_INTERVALS * interval_s
+        ]
+        await asyncio.gather(*(self.check(rt) for rt in due))
         self.metrics.upstream_connections.set(open_connections(self.session))
 
     async def check(self, rt: EngineRuntime) -> None:
+        rt.probed_at = time.monotonic()
         status, doc = await self.client.call("GET", rt.url + "/get_load")
         if status != 200:
             self.view.mark_failed(rt, f"health check: {status} {doc}")

@@ -41,6 +41,7 @@ class PoolRecord(BaseModel):
     location: str | None = None  # where that version's weights are
     updating: bool = False  # a weight update is running: hold new calls
     hold_timeout_s: float = 300.0
+    adapters: dict[str, str] = {}  # LoRA adapters loaded on every engine of the pool: name -> path
 
 
 @dataclass

@@ -7,6 +7,7 @@ write its values to files and ``/metrics`` on any process reports the sum over a
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
@@ -14,8 +15,20 @@ LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 300,
 OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
+@dataclass(frozen=True, slots=True)
+class EngineSeries:
+    """One engine's labelled children, bound once (``labels()`` takes a lock on every call)."""
+
+    in_flight: Gauge
+    latency: Histogram
+    prompt_tokens: Counter
+    completion_tokens: Counter
+
+
 class ProxyMetrics:
     def __init__(self) -> None:
+        self._engines: dict[str, EngineSeries] = {}
+        self._calls: dict[tuple[str, str, str], Counter] = {}
         r = self.registry = CollectorRegistry()
         self.in_flight = Gauge(
             "rollout_proxy_calls_in_flight", "Calls in flight per engine", ["engine"], registry=r,
@@ -50,6 +63,25 @@ class ProxyMetrics:
             "rollout_proxy_weight_update_seconds", "Weight-update transaction time", ["pool"], buckets=LATENCY_BUCKETS,
             registry=r,
         )  # fmt: skip
+
+    def engine(self, engine_id: str) -> EngineSeries:
+        series = self._engines.get(engine_id)
+        if series is None:
+            series = self._engines[engine_id] = EngineSeries(
+                in_flight=self.in_flight.labels(engine_id),
+                latency=self.latency.labels(engine_id),
+                prompt_tokens=self.tokens.labels(engine_id, "prompt"),
+                completion_tokens=self.tokens.labels(engine_id, "completion"),
+            )
+        return series
+
+    def call_done(self, engine_id: str, route: str, code: str) -> Counter:
+        """The ``calls`` child for one (engine, route, code), bound once."""
+        key = (engine_id, route, code)
+        child = self._calls.get(key)
+        if child is None:
+            child = self._calls[key] = self.calls.labels(engine_id, route, code)
+        return child
 
     def render(self) -> bytes:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):

@@ -40,6 +40,7 @@ class ProxySettings(BaseSettings):
     hold_queue_max: int = Field(100_000, ge=0)  # calls one process may hold during an update
     engine_call_timeout_s: float = Field(600.0, gt=0)  # one control-plane call to one engine
     lock_ttl_s: float = Field(900.0, gt=0)
+    update_settle_s: float = Field(0.1, ge=0)  # wait after raising "updating" before pausing engines
 
     def pool_map(self) -> dict[str, list[str]]:
         """Every seeded pool and its engine URLs."""

@@ -29,7 +29,8 @@ def create_session(settings: ProxySettings) -> aiohttp.ClientSession:
         limit=0, limit_per_host=0, keepalive_timeout=settings.keepalive_s, ttl_dns_cache=300
     )
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s)
-    return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+    jar = aiohttp.DummyCookieJar()  # engines set no cookies; skip the jar's per-call work
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False, cookie_jar=jar)
 
 
 def open_connections(session: aiohttp.ClientSession) -> int:

@@ -43,7 +43,10 @@ class _Step:
 
 
 class WeightTransaction:
-    def __init__(self, redis: Redis, store: MembershipStore, client: EngineClient, lock_ttl_s: float) -> None:
+    def __init__(
+        self, redis: Redis, store: MembershipStore, client: EngineClient, lock_ttl_s: float, settle_s: float
+    ) -> None:
+        self.settle_s = settle_s
         self.redis = redis
         self.store = store
         self.client = client
@@ -73,6 +76,9 @@ class WeightTransaction:
         await self.store.reset_held(update.pool)
         await self.store.put_pool(pool.model_copy(update={"updating": True, "hold_timeout_s": update.hold_timeout_s}))
         held_from = time.monotonic()
+        # let every process see the flag before engines pause; a call that still slips through
+        # waits in the paused engine's queue (retract, in_place) and finishes after the update
+        await asyncio.sleep(self.settle_s)
         log.info("weight update of pool %s to %s on %d engines", update.pool, update.version, len(steps))
         try:
             await self._phase(steps, "pause_s", lambda s: self._pause(s, update))

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from services.runtime.net import free_port_range
 from services.runtime.tokenizer import write_tokenizer_dir
 from tests.support.processes import ServiceProcess, start_service
 
@@ -24,7 +25,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     svc: ServiceProcess = start_service(
         ["-m", "services.cli", "engine", "--port", "{port}", "--count", "2", "--model-path", str(tok),
          "--output-tokens", "12", "--decode-step-s", "0.005", "--context-length", "4096", "--seed", "7"],
-        log_dir=root / "logs", name="engine",
+        log_dir=root / "logs", name="engine", port=free_port_range(2),
     )  # fmt: skip
     try:
         yield [svc.url, f"http://127.0.0.1:{svc.port + 1}"]
@@ -152,3 +153,33 @@ def _wait_running(url: str) -> None:
                 return
             threading.Event().wait(0.01)
     raise AssertionError("the request never started running")
+
+
+def test_scripted_mode_answers_from_the_script(tmp_path: Path) -> None:
+    from services.engines.tokenization import TextCodec, render_chat
+
+    script = {"rules": [{"match": "fix the bug", "replies": ["ls -la", {"text": "submit", "latency_s": 0.1}]}]}
+    path = tmp_path / "script.json"
+    path.write_text(json.dumps({**script, "default": "?"}))
+    svc = start_service(
+        ["-m", "services.cli", "engine", "--mode", "scripted", "--script", str(path), "--port", "{port}"],
+        log_dir=tmp_path / "logs", name="scripted",
+    )  # fmt: skip
+    try:
+        codec = TextCodec.bundled()
+        first = codec.encode(render_chat([{"role": "user", "content": "please fix the bug"}]))
+        body = {"input_ids": first, "return_logprob": True, "sampling_params": {"max_new_tokens": 100}}
+        doc = httpx.post(svc.url + "/generate", json=body, timeout=30).json()
+        assert codec.decode(doc["output_ids"]) == "ls -la<|im_end|>" and doc["output_ids"][-1] == EOS
+        assert doc["meta_info"]["finish_reason"] == {"type": "stop", "matched": EOS}
+        assert all(t[0] < 0 for t in doc["meta_info"]["output_token_logprobs"])
+        turns: list[dict[str, object]] = [
+            {"role": "user", "content": "fix the bug"},
+            {"role": "assistant", "content": "ls -la"},
+        ]
+        second = codec.encode(render_chat([*turns, {"role": "user", "content": "a.py"}]))
+        cut = httpx.post(svc.url + "/generate", json={"input_ids": second, "sampling_params": {"max_new_tokens": 3}})
+        assert codec.decode(cut.json()["output_ids"]) == "sub"
+        assert cut.json()["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
+    finally:
+        svc.stop()

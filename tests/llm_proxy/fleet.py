@@ -8,18 +8,23 @@ from pathlib import Path
 
 import httpx
 
+from services.runtime.net import free_port_range
 from tests.support.processes import ServiceProcess, start_service
 
 FAST_ENGINE = ("--decode-step-s", "0.005", "--output-tokens", "8", "--weight-load-s", "0.2")
 
 
 def start_engines(log_dir: Path, count: int, *extra: str, name: str = "engine") -> tuple[ServiceProcess, list[str]]:
-    """``count`` sim engines from one process; returns the process and the engine URLs."""
-    svc = start_service(
-        ["-m", "services.cli", "engine", "--port", "{port}", "--count", str(count), *FAST_ENGINE, *extra],
-        log_dir=log_dir, name=name,
-    )  # fmt: skip
-    return svc, [f"http://127.0.0.1:{svc.port + i}" for i in range(count)]
+    """``count`` sim engines from one process on consecutive free ports; returns the process and the URLs."""
+    argv = ["-m", "services.cli", "engine", "--port", "{port}", "--count", str(count), *FAST_ENGINE, *extra]
+    for attempt in range(3):  # another process may take one of the ports between the check and the bind
+        try:
+            svc = start_service(argv, log_dir=log_dir, name=name, port=free_port_range(count))
+            return svc, [f"http://127.0.0.1:{svc.port + i}" for i in range(count)]
+        except RuntimeError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def start_proxy(log_dir: Path, redis_url: str, engines: Sequence[str], *extra: str) -> ServiceProcess:

@@ -182,3 +182,16 @@ async def test_unknown_fields_pass_through_untouched(fleet: Fleet, tmp_path: Pat
             await session.post(fleet.proxy + "/admin/engines/remove", json={"url": url})
     finally:
         await runner.cleanup()
+
+
+def test_lora_adapters_are_fanned_out_to_the_pool(fleet: Fleet) -> None:
+    load = {"pool": "default", "action": "load", "lora_name": "job-b", "lora_path": "/adapters/job-b"}
+    doc = httpx.post(fleet.proxy + "/admin/lora", json=load, timeout=30).json()
+    assert doc["ok"] is True and len(doc["engines"]) == 3 and doc["adapters"] == {"job-b": "/adapters/job-b"}
+    body = {"input_ids": [1, 2], "lora_path": "job-b", "sampling_params": {"max_new_tokens": 2}}
+    assert {generate(fleet.proxy, body).status_code for _ in range(6)} == {200}  # every engine has it
+    unknown = generate(fleet.proxy, {**body, "lora_path": "job-c"})
+    assert unknown.status_code == 400 and unknown.json()["error"]["code"] == "bad_request"
+    unload = {"pool": "default", "action": "unload", "lora_name": "job-b"}
+    assert httpx.post(fleet.proxy + "/admin/lora", json=unload, timeout=30).json()["adapters"] == {}
+    assert generate(fleet.proxy, body).status_code == 400

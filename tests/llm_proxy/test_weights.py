@@ -14,7 +14,7 @@ import pytest
 from services.protocol import llm as h
 from services.protocol.weights import WeightUpdate, WeightUpdateResult
 from tests.llm_proxy.fleet import engine_states, generate, start_engines, start_proxy, wait_until
-from tests.support.processes import ServiceProcess
+from tests.support.processes import ServiceProcess, start_service
 
 pytestmark = pytest.mark.e2e
 
@@ -110,3 +110,37 @@ def test_second_concurrent_update_of_a_pool_is_refused(tmp_path: Path, redis_url
         if proxy is not None:
             proxy.stop()
         engines.stop()
+
+
+def test_pools_are_separate_and_a_moved_engine_loads_the_target_weights(tmp_path: Path, redis_url: str) -> None:
+    logs = tmp_path / "logs"
+    engines, urls = start_engines(logs, 3, name="pooled")
+    proxy: ServiceProcess | None = None
+    try:
+        proxy = start_service(
+            ["-m", "services.cli", "proxy", "--port", "{port}", "--workers", "2",
+             "--pools", f"a={urls[0]},{urls[1]};b={urls[2]}"],
+            log_dir=logs, name="proxy", env={"ROLLOUT_REDIS_URL": redis_url},
+        )  # fmt: skip
+        body = {"input_ids": [1], "sampling_params": {"max_new_tokens": 1}}
+        update = {"pool": "b", "version": "b-7", "location": str(tmp_path), "checksum": "sha256:00"}
+        assert httpx.post(proxy.url + "/admin/weights", json=update, timeout=30).json()["ok"] is True
+
+        moved = httpx.post(proxy.url + "/admin/engines/move", json={"url": urls[1], "pool": "b"}, timeout=60)
+        assert moved.status_code == 200
+        assert httpx.get(urls[1] + "/get_model_info").json()["weight_version"] == "b-7"
+        wait_until(lambda: all(len(_pool_engines(proxy.url, "b")) == 2 for _ in range(6)), 15, "the move")
+
+        in_b = [generate(proxy.url, body, {h.HEADER_POOL: "b"}) for _ in range(12)]
+        assert {r.headers[h.HEADER_WEIGHT_VERSION] for r in in_b} == {"b-7"}
+        assert {r.headers[h.HEADER_ENGINE] for r in in_b} <= {urls[1][7:], urls[2][7:]}
+        in_a = {generate(proxy.url, body, {h.HEADER_POOL: "a"}).headers[h.HEADER_ENGINE] for _ in range(6)}
+        assert in_a == {urls[0][7:]}
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        engines.stop()
+
+
+def _pool_engines(proxy: str, pool: str) -> list[str]:
+    return [e["engine_id"] for e in httpx.get(proxy + "/admin/status").json()["pools"][pool]["engines"]]

@@ -1,0 +1,138 @@
+"""Processes of ``rollout bench proxy``: simulated engines, our proxy, the Rust sglang-router.
+
+Each runs as a subprocess in its own session; :class:`Launched` stops the whole group. CPU time
+is read from ``/proc`` for a process and all its descendants.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from services.runtime.net import free_port, free_port_range
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Launched:
+    name: str
+    proc: subprocess.Popen[bytes]
+    url: str
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+    def cpu_s(self) -> float:
+        return tree_cpu_s(self.proc.pid)
+
+
+def launch(name: str, argv: Sequence[str], url: str, health: str, log_dir: Path, timeout_s: float = 120) -> Launched:
+    """Start ``argv`` and wait until ``url + health`` answers 200."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with (log_dir / f"{name}.log").open("wb") as log:
+        proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    launched = Launched(name, proc, url)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}; see {log_dir / (name + '.log')}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url + health, timeout=2).status_code == 200:
+                return launched
+        time.sleep(0.2)
+    launched.stop()
+    raise TimeoutError(f"{name} did not become healthy within {timeout_s} s")
+
+
+def start_engines(
+    k: int, processes: int, engine_args: Sequence[str], log_dir: Path
+) -> tuple[list[Launched], list[str]]:
+    """``k`` sim engines in ``processes`` processes on consecutive ports."""
+    base = free_port_range(k)
+    launched, urls = [], []
+    per = -(-k // processes)
+    for p, first in enumerate(range(0, k, per)):
+        count = min(per, k - first)
+        argv = [sys.executable, "-m", "services.cli", "engine", "--port", str(base + first), "--count", str(count),
+                *engine_args]  # fmt: skip
+        try:
+            launched.append(launch(f"engines-{p}", argv, f"http://127.0.0.1:{base + first}", "/healthz", log_dir))
+        except (RuntimeError, TimeoutError):
+            for item in launched:
+                item.stop()
+            raise
+        urls += [f"http://127.0.0.1:{base + first + i}" for i in range(count)]
+    for url in urls:  # every engine of a process is up once the first is, but check
+        httpx.get(url + "/health", timeout=10).raise_for_status()
+    return launched, urls
+
+
+def start_proxy(engine_urls: Sequence[str], workers: int, log_dir: Path) -> Launched:
+    port = free_port()
+    argv = [sys.executable, "-m", "services.cli", "proxy", "--port", str(port), "--workers", str(workers),
+            "--engines", ",".join(engine_urls)]  # fmt: skip
+    env_url = f"http://127.0.0.1:{port}"
+    proxy = launch("proxy", argv, env_url, "/healthz", log_dir)
+    deadline = time.monotonic() + 30  # every engine routable from the process we ask
+    while time.monotonic() < deadline:
+        doc = httpx.get(env_url + "/admin/status", timeout=10).json()
+        engines = doc["pools"]["default"]["engines"]
+        if len(engines) == len(engine_urls) and not any(e["ejected"] for e in engines):
+            break
+        time.sleep(0.2)
+    return proxy
+
+
+def start_router(engine_urls: Sequence[str], log_dir: Path) -> Launched:
+    port = free_port()
+    argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+            "--worker-urls", *engine_urls, "--policy", "round_robin", "--prometheus-port", str(free_port()),
+            "--worker-startup-check-interval", "1", "--log-level", "warn"]  # fmt: skip
+    return launch("sglang-router", argv, f"http://127.0.0.1:{port}", "/health", log_dir, timeout_s=180)
+
+
+@contextlib.contextmanager
+def stopping(launched: list[Launched]) -> Iterator[list[Launched]]:
+    try:
+        yield launched
+    finally:
+        for item in reversed(launched):
+            item.stop()
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and every live descendant (Linux ``/proc``)."""
+    children: dict[int, list[int]] = {}
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+        ticks[int(entry.name)] = int(fields[11]) + int(fields[12])
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        total += ticks.get(current, 0)
+        todo += children.get(current, [])
+    return total / CLOCK_TICKS
