@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Annotated
 
+import redis
 import redis.asyncio as aioredis
 from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -33,7 +34,11 @@ def create_app(settings: BrokerSettings, redis_url: str) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        client = aioredis.Redis.from_url(redis_url, max_connections=None)
+        # redis-py's default pool fails past 100 connections in use: a hidden cap. Wait for one instead.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            redis_url, max_connections=settings.redis_connections, timeout=30
+        )
+        client = aioredis.Redis(connection_pool=pool)
         store = LeaseStore(client, settings.ttl_grace_s)
         templates = Templates(client, default_template(settings), settings.backend)
         broker = Broker(settings, make_backend(settings), store, templates, metrics)
@@ -49,7 +54,7 @@ def create_app(settings: BrokerSettings, redis_url: str) -> FastAPI:
             await reaper.stop()
             await broker.close()
             await reaper.retire()
-            await client.aclose()
+            await client.aclose(close_connection_pool=True)
 
     app = FastAPI(title="rollout sandbox broker", lifespan=lifespan)
     _install_errors(app, metrics)
@@ -97,9 +102,10 @@ def _install_routes(app: FastAPI, settings: BrokerSettings, metrics: BrokerMetri
         await broker.release(lease_id)
         return Response(status_code=204)
 
-    @app.post("/leases/{lease_id}/exec")
-    async def exec_(lease_id: str, body: ExecRequest, broker: BrokerDep) -> ExecResult:
-        return await broker.exec(lease_id, body)
+    @app.post("/leases/{lease_id}/exec", response_model=ExecResult)
+    async def exec_(lease_id: str, body: ExecRequest, broker: BrokerDep) -> Response:
+        result = await broker.exec(lease_id, body)  # the hot path: serialized once, not re-validated
+        return Response(result.model_dump_json(), media_type="application/json")
 
     @app.post("/leases/{lease_id}/exec/stream")
     async def exec_stream(lease_id: str, body: ExecRequest, broker: BrokerDep) -> StreamingResponse:
@@ -189,6 +195,13 @@ def _install_errors(app: FastAPI, metrics: BrokerMetrics) -> None:
         field = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
         body = ErrorBody.of(ErrorCode.VALIDATION_ERROR, str(first.get("msg", "invalid request")), field=field)
         return JSONResponse(body.model_dump(mode="json"), status_code=422)
+
+    @app.exception_handler(redis.RedisError)
+    async def redis_error(request: Request, exc: redis.RedisError) -> JSONResponse:
+        log.error("Redis failed on %s %s: %s", request.method, request.url.path, exc)
+        metrics.errors.labels(ErrorCode.BACKEND_UNAVAILABLE.value).inc()
+        body = ErrorBody.of(ErrorCode.BACKEND_UNAVAILABLE, f"lease store: {exc}", retry_after_s=1.0)
+        return JSONResponse(body.model_dump(mode="json"), status_code=503, headers={"Retry-After": "1"})
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:

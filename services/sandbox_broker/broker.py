@@ -66,7 +66,7 @@ class Broker:
 
     async def close(self) -> None:
         await self.admission.close()
-        await self.pools.close()
+        await self.pools.close(self.settings.create_timeout_s)
         await self.backend.close()
 
     # -- leases --------------------------------------------------------------------------------

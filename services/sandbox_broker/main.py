@@ -1,4 +1,8 @@
-"""Entrypoint: resolve Redis (configured or embedded), build the app, serve it."""
+"""Entrypoint: resolve Redis (configured or embedded), build the app, serve it.
+
+The event loop is asyncio's, not uvloop: every local command is a child process, and CPython
+spawns them with vfork (uvloop forks, copying the broker's page tables each time).
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,6 @@ def run(settings: BrokerSettings) -> int:
     with redis_url_or_embedded(settings.redis_url or RedisSettings().url) as redis_url:
         app = create_app(settings, redis_url)
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
-                                timeout_keep_alive=30)  # fmt: skip
+                                timeout_keep_alive=30, loop="asyncio")  # fmt: skip
         uvicorn.Server(config).run()
     return 0

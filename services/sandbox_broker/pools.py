@@ -112,15 +112,19 @@ class Pools:
     def sizes(self) -> dict[str, int]:
         return {p.key.label: len(p.ready) for p in self._pools.values()}
 
-    async def close(self) -> None:
-        """Stop refilling and destroy the pooled sandboxes."""
+    async def close(self, timeout_s: float = 60.0) -> None:
+        """Stop refilling and destroy the pooled sandboxes. Creates in flight are waited for (a create
+        cancelled half-way could leave a sandbox nobody knows about) up to ``timeout_s``."""
         self._closed = True
         tasks = [p.task for p in self._pools.values() if p.task is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for pool in self._pools.values():
+            pool.wake.set()
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+            for task in pending:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         doomed = [s.sandbox_id for p in self._pools.values() for s in p.ready]
         await asyncio.gather(*(self.backend.destroy(i) for i in doomed), return_exceptions=True)
 

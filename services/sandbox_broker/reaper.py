@@ -52,7 +52,7 @@ class Reaper:
             log.warning("could not retire instance %s: %s", self.broker.instance, exc)
 
     async def heartbeat(self) -> None:
-        ttl_ms = int(max(3 * self.settings.reap_interval_s, 5.0) * 1000)
+        ttl_ms = int(max(3 * self.settings.reap_interval_s, 2.0) * 1000)
         await self.client.set(keys.broker_instance(self.broker.instance), str(time.time()), px=ttl_ms)
 
     async def _loop(self) -> None:

@@ -21,6 +21,7 @@ class BrokerSettings(BaseSettings):
     port: int = 8300
     backend: BackendName = "local"
     redis_url: str | None = None  # None: ROLLOUT_REDIS_URL, else an embedded server
+    redis_connections: int = Field(1024, gt=0)  # pool size; requests wait for a free connection past it
     instance: str = ""  # replica name, stable across restarts; default "<hostname>:<port>"
     allow_unisolated: bool = False  # UNSAFE: run local sandboxes without namespaces if bwrap fails
 
@@ -35,10 +36,17 @@ class BrokerSettings(BaseSettings):
     docker_network: str = "rollout-sandboxes"  # the one shared network
     docker_image: str = "rollout/sandbox:latest"  # image of the built-in default template
     docker_runtime: str | None = None  # e.g. "runsc"
+    docker_exec_root: str | None = None  # the engine's exec root on this host: enables the leftover-monitor check
 
     # e2b backend
     e2b_template: str = "base"  # template of the built-in default template
     e2b_api_key: str | None = None  # None: E2B_API_KEY
+    e2b_api_url: str | None = None  # None: E2B_API_URL or E2B's cloud
+    e2b_sandbox_url: str | None = None  # None: E2B_SANDBOX_URL or the per-sandbox envd URL
+    e2b_workdir: str = "/home/user"  # where commands start and relative file paths point
+    e2b_sandbox_timeout_s: int = Field(300, gt=0)  # a sandbox dies this long after its last keepalive
+    e2b_max_sandboxes: int = Field(100, gt=0)  # the plan's concurrency cap (pool included)
+    e2b_retries: int = Field(5, ge=0)  # on 429 rate limits, with exponential backoff and jitter
 
     # leases and pools
     default_warm_pool: int = Field(0, ge=0)  # warm-pool target of the built-in default template

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import redis.asyncio as aioredis
 
 from services.protocol import keys
@@ -17,17 +19,25 @@ def default_template(settings: BrokerSettings) -> Template:
     return Template(name="default", image=image, warm_pool=settings.default_warm_pool)
 
 
+CACHE_S = 2.0  # how stale a template read from Redis may be (another replica's registration)
+
+
 class Templates:
     def __init__(self, client: aioredis.Redis, default: Template, backend: str) -> None:
         self.client = client
         self.default = default
         self.backend = backend
+        self._cache: dict[str, tuple[float, Template | None]] = {}
 
     async def get(self, name: str) -> Template:
-        if name == "default":
+        cached = self._cache.get(name)
+        if cached is not None and time.monotonic() - cached[0] < CACHE_S:
+            stored = cached[1]
+        else:
             stored = await self._load(name)
+            self._cache[name] = (time.monotonic(), stored)
+        if name == "default":
             return stored or self.default
-        stored = await self._load(name)
         if stored is None:
             raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"no template {name!r}", status=400, field="template")
         return stored
@@ -35,6 +45,7 @@ class Templates:
     async def put(self, template: Template) -> None:
         self.check(template)
         await self.client.hset(keys.broker_templates(), template.name, template.model_dump_json())
+        self._cache[template.name] = (time.monotonic(), template)
 
     async def all(self) -> list[Template]:
         raw = await self.client.hgetall(keys.broker_templates())

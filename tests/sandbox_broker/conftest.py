@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -28,10 +29,13 @@ def remove_sandboxes(state_dir: Path) -> list[str]:
     """Remove every sandbox left under ``state_dir`` (and its cgroups); return their ids."""
     root = state_dir / "sandboxes"
     left = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
-    cgroups = Cgroups.probe(512)
+    cgroups = Cgroups.probe(512, Cgroups.scope_of(root))
     for sandbox_id in left:
         cgroups.remove(sandbox_id)
         shutil.rmtree(root / sandbox_id, ignore_errors=True)
+    for controller in ("memory", "cpu", "pids"):  # the scope's own (empty) groups
+        with contextlib.suppress(OSError):
+            (cgroups.root / controller / "rollout-broker" / cgroups.scope).rmdir()
     return left
 
 

@@ -12,4 +12,10 @@ def make_backend(settings: BrokerSettings) -> Backend:
         from services.sandbox_broker.backends.local import LocalBackend
 
         return LocalBackend(settings)
-    raise NotImplementedError(f"the {settings.backend} backend has not landed yet")
+    if settings.backend == "docker":
+        from services.sandbox_broker.backends.docker import DockerBackend
+
+        return DockerBackend(settings)
+    from services.sandbox_broker.backends.e2b import E2BBackend
+
+    return E2BBackend(settings)

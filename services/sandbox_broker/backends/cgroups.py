@@ -8,6 +8,7 @@ mounted, v2 with none) v1 is used. Each sandbox gets one group per controller un
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import signal
@@ -27,28 +28,36 @@ CFS_PERIOD_US = 100_000
 
 @dataclass(frozen=True, slots=True)
 class Cgroups:
-    """cgroup v1 groups of the sandboxes, or nothing when the host does not allow them."""
+    """cgroup v1 groups of the sandboxes, or nothing when the host does not allow them.
+
+    ``scope`` keeps the groups of one state directory apart from those of brokers using another
+    (``rollout-broker/<scope>/<sandbox_id>``), so that no broker reaps another's sandboxes."""
 
     mode: str  # "v1" or "none"
     pids_max: int = 512
+    scope: str = "default"
     root: Path = ROOT
 
     @classmethod
-    def probe(cls, pids_max: int, root: Path = ROOT) -> Cgroups:
+    def probe(cls, pids_max: int, scope: str, root: Path = ROOT) -> Cgroups:
         for controller in V1_CONTROLLERS:
-            base = root / controller / PARENT
+            base = root / controller / PARENT / scope
             try:
-                base.mkdir(exist_ok=True)
+                base.mkdir(parents=True, exist_ok=True)
                 probe = base / f"probe-{os.getpid()}"
                 probe.mkdir(exist_ok=True)
                 probe.rmdir()
             except OSError as exc:
                 log.info("cgroup v1 %s not writable (%s): limits fall back to rlimits", controller, exc)
-                return cls("none", pids_max, root)
-        return cls("v1", pids_max, root)
+                return cls("none", pids_max, scope, root)
+        return cls("v1", pids_max, scope, root)
+
+    @staticmethod
+    def scope_of(state_dir: Path) -> str:
+        return hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
 
     def _dirs(self, sandbox_id: str) -> list[Path]:
-        return [self.root / c / PARENT / sandbox_id for c in V1_CONTROLLERS]
+        return [self.root / c / PARENT / self.scope / sandbox_id for c in V1_CONTROLLERS]
 
     def procs_files(self, sandbox_id: str) -> list[Path]:
         """The ``cgroup.procs`` files a sandbox's command joins; empty without cgroups."""
@@ -61,7 +70,7 @@ class Cgroups:
             return
         memory, cpu, pids = self._dirs(sandbox_id)
         for d in (memory, cpu, pids):
-            d.mkdir(exist_ok=True)
+            d.mkdir(parents=True, exist_ok=True)  # parents: the scope may have been removed while empty
         limit = str(resources.memory_mb * 1024 * 1024)
         (memory / "memory.limit_in_bytes").write_text(limit)
         (cpu / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
@@ -88,18 +97,18 @@ class Cgroups:
         """Kill what is left and remove the groups (retrying while the kernel reaps)."""
         if self.mode == "none":
             return
-        for _ in range(50):
+        for attempt in range(100):  # killed processes leave their group when the kernel has reaped them
             self.kill(sandbox_id)
             leftover = [d for d in self._dirs(sandbox_id) if d.exists() and not _rmdir(d)]
             if not leftover:
                 return
-            time.sleep(0.01)
-        log.warning("cgroups of %s could not be removed", sandbox_id)
+            time.sleep(min(0.1, 0.005 * (attempt + 1)))
+        log.warning("cgroups of %s could not be removed yet; the orphan sweep will retry", sandbox_id)
 
     def list_ids(self) -> list[str]:
         if self.mode == "none":
             return []
-        base = self.root / "pids" / PARENT
+        base = self.root / "pids" / PARENT / self.scope
         return [d.name for d in base.iterdir() if d.is_dir()] if base.is_dir() else []
 
 

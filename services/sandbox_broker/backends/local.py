@@ -34,7 +34,7 @@ from services.sandbox_broker.backends.bwrap import (
     probe_bwrap,
 )
 from services.sandbox_broker.backends.cgroups import Cgroups
-from services.sandbox_broker.backends.process import run_process
+from services.sandbox_broker.backends.process import run_process, watch_children_with_pidfds
 from services.sandbox_broker.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -61,10 +61,11 @@ class LocalBackend:
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> dict[str, Any]:
+        watch_children_with_pidfds()
         self.root.mkdir(parents=True, exist_ok=True)
         for directory in (self.root.parent, self.root):
             directory.chmod(0o711)  # the sandbox uid passes through, lists nothing
-        self.cgroups = await asyncio.to_thread(Cgroups.probe, self.pids_max)
+        self.cgroups = await asyncio.to_thread(Cgroups.probe, self.pids_max, Cgroups.scope_of(self.root))
         paths = SandboxPaths(self.root.parent / "probe")
         self._layout(paths)
         binary, version, ok, detail = await probe_bwrap(paths, self.uid)
@@ -154,10 +155,19 @@ class LocalBackend:
                 continue
             found.append(Sandbox(meta_path.parent.name, meta.get("labels", {}), WORKDIR, meta.get("created_at", 0.0)))
         known = {s.sandbox_id for s in found}
-        # half-created sandboxes (no meta yet) and leftover cgroups still count as ours
+        # half-created sandboxes (no meta yet) and leftover cgroups still count as ours; their age is
+        # their directory's, so that the reaper's grace spares one that is being created right now
         extra = {p.name for p in self.root.iterdir() if p.name.startswith("loc-")} | set(self.cgroups.list_ids())
-        found += [Sandbox(i, {}, WORKDIR, 0.0) for i in sorted(extra - known)]
+        found += [Sandbox(i, {}, WORKDIR, self._age_stamp(i)) for i in sorted(extra - known)]
         return found
+
+    def _age_stamp(self, sandbox_id: str) -> float:
+        for path in (self.root / sandbox_id, *(p.parent for p in self.cgroups.procs_files(sandbox_id))):
+            try:
+                return path.stat().st_mtime
+            except OSError:
+                continue
+        return 0.0
 
     # -- commands ------------------------------------------------------------------------------
 

@@ -1,0 +1,166 @@
+"""``rollout bench broker``: L concurrent leases, each running a few commands, then released.
+
+Phases, in one run against one broker process: cold leases (resources unlike the warm pool's),
+warm leases (taken from a pool of L), the exec overhead (the same command through the broker and
+directly on the bare backend, sequentially), then a kill -9 of the broker while leases are held
+and commands are running, a restart, and a count of sandboxes left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from services.benchmarks.broker_load import Load, leftover_sandboxes, run_leases
+from services.benchmarks.broker_procs import Proc, python_proc
+from services.benchmarks.report import percentile, print_table, write_json
+from services.runtime.redis_server import redis_url_or_embedded
+from services.sandbox_broker.settings import BrokerSettings
+from services.sandbox_broker.templates import default_template
+
+DEFAULT_SETUP = "python3 -c 'import json, sqlite3' && mkdir -p repo"  # a template that does a little work
+COLD = {"cpus": 0.5, "memory_mb": 1024, "disk_mb": 2048}  # unlike the pool's: always a cold start
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("broker", help="sandbox broker: warm vs cold lease latency, exec overhead, kill -9 recovery")
+    p.add_argument("--backend", choices=("local", "docker", "e2b"), default="local")
+    p.add_argument("--leases", type=int, default=100, help="concurrent leases (default 100)")
+    p.add_argument("--commands", type=int, default=3, help="commands per lease (default 3)")
+    p.add_argument("--exec-samples", type=int, default=100, help="sequential execs for the overhead figure")
+    p.add_argument("--setup", action="append", default=None,
+                   help="setup command of the benchmark's template, run at every cold start (repeatable; "
+                        "default: one python3 start)")  # fmt: skip
+    p.add_argument("--redis-url", default=None, help="default: an embedded server")
+    p.add_argument("--docker-host", default=None, help="docker backend: the engine socket (unix://...)")
+    p.add_argument("--docker-image", default=None, help="docker backend: a prepared image")
+    p.add_argument("--json", type=Path, default=None, help="write the figures here")
+    p.add_argument("--log-dir", type=Path, default=None, help="keep the broker's log here (default: discarded)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    args.setup = args.setup if args.setup is not None else [DEFAULT_SETUP]
+    with (
+        tempfile.TemporaryDirectory(prefix="rollout-bench-broker-") as tmp,
+        redis_url_or_embedded(args.redis_url) as url,
+    ):
+        root = Path(tmp)
+        root.chmod(0o711)
+        figures = asyncio.run(_bench(args, url, root))
+    _report(args, figures)
+    return 0 if figures["errors"] == 0 and figures["leaked"] == 0 else 1
+
+
+def _broker_env(args: argparse.Namespace, root: Path, fake: Proc | None) -> dict[str, str]:
+    env = {"ROLLOUT_BROKER_STATE_DIR": str(root / "state"), "ROLLOUT_BROKER_INSTANCE": "bench",
+           "ROLLOUT_BROKER_REAP_INTERVAL_S": "1", "ROLLOUT_BROKER_ORPHAN_INTERVAL_S": "5"}  # fmt: skip
+    if args.docker_host:
+        env["ROLLOUT_BROKER_DOCKER_HOST"] = args.docker_host
+    if args.docker_image:
+        env["ROLLOUT_BROKER_DOCKER_IMAGE"] = args.docker_image
+    if fake is not None:
+        env.update({"ROLLOUT_BROKER_E2B_API_URL": fake.url, "ROLLOUT_BROKER_E2B_SANDBOX_URL": fake.url,
+                    "ROLLOUT_BROKER_E2B_API_KEY": "bench", "ROLLOUT_BROKER_E2B_WORKDIR": "/workspace",
+                    "ROLLOUT_BROKER_E2B_MAX_SANDBOXES": str(4 * args.leases + 10)})  # fmt: skip
+    return env
+
+
+async def _bench(args: argparse.Namespace, redis_url: str, root: Path) -> dict[str, Any]:
+    fake = None
+    if args.backend == "e2b":
+        (root / "e2b").mkdir(mode=0o711)
+        fake = python_proc(["-m", "services.sandbox_broker.fakes.e2b", "--port", "{port}", "--state-dir",
+                            str(root / "e2b"), "--max-concurrent", str(4 * args.leases + 10)],
+                           {}, root / "fake-e2b.log", health="/_fake/stats")  # fmt: skip
+        fake.start()
+    env = _broker_env(args, root, fake)
+    argv = ["-m", "services.cli", "broker", "--port", "{port}", "--backend", args.backend, "--redis-url", redis_url,
+            "--warm-pool", "0"]  # fmt: skip
+    log_dir = args.log_dir or root
+    log_dir.mkdir(parents=True, exist_ok=True)
+    broker = python_proc(argv, env, log_dir / "broker.log")
+    fields = {k.removeprefix("ROLLOUT_BROKER_").lower(): v for k, v in env.items()}
+    settings = BrokerSettings.model_validate({**fields, "backend": args.backend, "redis_url": redis_url})
+    started = time.monotonic()
+    try:
+        broker.start(timeout_s=120)
+        load = Load(broker.url, args.commands)
+        try:
+            figures = await _phases(args, load, broker, settings)
+        finally:
+            await load.close()
+    finally:
+        broker.stop()
+    figures["leaked"] = await leftover_sandboxes(settings)
+    figures["wall_s"] = time.monotonic() - started
+    if fake is not None:
+        fake.stop()
+    return figures
+
+
+async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: BrokerSettings) -> dict[str, Any]:
+    image = default_template(settings).image  # docker and e2b templates name an image
+    template = {"name": "bench", "setup": args.setup, "warm_pool": args.leases, "image": image}
+    await load.register(template, timeout_s=600)
+    cold = await run_leases(load, args.leases, {"template": "bench", "resources": COLD})
+    await load.wait_pool(args.leases, timeout_s=600)
+    warm = await run_leases(load, args.leases, {"template": "bench"})
+    await load.wait_pool(args.leases, timeout_s=600)  # refills done: measure the exec path alone
+    via_broker, direct = await load.overhead(settings, args.exec_samples)
+    template["warm_pool"] = 0  # the restarted broker need not refill it
+    await load.register(template, timeout_s=60)
+    recovery = await _kill9_and_restart(load, broker, min(args.leases, 50))
+    return {
+        "backend": args.backend, "leases": args.leases, "commands_per_lease": args.commands,
+        "cold_lease_p50_ms": percentile(cold.start_ms, 50), "cold_lease_p99_ms": percentile(cold.start_ms, 99),
+        "warm_lease_p50_ms": percentile(warm.start_ms, 50), "warm_lease_p99_ms": percentile(warm.start_ms, 99),
+        "warm_hits": warm.warm, "cold_hits": cold.warm,
+        "exec_under_load_p50_ms": percentile(warm.exec_ms, 50), "exec_under_load_p99_ms": percentile(warm.exec_ms, 99),
+        "exec_broker_p50_ms": percentile(via_broker, 50), "exec_direct_p50_ms": percentile(direct, 50),
+        "exec_overhead_p50_ms": percentile([b - d for b, d in zip(via_broker, direct, strict=True)], 50),
+        "errors": cold.errors + warm.errors + recovery["errors_after_restart"],
+        "error_samples": cold.samples + warm.samples,
+        **recovery,
+    }  # fmt: skip
+
+
+async def _kill9_and_restart(load: Load, broker: Proc, n: int) -> dict[str, Any]:
+    """Hold n leases, kill -9 the broker while commands run in them, restart it, finish the leases."""
+    held = [lease for lease in await asyncio.gather(*(load.create({"template": "bench"}) for _ in range(n))) if lease]
+    running = [asyncio.create_task(load.exec(lease["id"], "sleep 2")) for lease in held]
+    await asyncio.sleep(0.5)
+    broker.kill9()
+    interrupted = sum(1 for r in await asyncio.gather(*running, return_exceptions=True) if not isinstance(r, float))
+    broker.start(timeout_s=120)
+    await load.reconnect()  # pooled connections died with the old process
+    errors = 0
+    for lease in held:
+        with contextlib.suppress(Exception):
+            if await load.exec(lease["id"], "true") is None:
+                errors += 1
+        if not await load.release(lease["id"]):
+            errors += 1
+    return {"kill9_leases": len(held), "kill9_interrupted_execs": interrupted, "errors_after_restart": errors}
+
+
+def _report(args: argparse.Namespace, f: dict[str, Any]) -> None:
+    ratio = f["cold_lease_p99_ms"] / f["warm_lease_p99_ms"] if f["warm_lease_p99_ms"] else float("nan")
+    f["cold_over_warm_p99"] = ratio
+    print_table(f"sandbox broker, {f['backend']} backend, {f['leases']} concurrent leases", [
+        {"figure": "cold lease", "p50_ms": f["cold_lease_p50_ms"], "p99_ms": f["cold_lease_p99_ms"]},
+        {"figure": "warm lease", "p50_ms": f["warm_lease_p50_ms"], "p99_ms": f["warm_lease_p99_ms"]},
+        {"figure": "exec under load", "p50_ms": f["exec_under_load_p50_ms"], "p99_ms": f["exec_under_load_p99_ms"]},
+        {"figure": "exec via broker (seq)", "p50_ms": f["exec_broker_p50_ms"], "p99_ms": float("nan")},
+        {"figure": "exec on bare backend (seq)", "p50_ms": f["exec_direct_p50_ms"], "p99_ms": float("nan")},
+    ])  # fmt: skip
+    print(f"\ncold/warm p99 ratio {ratio:.1f}x; exec overhead p50 {f['exec_overhead_p50_ms']:.2f} ms; "
+          f"warm hits {f['warm_hits']}/{f['leases']}; errors {f['errors']}; leaked {f['leaked']}; "
+          f"kill -9 with {f['kill9_leases']} leases held: {f['kill9_interrupted_execs']} in-flight execs cut, "
+          f"{f['errors_after_restart']} errors after restart")  # fmt: skip
+    write_json(args.json, f)

@@ -1,0 +1,145 @@
+"""The broker benchmark's load: leases as an agent uses them (lease, a few commands, release),
+timed from the client, and the same command run directly on the bare backend."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from services.protocol.sandboxes import ExecRequest, Resources
+from services.sandbox_broker.backends import make_backend
+from services.sandbox_broker.backends.base import SandboxSpec
+from services.sandbox_broker.settings import BrokerSettings
+from services.sandbox_broker.templates import default_template
+
+
+@dataclass
+class Outcome:
+    start_ms: list[float] = field(default_factory=list)
+    exec_ms: list[float] = field(default_factory=list)
+    warm: int = 0
+    errors: int = 0
+    samples: list[str] = field(default_factory=list)  # the first few error responses
+
+    def error(self, what: str) -> None:
+        self.errors += 1
+        if len(self.samples) < 5:
+            self.samples.append(what)
+
+
+class Load:
+    def __init__(self, url: str, commands: int) -> None:
+        self.url = url
+        self.commands = commands
+        self.http = self._session()
+
+    @staticmethod
+    def _session() -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=600))
+
+    async def reconnect(self) -> None:
+        await self.http.close()
+        self.http = self._session()
+
+    async def close(self) -> None:
+        await self.http.close()
+
+    async def register(self, template: dict[str, Any], timeout_s: float) -> None:
+        async with self.http.post(self.url + "/templates", json=template) as response:
+            assert response.status == 201, await response.text()
+        if template["warm_pool"]:
+            await self.wait_pool(template["warm_pool"], timeout_s)
+
+    async def create(self, body: dict[str, Any], outcome: Outcome | None = None) -> dict[str, Any] | None:
+        async with self.http.post(self.url + "/leases", json={"wait_s": 300, "ttl_s": 600, **body}) as response:
+            if response.status == 201:
+                lease: dict[str, Any] = await response.json()
+                return lease
+            if outcome is not None:
+                outcome.error(f"lease {response.status}: {(await response.text())[:300]}")
+            return None
+
+    async def exec(self, lease_id: str, shell: str) -> float | None:
+        """Client-side latency in ms, None on an error or a non-zero exit."""
+        started = time.monotonic()
+        async with self.http.post(f"{self.url}/leases/{lease_id}/exec", json={"shell": shell, "timeout_s": 60}) as r:
+            ok = r.status == 200 and (await r.json())["exit_code"] == 0
+        return (time.monotonic() - started) * 1000 if ok else None
+
+    async def release(self, lease_id: str) -> bool:
+        async with self.http.delete(f"{self.url}/leases/{lease_id}") as response:
+            return response.status == 204
+
+    async def episode(self, body: dict[str, Any], outcome: Outcome) -> None:
+        try:
+            await self._episode(body, outcome)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            outcome.error(f"{type(exc).__name__}: {exc}")
+
+    async def _episode(self, body: dict[str, Any], outcome: Outcome) -> None:
+        started = time.monotonic()
+        lease = await self.create(body, outcome)
+        if lease is None:
+            return
+        outcome.start_ms.append((time.monotonic() - started) * 1000)
+        outcome.warm += int(lease["warm"])
+        for i in range(self.commands):
+            took = await self.exec(lease["id"], f"echo {i} > f{i} && cat f{i} >/dev/null")
+            if took is None:
+                outcome.error("exec failed")
+            else:
+                outcome.exec_ms.append(took)
+        if not await self.release(lease["id"]):
+            outcome.error("release failed")
+
+    async def overhead(self, settings: BrokerSettings, n: int) -> tuple[list[float], list[float]]:
+        """``true`` n times through the broker and n times on the bare backend, interleaved (so that the
+        load of a shared machine falls on both alike): (via broker ms, direct ms), pairwise."""
+        lease = await self.create({})
+        assert lease is not None, "could not lease a sandbox"
+        backend = make_backend(settings)
+        await backend.start()
+        sandbox = await backend.create(SandboxSpec(default_template(settings), Resources(), "none", {}))
+        via_broker, direct = [], []
+        try:
+            for _ in range(n):
+                took = await self.exec(lease["id"], "true")
+                started = time.monotonic()
+                result = await backend.exec(sandbox.sandbox_id, ExecRequest(shell="true", timeout_s=60))
+                if took is not None and result.exit_code == 0:
+                    via_broker.append(took)
+                    direct.append((time.monotonic() - started) * 1000)
+        finally:
+            await backend.destroy(sandbox.sandbox_id)
+            await backend.close()
+            await self.release(lease["id"])
+        return via_broker, direct
+
+    async def wait_pool(self, target: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            async with self.http.get(self.url + "/healthz") as response:
+                if sum((await response.json())["pools"].values()) >= target:
+                    return
+            await asyncio.sleep(0.2)
+        raise TimeoutError(f"the warm pool did not reach {target} within {timeout_s}s")
+
+
+async def run_leases(load: Load, n: int, body: dict[str, Any]) -> Outcome:
+    outcome = Outcome()
+    await asyncio.gather(*(load.episode(body, outcome) for _ in range(n)))
+    return outcome
+
+
+async def leftover_sandboxes(settings: BrokerSettings) -> int:
+    """Sandboxes the backend still holds once the broker has stopped (the pool goes with it)."""
+    backend = make_backend(settings)
+    await backend.start()
+    try:
+        return len(await backend.list_sandboxes())
+    finally:
+        await backend.close()

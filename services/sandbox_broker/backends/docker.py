@@ -1,0 +1,236 @@
+"""The ``docker`` backend: containers through the Docker Engine API (dockerd, podman's compatible
+socket) with the ``docker`` SDK, run in a thread pool since the SDK blocks.
+
+One shared bridge network (inter-container traffic off) for leases that ask for egress, no network
+at all otherwise; labels on every container; ``init``; CPU, memory and pids limits; no
+capabilities; images are never pulled here (prepare them first). Docker has no exec timeout and no
+exec kill, so each command runs under ``timeout -k`` inside and a client-side deadline outside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any
+
+import docker
+import docker.errors
+
+from services.protocol.errors import PlatformError
+from services.protocol.sandboxes import ExecRequest, ExecResult
+from services.protocol.status import ErrorCode
+from services.sandbox_broker.backends import dockerfiles
+from services.sandbox_broker.backends.base import (
+    LABEL_BROKER,
+    OutputBuffer,
+    OutputSink,
+    Sandbox,
+    SandboxSpec,
+    sandbox_gone,
+)
+from services.sandbox_broker.backends.monitors import leftover_monitors
+from services.sandbox_broker.settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+WORKDIR = "/workspace"
+KEEP_RUNNING = ["sleep", "2147483647"]
+KILL_GRACE_S = 2  # timeout -k: SIGKILL this long after SIGTERM
+CLIENT_SLACK_S = 10.0  # the client-side deadline: the inner timeout plus this
+TIMEOUT_CODES = (124, 137, 143)  # timeout(1) exit codes: GNU, after -k, busybox on SIGTERM
+
+
+class DockerBackend:
+    name = "docker"
+
+    def __init__(self, settings: BrokerSettings) -> None:
+        self.settings = settings
+        self.max_output_bytes = settings.max_output_bytes
+        self._pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="docker")
+        self._client: Any = None
+
+    async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            raise PlatformError(ErrorCode.BACKEND_UNAVAILABLE, "docker backend not started", status=503)
+        return self._client
+
+    async def start(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"max_pool_size": 256, "timeout": 120}
+        if self.settings.docker_host:
+            kwargs["base_url"] = self.settings.docker_host
+        self._client = (
+            await self._run(docker.DockerClient, **kwargs)
+            if "base_url" in kwargs
+            else await self._run(lambda: docker.from_env(**kwargs))
+        )
+        version = await self._run(self._client.version)
+        await self._run(self._ensure_network)
+        image = self.settings.docker_image
+        has_image = await self._run(self._has_image, image)
+        if not has_image:
+            log.warning("image %s is not on the docker host; prepare it (the broker never pulls)", image)
+        return {"isolated": True, "engine": version.get("Version"), "api": version.get("ApiVersion"),
+                "network": self.settings.docker_network, "default_image": image, "default_image_present": has_image,
+                "runtime": self.settings.docker_runtime or "default"}  # fmt: skip
+
+    def _ensure_network(self) -> None:
+        name = self.settings.docker_network
+        if self._client.networks.list(names=[name]):
+            return
+        self._client.networks.create(name, driver="bridge", labels={LABEL_BROKER: "shared"},
+                                     options={"com.docker.network.bridge.enable_icc": "false"})  # fmt: skip
+
+    def _has_image(self, image: str) -> bool:
+        try:
+            self._client.images.get(image)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._run(self._client.close)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- sandboxes -----------------------------------------------------------------------------
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        image = spec.template.image or self.settings.docker_image
+        if not await self._run(self._has_image, image):
+            raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"image {image} is not on the docker host "
+                                "(prepare it first: the broker never pulls)", field="template")  # fmt: skip
+        container = await self._run(self._start_container, image, spec)
+        sandbox = Sandbox(container.id, spec.labels, WORKDIR, time.time())
+        try:
+            for command in spec.template.setup:
+                result = await self.exec(
+                    container.id, ExecRequest(shell=command, timeout_s=self.settings.setup_timeout_s)
+                )
+                if result.exit_code != 0:
+                    raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED,
+                                        f"template setup {command!r} exited {result.exit_code}: {result.stderr[-500:]}",
+                                        status=502)  # fmt: skip
+        except BaseException:
+            await self.destroy(container.id)
+            raise
+        return sandbox
+
+    def _start_container(self, image: str, spec: SandboxSpec) -> Any:
+        r = spec.resources
+        network: dict[str, Any] = (
+            {"network": self.settings.docker_network} if spec.network == "egress" else {"network_mode": "none"}
+        )
+        kwargs: dict[str, Any] = {
+            "command": KEEP_RUNNING, "detach": True, "labels": spec.labels, "init": True,
+            "nano_cpus": int(r.cpus * 1e9), "mem_limit": f"{r.memory_mb}m", "memswap_limit": f"{r.memory_mb}m",
+            "pids_limit": self.settings.pids_max, "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"],
+            "working_dir": WORKDIR, "tmpfs": {"/tmp": f"rw,nosuid,size={min(r.disk_mb, 1024)}m"}, **network,
+        }  # fmt: skip
+        if self.settings.docker_runtime:
+            kwargs["runtime"] = self.settings.docker_runtime
+        try:
+            container = self._client.containers.create(image, **kwargs)
+        except docker.errors.APIError as exc:
+            raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, f"container create: {exc}", status=502) from exc
+        try:
+            container.start()
+        except docker.errors.APIError as exc:  # do not leave it in "Created"
+            container.remove(force=True)
+            raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, f"container start: {exc}", status=502) from exc
+        return container
+
+    async def alive(self, sandbox_id: str) -> bool:
+        try:
+            info = await self._run(self.client.api.inspect_container, sandbox_id)
+        except docker.errors.NotFound:
+            return False
+        return bool(info["State"]["Running"])
+
+    async def keepalive(self, sandbox_id: str, ttl_s: float) -> None:
+        return None
+
+    async def destroy(self, sandbox_id: str) -> None:
+        try:
+            await self._run(self.client.api.remove_container, sandbox_id, force=True, v=True)
+        except docker.errors.NotFound:
+            return
+
+    async def list_sandboxes(self) -> list[Sandbox]:
+        containers = await self._run(self.client.containers.list, all=True, filters={"label": LABEL_BROKER})
+        found = [Sandbox(c.id, dict(c.labels), WORKDIR, _created(c.attrs.get("Created", ""))) for c in containers]
+        if self.settings.docker_exec_root:
+            every = {c.id for c in await self._run(self.client.containers.list, all=True)}
+            await self._run(leftover_monitors, self.settings.docker_exec_root, every, True)
+        return found
+
+    # -- commands ------------------------------------------------------------------------------
+
+    async def exec(self, sandbox_id: str, request: ExecRequest, sink: OutputSink | None = None) -> ExecResult:
+        command = request.argv if request.argv is not None else ["sh", "-c", request.shell or ""]
+        env = dict(request.env)
+        if request.stdin is not None:  # the SDK's exec has no stdin without a raw socket: pipe it from env
+            env["ROLLOUT_STDIN"] = request.stdin
+            command = ["sh", "-c", 'printf %s "$ROLLOUT_STDIN" | "$@"', "sh", *command]
+        timeout = max(1, round(request.timeout_s + 0.499))
+        argv = ["timeout", "-k", str(KILL_GRACE_S), str(timeout), *command]
+        limit = min(request.max_output_bytes, self.max_output_bytes)
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        job = loop.run_in_executor(self._pool, dockerfiles.run_exec, self.client.api, sandbox_id, argv, env,
+                                   request.cwd or WORKDIR, limit, sink, loop)  # fmt: skip
+        try:
+            code, out, err = await asyncio.wait_for(job, request.timeout_s + KILL_GRACE_S + CLIENT_SLACK_S)
+        except TimeoutError:
+            log.warning("exec in %s passed its client deadline; reporting a timeout", sandbox_id[:12])
+            code, out, err = 124, OutputBuffer(0), OutputBuffer(0)
+        except docker.errors.NotFound:
+            raise sandbox_gone(sandbox_id) from None
+        except docker.errors.APIError as exc:
+            if "is not running" in str(exc):
+                raise sandbox_gone(sandbox_id) from exc
+            raise PlatformError(ErrorCode.TRANSPORT_ERROR, f"docker exec: {exc}", status=502) from exc
+        duration = time.monotonic() - started
+        timed_out = code in TIMEOUT_CODES and duration >= request.timeout_s
+        return ExecResult(exit_code=124 if timed_out else code, stdout=out.text(), stderr=err.text(),
+                          stdout_truncated=out.truncated, stderr_truncated=err.truncated, timed_out=timed_out,
+                          duration_s=duration)  # fmt: skip
+
+    # -- files ---------------------------------------------------------------------------------
+
+    async def write_file(self, sandbox_id: str, path: str, data: bytes) -> None:
+        await self._files(dockerfiles.write_file, sandbox_id, path, data)
+
+    async def read_file(self, sandbox_id: str, path: str) -> bytes:
+        data: bytes = await self._files(dockerfiles.read_file, sandbox_id, path)
+        return data
+
+    async def put_archive(self, sandbox_id: str, directory: str, tar: bytes) -> None:
+        await self._files(dockerfiles.put_archive, sandbox_id, directory, tar)
+
+    async def get_archive(self, sandbox_id: str, directory: str) -> bytes:
+        data: bytes = await self._files(dockerfiles.get_archive, sandbox_id, directory)
+        return data
+
+    async def _files(self, fn: Any, sandbox_id: str, *args: Any) -> Any:
+        try:
+            return await self._run(fn, self.client.api, sandbox_id, *args)
+        except docker.errors.NotFound as exc:
+            if "No such container" in str(exc):
+                raise sandbox_gone(sandbox_id) from exc
+            raise PlatformError(ErrorCode.NOT_FOUND, f"not found in the sandbox: {args[0]!r}", status=404) from exc
+        except docker.errors.APIError as exc:
+            raise PlatformError(ErrorCode.TRANSPORT_ERROR, f"docker: {exc}", status=502) from exc
+
+
+def _created(stamp: str) -> float:
+    try:
+        return datetime.fromisoformat(stamp[:26].rstrip("Z") + "+00:00").timestamp()
+    except ValueError:
+        return 0.0

@@ -1,0 +1,89 @@
+"""The docker backend against a real dockerd started on a private socket (skipped where it cannot start)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+
+import docker
+import httpx
+import pytest
+
+from tests.sandbox_broker.conftest import BrokerFactory, lease, run
+from tests.sandbox_broker.dockerd import IMAGE, Dockerd, private_dockerd
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+def _iptables_chains() -> set[str]:
+    chains: set[str] = set()
+    for table in ("filter", "nat"):
+        out = subprocess.run(["iptables", "-t", table, "-S"], capture_output=True, text=True, check=False).stdout
+        chains |= {f"{table}:{line.split()[1]}" for line in out.splitlines() if line.startswith("-N")}
+    return chains
+
+
+@pytest.fixture(scope="module")
+def dockerd() -> Iterator[Dockerd]:
+    chains_before = _iptables_chains()
+    with private_dockerd() as daemon:
+        if isinstance(daemon, str):
+            pytest.skip(daemon)
+        yield daemon
+    assert _iptables_chains() == chains_before  # nothing left in iptables
+
+
+def _env(daemon: Dockerd, **extra: str) -> dict[str, str]:
+    return {"ROLLOUT_BROKER_DOCKER_HOST": daemon.url, "ROLLOUT_BROKER_DOCKER_IMAGE": IMAGE,
+            "ROLLOUT_BROKER_DOCKER_EXEC_ROOT": daemon.exec_root, **extra}  # fmt: skip
+
+
+def test_docker_lease_exec_files_and_release(dockerd: Dockerd, start_broker: BrokerFactory) -> None:
+    broker = start_broker("--backend", "docker", "--warm-pool", "1", env=_env(dockerd))
+    engine = docker.DockerClient(base_url=dockerd.url)
+    with httpx.Client(base_url=broker.url, timeout=60) as client:
+        held = lease(client, job="dj")
+        container = engine.containers.get(held["sandbox_id"])
+        assert container.labels["rollout.broker"] == "b1" and container.attrs["HostConfig"]["Init"] is True
+        assert container.attrs["HostConfig"]["PidsLimit"] == 512 and container.attrs["HostConfig"]["CapDrop"] == ["ALL"]
+
+        result = run(client, held["id"], "echo out; echo err >&2; exit 3")
+        assert (result["exit_code"], result["stdout"], result["stderr"]) == (3, "out\n", "err\n")
+        piped = client.post(f"/leases/{held['id']}/exec", json={"argv": ["cat"], "stdin": "in"}).json()
+        assert piped["stdout"] == "in"
+        slow = run(client, held["id"], "sleep 30", timeout_s=1)
+        assert slow["timed_out"] is True and slow["exit_code"] == 124
+
+        client.put(f"/leases/{held['id']}/files", params={"path": "d/f.txt"}, content=b"data")
+        assert run(client, held["id"], "cat /workspace/d/f.txt")["stdout"] == "data"
+        assert client.get(f"/leases/{held['id']}/files", params={"path": "d/f.txt"}).content == b"data"
+        missing = client.get(f"/leases/{held['id']}/files", params={"path": "nope"})
+        assert missing.status_code == 404
+
+        deadline = time.monotonic() + 30
+        while sum(client.get("/healthz").json()["pools"].values()) < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        warm = lease(client, job="dj")
+        assert warm["warm"] is True
+        for item in (held, warm):
+            assert client.delete(f"/leases/{item['id']}").status_code == 204
+        with pytest.raises(docker.errors.NotFound):
+            engine.containers.get(held["sandbox_id"])
+    broker.stop()
+    assert engine.containers.list(all=True) == []  # the pool went with the broker
+    engine.close()
+
+
+def test_docker_reaper_removes_orphans_including_created(dockerd: Dockerd, start_broker: BrokerFactory) -> None:
+    engine = docker.DockerClient(base_url=dockerd.url)
+    labels = {"rollout.broker": "gone-replica", "rollout.lease": "lse-never-recorded"}
+    created = engine.containers.create(IMAGE, ["sleep", "1000"], labels=labels)  # stuck in "Created"
+    running = engine.containers.run(IMAGE, ["sleep", "1000"], labels=labels, detach=True, network_mode="none")
+    unrelated = engine.containers.create(IMAGE, ["sleep", "1000"])  # not ours: never touched
+    assert engine.containers.get(created.id).status == "created"
+    start_broker("--backend", "docker", env=_env(dockerd))
+    remaining = {c.id for c in engine.containers.list(all=True)}
+    assert created.id not in remaining and running.id not in remaining and unrelated.id in remaining
+    unrelated.remove(force=True)
+    engine.close()

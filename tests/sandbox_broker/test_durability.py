@@ -1,0 +1,100 @@
+"""Leases outlive the broker process: heartbeat expiry, recovery after kill -9, replicas sharing
+one Redis that never reap a lease twice, and the orphan reaper."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import redis
+
+from services.protocol import keys
+from tests.sandbox_broker.conftest import BrokerFactory, lease, needs_bwrap, run
+
+pytestmark = needs_bwrap
+
+FAST_REAPER = {"ROLLOUT_BROKER_REAP_INTERVAL_S": "0.2", "ROLLOUT_BROKER_ORPHAN_INTERVAL_S": "0.5"}
+
+
+def _eventually(check: Callable[[], bool], timeout_s: float = 20) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return check()
+
+
+def _sandboxes(state_dir: Path) -> set[str]:
+    root = state_dir / "sandboxes"
+    return {p.name for p in root.iterdir()} if root.is_dir() else set()
+
+
+def _reaped(url: str, reason: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    found = re.search(rf'broker_sandboxes_reaped_total{{reason="{reason}"}} ([0-9.]+)', text)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_lease_without_heartbeats_is_reaped(start_broker: BrokerFactory, state_dir: Path) -> None:
+    broker = start_broker(env=FAST_REAPER)
+    with httpx.Client(base_url=broker.url, timeout=30) as client:
+        short = lease(client, ttl_s=1)
+        kept = lease(client, ttl_s=1)
+        for _ in range(4):  # heartbeats keep this one past its first TTL
+            time.sleep(0.4)
+            assert client.post(f"/leases/{kept['id']}/renew", json={"ttl_s": 1}).status_code == 200
+        assert _eventually(lambda: short["sandbox_id"] not in _sandboxes(state_dir))
+        assert client.get(f"/leases/{short['id']}").status_code == 404
+        assert client.post(f"/leases/{short['id']}/renew", json={"ttl_s": 60}).status_code == 404
+        assert run(client, kept["id"], "echo alive")["stdout"] == "alive\n"
+        client.delete(f"/leases/{kept['id']}")
+        assert _sandboxes(state_dir) == set()
+
+
+def test_recovery_after_kill_9(start_broker: BrokerFactory, state_dir: Path, redis_client: redis.Redis) -> None:
+    broker = start_broker("--warm-pool", "2", env=FAST_REAPER)
+    with httpx.Client(base_url=broker.url, timeout=30) as client:
+        held = lease(client, job="survivor")
+        run(client, held["id"], "echo kept > state.txt")
+        doomed = lease(client, job="lost")
+        assert _eventually(lambda: sum(client.get("/healthz").json()["pools"].values()) == 2)
+    pooled = _sandboxes(state_dir) - {held["sandbox_id"], doomed["sandbox_id"]}
+    assert len(pooled) == 2
+    broker.kill()  # SIGKILL: no shutdown, the pool and the leases stay behind
+
+    redis_client.delete(keys.lease(doomed["id"]))  # its record is lost: its sandbox is now an orphan
+    restarted = start_broker(env=FAST_REAPER)  # same instance name, no warm pool this time
+    with httpx.Client(base_url=restarted.url, timeout=30) as client:
+        assert run(client, held["id"], "cat state.txt")["stdout"] == "kept\n"
+        assert _sandboxes(state_dir) == {held["sandbox_id"]}  # the old pool and the orphan were reaped at start
+        assert "broker_leases_recovered_total 1.0" in client.get("/metrics").text
+        assert client.delete(f"/leases/{held['id']}").status_code == 204
+    assert _sandboxes(state_dir) == set()
+
+
+def test_replicas_share_redis_and_reap_each_lease_once(start_broker: BrokerFactory, state_dir: Path) -> None:
+    replicas = [start_broker(instance=f"r{i}", env=FAST_REAPER) for i in range(2)]
+    with httpx.Client(base_url=replicas[0].url, timeout=30) as first, httpx.Client(base_url=replicas[1].url) as second:
+        leases = [lease(first, ttl_s=0.5, job="j") for _ in range(3)] + [lease(second, ttl_s=0.5, job="j")]
+        long = lease(second, job="j")
+        # any replica serves any lease (the sandboxes live in the shared state directory)
+        assert run(second, leases[0]["id"], "echo via-r1")["stdout"] == "via-r1\n"
+        assert {x["id"] for x in first.get("/leases", params={"job": "j"}).json()} >= {long["id"]}
+        assert _eventually(lambda: _sandboxes(state_dir) == {long["sandbox_id"]})
+        assert sum(_reaped(r.url, "expired") for r in replicas) == 4
+        second.delete(f"/leases/{long['id']}")
+
+
+def test_orphans_of_a_dead_replica_are_reaped(start_broker: BrokerFactory, state_dir: Path) -> None:
+    dead = start_broker("--warm-pool", "1", instance="dead", env=FAST_REAPER)
+    with httpx.Client(base_url=dead.url, timeout=30) as client:
+        assert _eventually(lambda: sum(client.get("/healthz").json()["pools"].values()) == 1)
+    dead.kill()
+    survivor = start_broker(instance="survivor", env=FAST_REAPER)
+    # the dead replica's heartbeat key expires, then its pool sandbox is nobody's
+    assert _eventually(lambda: _sandboxes(state_dir) == set())
+    assert _reaped(survivor.url, "orphan") == 1
