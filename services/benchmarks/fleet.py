@@ -10,7 +10,9 @@ job's ``max_in_flight`` is N and the queue is kept topped up, then a window is m
 - ``control_plane_cpu_ms_per_turn``: CPU of workers, proxy, broker (sandboxes included), API and
   Redis per LLM call (engines excluded: they stand in for GPUs);
 - phase shares and the turn-cap hit rate over trajectories finished in the window;
-- ``tail_share_after_90pct`` of the first batch of N (a synchronous batch), when it finished in time.
+- ``tail_share_after_90pct`` and the turn-cap rate of one synchronous batch (``--tail-batch``
+  episodes submitted at once and waited for), run at its own time scale because 80-turn episodes at
+  the steady-state scale would not finish within minutes.
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--time-scale", type=float, default=10.0, help="divide every field duration by this")
     p.add_argument("--warmup-s", type=float, default=15.0)
     p.add_argument("--window-s", type=float, default=60.0, help="measured window per N")
-    p.add_argument("--tail-wait-s", type=float, default=60.0, help="extra wait for the first batch to finish")
+    p.add_argument("--tail-batch", type=int, default=24, help="episodes of the synchronous tail batch (0: skip)")
+    p.add_argument("--tail-time-scale", type=float, default=20.0, help="time scale of the tail batch")
+    p.add_argument("--tail-wait-s", type=float, default=240.0, help="how long to wait for the tail batch")
     p.add_argument("--engines", type=int, default=0, help="scripted engines (default: one per 200 in flight)")
     p.add_argument("--proxy-workers", type=int, default=2)
     p.add_argument("--workers", type=int, default=2, help="worker processes")
@@ -62,13 +66,15 @@ class Fleet:
     api: str
     workers: list[str]
     redis_url: str
-    classes: list[workload.EpisodeClass]
+    classes: list[workload.EpisodeClass]  # the steady-state workload
+    tail_classes: list[workload.EpisodeClass]  # the synchronous tail batch
 
 
 def start_fleet(args: argparse.Namespace, root: Path, redis_url: str, max_n: int) -> Fleet:
     model = write_tokenizer_dir(root / "model")
     classes = workload.sample_classes(args.classes, args.time_scale, args.seed)
-    script = workload.write_script(root / "script.json", classes)
+    tail = workload.sample_classes(args.tail_batch, args.tail_time_scale, args.seed + 1, prefix="TAIL")
+    script = workload.write_script(root / "script.json", classes + tail)
     state = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
     state.chmod(0o755)  # reachable by the sandbox user
     (root / "logs").mkdir()
@@ -78,19 +84,20 @@ def start_fleet(args: argparse.Namespace, root: Path, redis_url: str, max_n: int
     count = args.engines or max(1, math.ceil(max_n / 200))
     engines = [stack.start("engine", [
         "engine", "--mode", "scripted", "--script", str(script), "--model-path", str(model), "--port", "{port}",
-        "--max-running-requests", "1024",
+        "--max-running-requests", "1024", "--decode-step-s", "0.0001", "--decode-step-per-request-s", "0",
+        "--prefill-s-per-token", "0",
     ], health="/health").url for _ in range(count)]  # fmt: skip
     proxy = stack.start("proxy", ["proxy", "--port", "{port}", "--workers", str(args.proxy_workers),
                                   "--engines", ",".join(engines)]).url  # fmt: skip
     broker = stack.start("broker", ["broker", "--port", "{port}", "--backend", "local", "--redis-url", redis_url,
                                     "--state-dir", str(state)]).url  # fmt: skip
     api = stack.start("api", ["api", "--port", "{port}", "--redis-url", redis_url]).url
-    per_worker = math.ceil(max_n / args.workers) + 8
+    per_worker = math.ceil(max_n / max(1, args.workers)) + 8
     workers = [stack.start("worker", [
         "worker", "--port", "{port}", "--redis-url", redis_url, "--proxy-url", proxy, "--broker-url", broker,
         "--model-path", str(model), "--concurrency", str(per_worker),
     ]).url for _ in range(args.workers)]  # fmt: skip
-    return Fleet(stack, api, workers, redis_url, classes)
+    return Fleet(stack, api, workers, redis_url, classes, tail)
 
 
 def _base_env() -> dict[str, str]:
@@ -127,8 +134,8 @@ class Snapshot:
 class Submitter:
     """Keeps a job's queue topped up so that N episodes stay in flight (the job's max_in_flight)."""
 
-    def __init__(self, http: httpx.Client, fleet: Fleet, job: str, n: int) -> None:
-        self.http, self.fleet, self.job, self.n = http, fleet, job, n
+    def __init__(self, http: httpx.Client, classes: list[workload.EpisodeClass], job: str, n: int) -> None:
+        self.http, self.classes, self.job, self.n = http, classes, job, n
         created = http.post("/jobs", json={"job": job, "quotas": {"max_in_flight": n, "max_queued": 10 * n + 100}},
                             headers={"Authorization": f"Bearer {ADMIN}"})  # fmt: skip
         created.raise_for_status()
@@ -137,7 +144,7 @@ class Submitter:
         self.submitted = 0
 
     def submit(self, count: int) -> str:
-        classes = self.fleet.classes
+        classes = self.classes
         tasks = [
             workload.task_for(classes[(self.submitted + i) % len(classes)], f"t{self.submitted + i}")
             for i in range(count)
@@ -199,19 +206,14 @@ def measure(fleet: Fleet, args: argparse.Namespace, n: int) -> dict[str, Any]:
     client = redis.Redis.from_url(fleet.redis_url)
     with httpx.Client(base_url=fleet.api, timeout=60.0) as http:
         job = f"fleet-{n}"
-        submitter = Submitter(http, fleet, job, n)
-        first = submitter.submit(n)
+        submitter = Submitter(http, fleet.classes, job, n)
+        submitter.submit(n)
         submitter.submit(n)
         submitter.keep_up(args.warmup_s)
         before = Snapshot.take(http, fleet, client)
         submitter.keep_up(args.window_s)
         after = Snapshot.take(http, fleet, client)
         in_flight = http.get(f"/jobs/{job}", headers=submitter.headers).json()["in_flight"]
-        deadline = time.monotonic() + args.tail_wait_s
-        batch = submitter.rollout(first)
-        while batch["finished"] < batch["total"] and time.monotonic() < deadline:
-            time.sleep(1.0)
-            batch = submitter.rollout(first)
         submitter.cancel_all()
     done = finished_between(client, job, before.wall, after.wall)
     client.close()
@@ -231,8 +233,28 @@ def measure(fleet: Fleet, args: argparse.Namespace, n: int) -> dict[str, Any]:
         "control_plane_cores": control / seconds,
         "phase_shares": phase_shares(done),
         "turn_cap_hit_rate": capped / len(done) if done else math.nan,
-        "tail_share_after_90pct": batch["tail"]["tail_share_after_90pct"],
-        "first_batch_finished": batch["finished"] == batch["total"],
+    }
+
+
+def measure_tail(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
+    """One synchronous batch, submitted at once and waited for: its tail figures."""
+    with httpx.Client(base_url=fleet.api, timeout=60.0) as http:
+        submitter = Submitter(http, fleet.tail_classes, "fleet-tail", args.tail_batch)
+        rollout = submitter.submit(args.tail_batch)
+        started = time.monotonic()
+        status = submitter.rollout(rollout)
+        while status["finished"] < status["total"] and time.monotonic() - started < args.tail_wait_s:
+            time.sleep(1.0)
+            status = submitter.rollout(rollout)
+        complete = status["finished"] >= status["total"]
+        if not complete:
+            submitter.cancel_all()
+    return {
+        "episodes": args.tail_batch,
+        "time_scale": args.tail_time_scale,
+        "complete": complete,
+        "batch_s": time.monotonic() - started,
+        **status["tail"],
     }
 
 
@@ -243,22 +265,23 @@ def run(args: argparse.Namespace) -> int:
     with redis_url_or_embedded(args.redis_url) as url:
         fleet = start_fleet(args, root, url, max(ns))
         try:
+            tail = measure_tail(fleet, args) if args.tail_batch else {}
             for n in ns:
                 print(f"measuring N={n} ...", flush=True)
                 results.append(measure(fleet, args, n))
         finally:
             fleet.stack.stop()
             shutil.rmtree(root, ignore_errors=True)
-    report(args, fleet, results)
+    report(args, fleet, results, tail)
     return 0
 
 
-def report(args: argparse.Namespace, fleet: Fleet, results: list[dict[str, Any]]) -> None:
+def report(args: argparse.Namespace, fleet: Fleet, results: list[dict[str, Any]], tail: dict[str, Any]) -> None:
     rows = [{
         "N": r["in_flight"], "traj/h": r["trajectories_per_hour"], "done/h": r["completed_per_hour"],
         "turns/s": r["turns_per_s"], "cpu ms/turn": r["control_plane_cpu_ms_per_turn"],
         "cores": r["control_plane_cores"], "llm share": r["phase_shares"]["llm"],
-        "cap rate": r["turn_cap_hit_rate"], "tail>90%": r["tail_share_after_90pct"],
+        "cap rate": r["turn_cap_hit_rate"],
     } for r in results]  # fmt: skip
     print_table(f"fleet benchmark (time scale 1/{args.time_scale:g})", rows)
     first, last = results[0], results[-1]
@@ -266,6 +289,8 @@ def report(args: argparse.Namespace, fleet: Fleet, results: list[dict[str, Any]]
         first["trajectories_per_hour"] / first["in_flight"]
     )
     print(f"\nscaling efficiency N={first['in_flight']} -> N={last['in_flight']}: {efficiency:.2f}")
+    if tail:
+        print_table(f"synchronous batch of {tail['episodes']} (time scale 1/{tail['time_scale']:g})", [tail])
     write_json(args.json, {
         "benchmark": "fleet",
         "time_scale": args.time_scale,
@@ -273,7 +298,8 @@ def report(args: argparse.Namespace, fleet: Fleet, results: list[dict[str, Any]]
         "trajectories_per_hour": {str(r["in_flight"]): r["trajectories_per_hour"] for r in results},
         "control_plane_cpu_ms_per_turn": {str(r["in_flight"]): r["control_plane_cpu_ms_per_turn"] for r in results},
         "phase_shares": {str(r["in_flight"]): r["phase_shares"] for r in results},
-        "tail_share_after_90pct": {str(r["in_flight"]): r["tail_share_after_90pct"] for r in results},
+        "tail_share_after_90pct": tail.get("tail_share_after_90pct"),
+        "tail_batch": tail,
         "turn_cap_hit_rate": {str(r["in_flight"]): r["turn_cap_hit_rate"] for r in results},
         "scaling_efficiency": efficiency,
         "runs": results,

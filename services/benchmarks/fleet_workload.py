@@ -56,7 +56,7 @@ def _lognormal(rng: random.Random, median: float, sigma: float) -> float:
     return median * math.exp(rng.gauss(0.0, sigma))
 
 
-def sample_class(rng: random.Random, index: int, time_scale: float) -> EpisodeClass:
+def sample_class(rng: random.Random, index: int, time_scale: float, prefix: str = "CLASS") -> EpisodeClass:
     succeeds = rng.random() >= CAP_SHARE
     turns = TURN_CAP
     if succeeds:
@@ -65,7 +65,7 @@ def sample_class(rng: random.Random, index: int, time_scale: float) -> EpisodeCl
     llm = [_lognormal(rng, LLM_MEDIAN_S, LLM_SIGMA) * (1 + t / TURN_CAP) * speed / time_scale for t in range(turns)]
     commands = [_lognormal(rng, COMMAND_MEDIAN_S, COMMAND_SIGMA) * speed / time_scale for _ in range(turns)]
     return EpisodeClass(
-        name=f"CLASS-{index:03d}|",
+        name=f"{prefix}-{index:03d}|",
         turns=turns,
         succeeds=succeeds,
         llm_s=llm,
@@ -75,9 +75,9 @@ def sample_class(rng: random.Random, index: int, time_scale: float) -> EpisodeCl
     )
 
 
-def sample_classes(count: int, time_scale: float, seed: int) -> list[EpisodeClass]:
+def sample_classes(count: int, time_scale: float, seed: int, prefix: str = "CLASS") -> list[EpisodeClass]:
     rng = random.Random(seed)
-    return [sample_class(rng, i, time_scale) for i in range(count)]
+    return [sample_class(rng, i, time_scale, prefix) for i in range(count)]
 
 
 def write_script(path: Path, classes: list[EpisodeClass]) -> Path:

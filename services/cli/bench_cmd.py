@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from services.benchmarks import broker, broker_load, codec, fleet, proxy
+from services.benchmarks import broker, codec, fleet, proxy
 
-BENCHMARKS = (broker, broker_load, codec, fleet, proxy)
+BENCHMARKS = (codec, proxy, broker, fleet)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

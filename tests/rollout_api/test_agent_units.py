@@ -11,6 +11,7 @@ from services.protocol.sandboxes import ExecResult
 from services.protocol.swebench import SweBenchRolloutRequest, SweInstance
 from services.rollout_api.figures import percentile, rate_per_hour, tail_share
 from services.rollout_api.swebench import instance_task, patched_files, template_for
+from services.rollout_api.worker.clients import parse_generation
 from services.rollout_api.worker.conversation import SUBMIT_COMMAND, observation, parse_action, truncate_middle
 from services.rollout_api.worker.reward import parse_reward
 from services.rollout_api.worker.tokenization import ChatTokenizer
@@ -94,3 +95,20 @@ def test_tokenizer_dir_without_eos_is_refused(tmp_path: Path) -> None:
     config.write_text(config.read_text().replace('"eos_token": "<|im_end|>"', '"eos_token": "<nope>"'))
     with pytest.raises(ValueError, match="eos_token"):
         ChatTokenizer.from_dir(directory)
+
+
+def test_parse_generation_reads_sglang_answers() -> None:
+    body = {
+        "output_ids": [5, 6, 258],
+        "meta_info": {
+            "finish_reason": {"type": "stop", "matched": 258},
+            "output_token_logprobs": [[-0.5, 5, None], [-0.25, 6, None], [-0.125, 258, None]],
+            "weight_version": "v3", "engine_id": "e1", "prompt_tokens": 10, "cached_tokens": 4,
+        },
+    }  # fmt: skip
+    generation = parse_generation(body, {})
+    assert (generation.output_ids, generation.logprobs) == ([5, 6, 258], [-0.5, -0.25, -0.125])
+    assert (generation.finish_reason, generation.weight_version, generation.engine_id) == ("stop", "v3", "e1")
+    assert generation.cached_tokens == 4
+    bare = parse_generation({"output_ids": [1, 2], "meta_info": {"finish_reason": "length"}}, {"X-Engine-Id": "e2"})
+    assert (bare.logprobs, bare.finish_reason, bare.engine_id) == ([0.0, 0.0], "length", "e2")

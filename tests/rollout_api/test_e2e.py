@@ -253,3 +253,17 @@ def test_two_jobs_share_workers_by_weight(fleet: Fleet, client: httpx.Client) ->
     both = trajectories(fleet.redis_url, "fair-a") + trajectories(fleet.redis_url, "fair-b")
     first = Counter(t.job for t in sorted(both, key=lambda t: t.started_at)[:32])
     assert 6 <= first["fair-a"] <= 10, first
+
+
+def test_live_long_episodes_are_not_reclaimed(fleet: Fleet, client: httpx.Client) -> None:
+    """Episodes that outlive the reclaim idle time (3 s here) stay with their live worker: the
+    heartbeat keeps their entries fresh, so a second worker on the job never steals them."""
+    headers = create_job(client, "longrun")
+    fleet.start_worker(jobs=["longrun"], concurrency=2)
+    fleet.start_worker(jobs=["longrun"], concurrency=2)
+    body = {"job": "longrun", "tasks": [task("t", "TASK-SLOWSTEP")], "group_size": 4, "limits": {"max_turns": 5}}
+    rollout = submit(client, headers, body)
+    wait_finished(client, headers, rollout)
+    found = trajectories(fleet.redis_url, "longrun")
+    assert all(t.timings.total_s > 4.0 for t in found)
+    assert {(t.status, t.truncation, t.attempt) for t in found} == {(Status.TRUNCATED, Cap.TURNS, 1)}

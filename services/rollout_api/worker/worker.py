@@ -108,7 +108,8 @@ class Worker:
             except Exception:
                 log.exception("taking work failed")
                 took = 0
-            if not took:
+            if not took:  # nothing to take (or every job at its quota): wait for a poll tick or a free slot
+                self.slot_freed.clear()
                 await self._wait(self.slot_freed, self.settings.poll_interval_s)
 
     async def _wait(self, event: asyncio.Event, timeout_s: float) -> None:
@@ -182,18 +183,23 @@ class Worker:
 
     async def reclaim(self) -> None:
         """Take over items another worker has not heartbeated for ``reclaim_idle_s``."""
-        idle_ms = int(self.settings.reclaim_idle_s * 1000)
         for job in self.fair.order():
-            if self.free <= 0 or self.stopping.is_set():
-                return
+            await self._reclaim_job(job)
+
+    async def _reclaim_job(self, job: str) -> None:
+        idle_ms = int(self.settings.reclaim_idle_s * 1000)
+        cursor = "0-0"
+        while self.free > 0 and not self.stopping.is_set():
             reply: Any = await self.redis.xautoclaim(
-                keys.work_stream(job), WORKERS_GROUP, self.name, idle_ms, start_id="0-0", count=self.free
+                keys.work_stream(job), WORKERS_GROUP, self.name, idle_ms, start_id=cursor, count=self.free
             )
             for entry_id, fields in reply[1]:
-                if not fields:
-                    continue
-                log.info("reclaimed %s from a dead worker (job %s)", entry_id.decode(), job)
-                self._start(job, (entry_id, fields), reclaimed=True)
+                if fields:
+                    log.info("reclaimed %s from a dead worker (job %s)", entry_id.decode(), job)
+                    self._start(job, (entry_id, fields), reclaimed=True)
+            cursor = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+            if cursor == "0-0":  # the whole pending list was scanned
+                return
 
     async def watch_cancellations(self) -> None:
         pairs = {(d.job, d.item.rollout_id) for d in self.running.values()}
