@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainer_client.cpu_shims import apply_cpu_shims
+from trainer_client.cpu_shims import apply_cpu_shims, megatron_on_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -158,20 +158,19 @@ def build_policy(cfg: ModelConfig, parallel: ParallelConfig, optim: OptimConfig)
 
     init_parallel(parallel, cfg.seed)
     model = build_gpt(cfg, parallel)
-    ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True), model)
+    with megatron_on_cpu():
+        ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True), model)
     opt_config = OptimizerConfig(
         optimizer="adam",
-        lr=cfg_lr(optim),
+        lr=optim.lr,
         weight_decay=optim.weight_decay,
         adam_beta1=optim.adam_beta1,
         adam_beta2=optim.adam_beta2,
         clip_grad=optim.clip_grad,
     )
-    return Policy(config=cfg, ddp=ddp, optimizer=get_megatron_optimizer(opt_config, [ddp]))
-
-
-def cfg_lr(optim: OptimConfig) -> float:
-    return optim.lr
+    with megatron_on_cpu():
+        optimizer = get_megatron_optimizer(opt_config, [ddp])
+    return Policy(config=cfg, ddp=ddp, optimizer=optimizer)
 
 
 def causal_mask(length: int) -> torch.Tensor:
