@@ -130,6 +130,7 @@ class Trainer:
         if self.publisher:
             self.publisher.close()
         self.consumer.client.close()
+        self.metrics.close()
 
     def record(
         self, groups: list[Group], samples: list[Sample], stats: StepStats, sync_ok: bool | None, timer: StepTimer

@@ -103,3 +103,12 @@ def test_seen_keys_survive_a_restart() -> None:
     asm = GroupAssembler(min_valid=2, max_staleness=1, seen={"r1:a:0#1"})
     asm.add("1-0", make_trajectory("a", 0), 0)
     assert asm.drops[Drop.DUPLICATE] == 1 and not asm.open
+
+
+def test_an_incomplete_group_never_blocks_a_complete_one() -> None:
+    """The trainer does not wait for the slowest trajectory: a later complete group is taken first."""
+    asm = GroupAssembler(min_valid=2, max_staleness=1)
+    feed(asm, [make_trajectory("slow", i, reward=float(i % 2)) for i in range(3)])  # one member still running
+    feed(asm, [make_trajectory("fast", i, reward=float(i % 2)) for i in range(4)])
+    assert [g.group_id for g in asm.take(1, version=0)] == ["fast"]
+    assert "slow" in asm.open
