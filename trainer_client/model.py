@@ -45,10 +45,13 @@ class ModelConfig(BaseModel):
 
 
 class ParallelConfig(BaseModel):
+    """Megatron model parallelism. Pipeline stages need Megatron's pipeline schedule, which the
+    training loop does not drive yet: only ``pipeline_parallel=1`` is accepted."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tensor_parallel: int = Field(1, ge=1)
-    pipeline_parallel: int = Field(1, ge=1)
+    pipeline_parallel: int = Field(1, ge=1, le=1)
 
 
 class OptimConfig(BaseModel):

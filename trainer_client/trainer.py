@@ -51,7 +51,7 @@ class Trainer:
         consumer = TrajectoryConsumer(redis.Redis.from_url(s.redis_url), s.job, s.consumer_group)
         consumer.ensure_group()
         consumer.ack(state.to_ack)  # a crash between checkpoint and ack
-        assembler = GroupAssembler(s.min_valid, s.max_staleness, seen=state.seen())
+        assembler = GroupAssembler(s.min_valid, s.max_staleness, seen=state.seen(), group_timeout_s=s.group_timeout_s)
         trainer = cls(s, policy, Learner(policy, s.loss, reference), consumer, assembler, state, StepLog(s.step_log),
                       TrainerMetrics(), _supply(s), _publisher(s), backlog=consumer.reclaim())  # fmt: skip
         trainer._drops_seen.update(state.drops)
@@ -87,6 +87,7 @@ class Trainer:
                     self.assembler.reject_entry(entry.entry_id)
                 else:
                     self.assembler.add(entry.entry_id, entry.trajectory, self.version)
+            self.assembler.expire()
             self.top_up()  # dropped groups free admission slots
         return self.assembler.take(need, self.version) if self.assembler.ready_count >= need else []
 
