@@ -111,7 +111,6 @@ def export_hf(
     keep: int = 3,
 ) -> Export:
     """Write ``<root>/v<version>`` and return where it is and its checksum."""
-    _require_unsharded()
     start = time.perf_counter()
     final, tmp = root / f"v{version}", root / f"v{version}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -125,13 +124,6 @@ def export_hf(
     tmp.rename(final)
     _prune(root, keep)
     return Export(version=version, path=final, checksum=checksum, seconds=time.perf_counter() - start)
-
-
-def _require_unsharded() -> None:
-    from megatron.core import parallel_state
-
-    if parallel_state.model_parallel_is_initialized() and parallel_state.get_tensor_model_parallel_world_size() > 1:
-        raise NotImplementedError("HF export of tensor-parallel shards needs a gather first (not implemented)")
 
 
 def _copy_tokenizer(source: Path, target: Path) -> int | None:

@@ -20,6 +20,7 @@ from trainer_client.metrics import StepLog, StepRecord, StepTimer, TrainerMetric
 from trainer_client.model import Policy, build_gpt, build_policy, device
 from trainer_client.pipeline import Admission, RolloutSupply, load_tasks
 from trainer_client.settings import TrainSettings
+from trainer_client.shards import full_state_dict
 from trainer_client.weights import WeightPublisher
 
 logger = logging.getLogger(__name__)
@@ -103,7 +104,9 @@ class Trainer:
         s = self.settings
         if self.state.step % s.export_every:
             return None
-        export = export_hf(self.policy.module.state_dict(), s.model, self.state.version, s.export_dir, s.tokenizer_dir)
+        export = export_hf(
+            full_state_dict(self.policy.module), s.model, self.state.version, s.export_dir, s.tokenizer_dir
+        )
         logger.info("exported version %s to %s (%.2fs)", export.version, export.path, export.seconds)
         return self.publisher.publish(export).ok if self.publisher else None
 
