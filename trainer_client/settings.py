@@ -38,6 +38,7 @@ class TrainSettings(BaseSettings):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
     tokenizer_dir: Path | None = None  # copied into every export
+    init_from: Path | None = None  # HF Llama directory to start from (else a seeded random init)
     # GRPO batch and staleness
     group_size: int = Field(8, ge=1)
     batch_groups: int = Field(4, ge=1)  # groups per optimizer step

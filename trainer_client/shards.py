@@ -18,9 +18,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-_DIM0 = ("embedding.word_embeddings.weight", "output_layer.weight", "self_attention.linear_qkv.weight")
-_DIM1 = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
-_GLU = "mlp.linear_fc1.weight"
+DIM0 = ("embedding.word_embeddings.weight", "output_layer.weight", "self_attention.linear_qkv.weight")
+DIM1 = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
+GLU = "mlp.linear_fc1.weight"
 
 
 def tensors(module: Any) -> dict[str, torch.Tensor]:
@@ -49,11 +49,11 @@ def _all_gather(tensor: torch.Tensor, size: int, group: Any) -> list[torch.Tenso
 
 
 def _merge(name: str, parts: list[torch.Tensor]) -> torch.Tensor:
-    if name.endswith(_DIM0):
+    if name.endswith(DIM0):
         return torch.cat(parts, dim=0)
-    if name.endswith(_DIM1):
+    if name.endswith(DIM1):
         return torch.cat(parts, dim=1)
-    if name.endswith(_GLU):
+    if name.endswith(GLU):
         halves = [p.chunk(2, dim=0) for p in parts]
         return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
     return parts[0]  # replicated

@@ -15,6 +15,7 @@ from trainer_client.client import RolloutClient
 from trainer_client.consumer import Entry, TrajectoryConsumer
 from trainer_client.export import export_hf
 from trainer_client.groups import Group, GroupAssembler
+from trainer_client.hf_import import load_hf_weights
 from trainer_client.learner import Learner, StepStats
 from trainer_client.metrics import StepLog, StepRecord, StepTimer, TrainerMetrics
 from trainer_client.model import Policy, build_gpt, build_policy, device
@@ -46,8 +47,10 @@ class Trainer:
     def start(cls, s: TrainSettings) -> Trainer:
         """Build the policy, resume from the latest checkpoint, acknowledge what it decided, reclaim the rest."""
         policy = build_policy(s.model, s.parallel, s.optim)
-        reference = _reference(policy, s) if s.loss.kl_coef > 0 else None
         ckpt = checkpoint.latest(s.checkpoint_dir)
+        if s.init_from:  # version "0": the weights the engines start with (the KL reference too)
+            load_hf_weights(policy.module, s.init_from, s.model)
+        reference = _reference(policy, s) if s.loss.kl_coef > 0 else None
         state = checkpoint.load(ckpt, policy) if ckpt else checkpoint.TrainerState()
         consumer = TrajectoryConsumer(redis.Redis.from_url(s.redis_url), s.job, s.consumer_group)
         consumer.ensure_group()

@@ -1,4 +1,5 @@
-"""One rank of a tensor-parallel (TP=2, gloo, CPU) model: gathers logits and weights, rank 0 exports.
+"""One rank of a tensor-parallel (TP=2, gloo, CPU) model: gathers logits and weights, rank 0 exports,
+then a fresh TP model loads the export back (each rank its slice).
 
 Run by ``test_export.py`` as two real processes (``RANK``/``WORLD_SIZE``/``MASTER_*`` set):
 ``python -m tests.trainer.tp_worker OUT_DIR TOKENIZER_DIR``.
@@ -14,6 +15,7 @@ import torch
 
 from tests.trainer.conftest import TINY
 from trainer_client.export import export_hf
+from trainer_client.hf_import import load_hf_weights
 from trainer_client.model import ModelConfig, ParallelConfig, build_gpt, init_parallel, logits
 from trainer_client.shards import full_state_dict
 
@@ -39,6 +41,13 @@ def main(out: Path, tokenizer_dir: Path) -> None:
         export = export_hf(state, cfg, "1", out / "exports", tokenizer_dir)
         torch.save(full, out / "megatron_logits.pt")
         (out / "export.json").write_text(json.dumps({"path": str(export.path), "ids": IDS}))
+    torch.distributed.barrier()
+    fresh = build_gpt(cfg.model_copy(update={"seed": 9}), parallel)
+    load_hf_weights(fresh, out / "exports" / "v1", cfg)
+    with torch.no_grad():
+        reloaded = gather_from_tensor_model_parallel_region(logits(fresh.eval(), torch.tensor(IDS)))
+    if rank == 0:
+        torch.save(reloaded, out / "reloaded_logits.pt")
 
 
 if __name__ == "__main__":
