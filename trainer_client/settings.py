@@ -56,7 +56,7 @@ class TrainSettings(BaseSettings):
     work_dir: Path = Path("runs/trainer")  # checkpoints/, exports/, steps.jsonl, steps.png
     read_count: int = Field(256, ge=1)
     read_block_ms: int = Field(200, ge=1)
-    wait_timeout_s: float = Field(600.0, gt=0)  # give up when no batch completes for this long
+    wait_timeout_s: float = Field(3600.0, gt=0)  # give up when no batch completes for this long
     metrics_port: int | None = None  # serve Prometheus /metrics while training
     plot: bool = True
     log_level: str = "INFO"
