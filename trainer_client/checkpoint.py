@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field
 
+from trainer_client.cpu_shims import megatron_on_cpu
 from trainer_client.model import Policy
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,8 @@ def save(root: Path, policy: Policy, state: TrainerState, keep: int = 2) -> Path
     tmp = root / f"step_{state.step:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "model").mkdir(parents=True)
-    dist_checkpointing.save(_model_state(policy), str(tmp / "model"))
+    with megatron_on_cpu():
+        dist_checkpointing.save(_model_state(policy), str(tmp / "model"))
     (tmp / "trainer_state.json").write_text(state.model_dump_json())
     torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / "rng.pt")
     shutil.rmtree(final, ignore_errors=True)
@@ -86,11 +88,11 @@ def load(path: Path, policy: Policy) -> TrainerState:
     """Load weights, optimizer state and RNG into ``policy``; return the trainer state."""
     from megatron.core import dist_checkpointing
 
-    with warnings.catch_warnings():  # torch's own deprecations inside megatron's loader
+    with warnings.catch_warnings(), megatron_on_cpu():  # torch's own deprecations inside megatron's loader
         warnings.simplefilter("ignore", FutureWarning)
         loaded = dist_checkpointing.load(_model_state(policy), str(path / "model"))
-    policy.module.load_state_dict(loaded["model"])
-    policy.optimizer.load_state_dict(loaded["optimizer"])
+        policy.module.load_state_dict(loaded["model"])
+        policy.optimizer.load_state_dict(loaded["optimizer"])
     rng = torch.load(path / "rng.pt", weights_only=False)
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])

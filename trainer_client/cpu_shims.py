@@ -11,7 +11,8 @@ What each shim covers:
 - ``torch.cuda.synchronize`` -> no-op: ``dist_checkpointing`` preloads tensors with it.
 - ``CudaRNGStatesTracker.fork`` -> ``nullcontext``: the attention-dropout RNG fork swaps CUDA
   RNG states.
-- :class:`CudaToCpu`, a ``TorchFunctionMode``: Megatron's optimizer and ``clip_grads`` pass
+- :class:`CudaToCpu`, a ``TorchFunctionMode`` entered only around Megatron optimizer and
+  checkpoint calls (:func:`megatron_on_cpu`): Megatron's optimizer and ``clip_grads`` pass
   ``device="cuda"``, call ``.cuda()`` and assert ``grad.type() == "torch.cuda.FloatTensor"``;
   the mode sends the first two to the CPU and answers the third with the CUDA type name.
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -31,7 +32,7 @@ from torch.overrides import TorchFunctionMode
 
 logger = logging.getLogger(__name__)
 
-_state: dict[str, Any] = {"mode": None}
+_state: dict[str, bool] = {"applied": False}
 
 
 class CudaToCpu(TorchFunctionMode):
@@ -61,11 +62,11 @@ def shims_needed() -> bool:
 
 
 def shims_applied() -> bool:
-    return _state["mode"] is not None
+    return _state["applied"]
 
 
 def apply_cpu_shims() -> bool:
-    """Apply the shims once if no GPU is present. Returns whether they are active."""
+    """Patch the three CUDA entry points once if no GPU is present. Returns whether they are active."""
     if not shims_needed():
         return False
     if shims_applied():
@@ -75,8 +76,20 @@ def apply_cpu_shims() -> bool:
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
     torch.cuda.synchronize = lambda *a, **k: None
     megatron_random.CudaRNGStatesTracker.fork = lambda self, name=None: contextlib.nullcontext()
-    mode = CudaToCpu()
-    mode.__enter__()  # type: ignore[no-untyped-call]
-    _state["mode"] = mode
+    _state["applied"] = True
     logger.info("no GPU: megatron-core CPU shims applied")
     return True
+
+
+@contextlib.contextmanager
+def megatron_on_cpu() -> Iterator[None]:
+    """Run a block of Megatron optimizer / checkpoint code under :class:`CudaToCpu` when no GPU is present.
+
+    Scoped rather than global, so that other torch code in the same process never sees CUDA
+    type names for CPU tensors. On GPU hosts this does nothing.
+    """
+    if not apply_cpu_shims():
+        yield
+        return
+    with CudaToCpu():
+        yield

@@ -11,7 +11,9 @@ Rules, in order, for each trajectory added:
 2. ``infra_error`` and ``cancelled`` members are removed from their group (never scored as 0);
 3. a member whose version is not an integer is dropped as ``unknown_version``; one older than
    ``max_staleness`` versions is dropped as ``stale`` (checked again when the group is taken);
-4. a group is complete when all ``group_size`` members have arrived (in whatever state); with
+4. a group is complete when all ``group_size`` members have arrived (in whatever state), or
+   when it has waited ``group_timeout_s`` (settled with what arrived; later members are
+   dropped as duplicates); with
    fewer than ``min_valid`` valid members it is dropped (``group_too_small``); with zero reward
    variance it is counted (``zero_variance``) and gives no gradient; otherwise it is ready.
 
@@ -21,6 +23,7 @@ consumer acknowledges decided entries after the checkpoint that follows.
 
 from __future__ import annotations
 
+import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -56,6 +59,7 @@ class Member:
 class Group:
     group_id: str
     size: int
+    opened_at: float = 0.0  # monotonic time of the first member
     arrived: set[str] = field(default_factory=set)  # trajectory ids seen (valid or not)
     members: list[Member] = field(default_factory=list)  # valid, trainable members
     rejected: list[tuple[Member, Drop]] = field(default_factory=list)  # decided with the group
@@ -90,16 +94,20 @@ def oldest_version(traj: Trajectory) -> int | None:
 class GroupAssembler:
     """Collects trajectories into GRPO groups; hands out complete groups oldest-first."""
 
-    def __init__(self, min_valid: int, max_staleness: int, seen: set[str] | None = None) -> None:
+    def __init__(
+        self, min_valid: int, max_staleness: int, seen: set[str] | None = None, group_timeout_s: float = 3600.0
+    ) -> None:
         self.min_valid = min_valid
         self.max_staleness = max_staleness
+        self.group_timeout_s = group_timeout_s
+        self.closed: set[str] = set()  # group ids that left ``open``: a later member is a duplicate
         self.seen: set[str] = set(seen or ())  # keys already decided (persisted across restarts)
         self.held: set[str] = set()  # keys held in open or ready groups
         self.open: dict[str, Group] = {}
         self.ready: OrderedDict[str, Group] = OrderedDict()
         self.drops: Counter[str] = Counter()
         self.dropped_groups: Counter[str] = Counter()
-        self.completed_groups = 0  # groups that left ``open`` (ready or dropped): admission control
+        self.expired_groups = 0  # settled with members missing after ``group_timeout_s``
         self.decided: list[Decided] = []
 
     def add(self, entry_id: str, traj: Trajectory, version: int) -> None:
@@ -110,10 +118,10 @@ class GroupAssembler:
             self._decide(entry_id, key, Drop.DUPLICATE)
             return
         if group is None:
-            if traj.group_id in self.ready:  # a late duplicate of a finished group
+            if traj.group_id in self.closed:  # a late member of a settled group
                 self._decide(entry_id, key, Drop.DUPLICATE)
                 return
-            group = self.open[traj.group_id] = Group(traj.group_id, traj.group_size)
+            group = self.open[traj.group_id] = Group(traj.group_id, traj.group_size, opened_at=time.monotonic())
         group.arrived.add(traj.trajectory_id)
         member = Member(entry_id, traj, oldest_version(traj) or 0)
         self.held.add(key)
@@ -123,9 +131,19 @@ class GroupAssembler:
         else:
             group.rejected.append((member, reason))
         if group.complete:
-            del self.open[group.group_id]
-            self.completed_groups += 1
-            self._settle(group)
+            self._close(group)
+
+    def expire(self, now: float | None = None) -> int:
+        """Settle open groups waiting longer than ``group_timeout_s`` with the members they have.
+
+        A member lost on the platform side must not hold its group (and its entries) forever.
+        """
+        now = time.monotonic() if now is None else now
+        old = [g for g in self.open.values() if now - g.opened_at > self.group_timeout_s]
+        for group in old:
+            self.expired_groups += 1
+            self._close(group)
+        return len(old)
 
     def reject_entry(self, entry_id: str) -> None:
         """An undecodable stream entry: decided at once (acknowledged with the next checkpoint)."""
@@ -166,7 +184,9 @@ class GroupAssembler:
             return Drop.STALE
         return None
 
-    def _settle(self, group: Group) -> None:
+    def _close(self, group: Group) -> None:
+        del self.open[group.group_id]
+        self.closed.add(group.group_id)
         if self._usable(group):
             self.ready[group.group_id] = group
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trainer_client import grpo
 from trainer_client.batch import MicroBatch
+from trainer_client.cpu_shims import megatron_on_cpu
 from trainer_client.model import Policy, token_logprobs
 
 
@@ -108,8 +109,9 @@ class Learner:
             totals["loss"] += float(out.loss.detach())
             totals["clipped"] += out.clipped_tokens
             totals["kl"] += out.kl_sum
-        ddp.finish_grad_sync()
-        _, grad_norm, _ = optimizer.step()
+        with megatron_on_cpu():
+            ddp.finish_grad_sync()
+            _, grad_norm, _ = optimizer.step()
         totals["grad_norm"] += float(grad_norm or 0.0)
 
 

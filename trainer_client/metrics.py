@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from pydantic import BaseModel, Field
@@ -80,13 +82,22 @@ class TrainerMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._server: WSGIServer | None = None
+        self._thread = threading.Thread()
         self.step = Gauge("trainer_step", "last optimizer step", registry=self.registry)
         self.value = Gauge("trainer_step_value", "per-step figure", ["name"], registry=self.registry)
         self.phase = Gauge("trainer_step_phase_seconds", "step time by phase", ["phase"], registry=self.registry)
         self.drops = Counter("trainer_dropped_trajectories", "dropped trajectories", ["reason"], registry=self.registry)
 
-    def serve(self, port: int) -> None:
-        start_http_server(port, addr="127.0.0.1", registry=self.registry)
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(timeout=5)
+            self._server = None
 
     def observe(self, record: StepRecord) -> None:
         self.step.set(record.step)

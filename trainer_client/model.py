@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainer_client.cpu_shims import apply_cpu_shims
+from trainer_client.cpu_shims import apply_cpu_shims, megatron_on_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +45,13 @@ class ModelConfig(BaseModel):
 
 
 class ParallelConfig(BaseModel):
+    """Megatron model parallelism. Pipeline stages need Megatron's pipeline schedule, which the
+    training loop does not drive yet: only ``pipeline_parallel=1`` is accepted."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tensor_parallel: int = Field(1, ge=1)
-    pipeline_parallel: int = Field(1, ge=1)
+    pipeline_parallel: int = Field(1, ge=1, le=1)
 
 
 class OptimConfig(BaseModel):
@@ -158,20 +161,19 @@ def build_policy(cfg: ModelConfig, parallel: ParallelConfig, optim: OptimConfig)
 
     init_parallel(parallel, cfg.seed)
     model = build_gpt(cfg, parallel)
-    ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True), model)
+    with megatron_on_cpu():
+        ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True), model)
     opt_config = OptimizerConfig(
         optimizer="adam",
-        lr=cfg_lr(optim),
+        lr=optim.lr,
         weight_decay=optim.weight_decay,
         adam_beta1=optim.adam_beta1,
         adam_beta2=optim.adam_beta2,
         clip_grad=optim.clip_grad,
     )
-    return Policy(config=cfg, ddp=ddp, optimizer=get_megatron_optimizer(opt_config, [ddp]))
-
-
-def cfg_lr(optim: OptimConfig) -> float:
-    return optim.lr
+    with megatron_on_cpu():
+        optimizer = get_megatron_optimizer(opt_config, [ddp])
+    return Policy(config=cfg, ddp=ddp, optimizer=optimizer)
 
 
 def causal_mask(length: int) -> torch.Tensor:

@@ -38,12 +38,14 @@ class TrainSettings(BaseSettings):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
     tokenizer_dir: Path | None = None  # copied into every export
+    init_from: Path | None = None  # HF Llama directory to start from (else a seeded random init)
     # GRPO batch and staleness
     group_size: int = Field(8, ge=1)
     batch_groups: int = Field(4, ge=1)  # groups per optimizer step
     min_valid: int = Field(2, ge=1)  # fewer valid members: the group is dropped
     max_staleness: int = Field(2, ge=0)  # versions; also sets the admission cap (max_staleness + 1) x batch_groups
     overprovision: float = Field(2.0, ge=1.0)  # groups kept in flight / batch_groups (capped by admission)
+    group_timeout_s: float = Field(3600.0, gt=0)  # an open group missing members is settled after this
     micro_batch_size: int = Field(4, ge=1)
     max_seq_len: int = Field(4096, ge=8)
     # run
@@ -54,7 +56,7 @@ class TrainSettings(BaseSettings):
     work_dir: Path = Path("runs/trainer")  # checkpoints/, exports/, steps.jsonl, steps.png
     read_count: int = Field(256, ge=1)
     read_block_ms: int = Field(200, ge=1)
-    wait_timeout_s: float = Field(600.0, gt=0)  # give up when no batch completes for this long
+    wait_timeout_s: float = Field(3600.0, gt=0)  # give up when no batch completes for this long
     metrics_port: int | None = None  # serve Prometheus /metrics while training
     plot: bool = True
     log_level: str = "INFO"

@@ -15,11 +15,13 @@ from trainer_client.client import RolloutClient
 from trainer_client.consumer import Entry, TrajectoryConsumer
 from trainer_client.export import export_hf
 from trainer_client.groups import Group, GroupAssembler
+from trainer_client.hf_import import load_hf_weights
 from trainer_client.learner import Learner, StepStats
 from trainer_client.metrics import StepLog, StepRecord, StepTimer, TrainerMetrics
 from trainer_client.model import Policy, build_gpt, build_policy, device
 from trainer_client.pipeline import Admission, RolloutSupply, load_tasks
 from trainer_client.settings import TrainSettings
+from trainer_client.shards import full_state_dict
 from trainer_client.weights import WeightPublisher
 
 logger = logging.getLogger(__name__)
@@ -45,13 +47,15 @@ class Trainer:
     def start(cls, s: TrainSettings) -> Trainer:
         """Build the policy, resume from the latest checkpoint, acknowledge what it decided, reclaim the rest."""
         policy = build_policy(s.model, s.parallel, s.optim)
-        reference = _reference(policy, s) if s.loss.kl_coef > 0 else None
         ckpt = checkpoint.latest(s.checkpoint_dir)
+        if s.init_from:  # version "0": the weights the engines start with (the KL reference too)
+            load_hf_weights(policy.module, s.init_from, s.model)
+        reference = _reference(policy, s) if s.loss.kl_coef > 0 else None
         state = checkpoint.load(ckpt, policy) if ckpt else checkpoint.TrainerState()
         consumer = TrajectoryConsumer(redis.Redis.from_url(s.redis_url), s.job, s.consumer_group)
         consumer.ensure_group()
         consumer.ack(state.to_ack)  # a crash between checkpoint and ack
-        assembler = GroupAssembler(s.min_valid, s.max_staleness, seen=state.seen())
+        assembler = GroupAssembler(s.min_valid, s.max_staleness, seen=state.seen(), group_timeout_s=s.group_timeout_s)
         trainer = cls(s, policy, Learner(policy, s.loss, reference), consumer, assembler, state, StepLog(s.step_log),
                       TrainerMetrics(), _supply(s), _publisher(s), backlog=consumer.reclaim())  # fmt: skip
         trainer._drops_seen.update(state.drops)
@@ -87,6 +91,7 @@ class Trainer:
                     self.assembler.reject_entry(entry.entry_id)
                 else:
                     self.assembler.add(entry.entry_id, entry.trajectory, self.version)
+            self.assembler.expire()
             self.top_up()  # dropped groups free admission slots
         return self.assembler.take(need, self.version) if self.assembler.ready_count >= need else []
 
@@ -102,7 +107,9 @@ class Trainer:
         s = self.settings
         if self.state.step % s.export_every:
             return None
-        export = export_hf(self.policy.module.state_dict(), s.model, self.state.version, s.export_dir, s.tokenizer_dir)
+        export = export_hf(
+            full_state_dict(self.policy.module), s.model, self.state.version, s.export_dir, s.tokenizer_dir
+        )
         logger.info("exported version %s to %s (%.2fs)", export.version, export.path, export.seconds)
         return self.publisher.publish(export).ok if self.publisher else None
 
@@ -130,6 +137,7 @@ class Trainer:
         if self.publisher:
             self.publisher.close()
         self.consumer.client.close()
+        self.metrics.close()
 
     def record(
         self, groups: list[Group], samples: list[Sample], stats: StepStats, sync_ok: bool | None, timer: StepTimer

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from services.protocol.status import Status
@@ -103,3 +105,23 @@ def test_seen_keys_survive_a_restart() -> None:
     asm = GroupAssembler(min_valid=2, max_staleness=1, seen={"r1:a:0#1"})
     asm.add("1-0", make_trajectory("a", 0), 0)
     assert asm.drops[Drop.DUPLICATE] == 1 and not asm.open
+
+
+def test_an_incomplete_group_never_blocks_a_complete_one() -> None:
+    """The trainer does not wait for the slowest trajectory: a later complete group is taken first."""
+    asm = GroupAssembler(min_valid=2, max_staleness=1)
+    feed(asm, [make_trajectory("slow", i, reward=float(i % 2)) for i in range(3)])  # one member still running
+    feed(asm, [make_trajectory("fast", i, reward=float(i % 2)) for i in range(4)])
+    assert [g.group_id for g in asm.take(1, version=0)] == ["fast"]
+    assert "slow" in asm.open
+
+
+def test_a_group_missing_a_member_expires_and_late_members_are_dropped() -> None:
+    asm = GroupAssembler(min_valid=2, max_staleness=1, group_timeout_s=60)
+    feed(asm, [make_trajectory("a", i, reward=float(i % 2)) for i in range(3)])
+    assert asm.expire(now=time.monotonic() + 30) == 0
+    assert asm.expire(now=time.monotonic() + 61) == 1 and asm.expired_groups == 1
+    [group] = asm.take(1, version=0)
+    assert len(group.members) == 3
+    asm.add("9-0", make_trajectory("a", 3, reward=1.0), 0)  # the straggler arrives after all
+    assert asm.drops[Drop.DUPLICATE] == 1

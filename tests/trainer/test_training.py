@@ -76,3 +76,22 @@ def test_train_from_stream_loss_and_logprob_bookkeeping(redis_client: redis.Redi
     assert stats.clip_fraction == 0.0  # one optimizer step per batch: the recomputed 'old' policy is the current one
     assert [d.fate for d in assembler.drain_decided()] == ["used"] * 8
     assert consumer.ack(e for e in [consumer.last_entry_id]) == 1
+
+
+def test_kl_term_and_several_mini_batches(redis_client: redis.Redis) -> None:
+    """With a frozen reference, KL starts at 0 and grows once the policy moves; two optimizer steps per batch."""
+    from trainer_client.model import build_gpt
+
+    policy = build_policy(ModelConfig(**TINY, seed=11), ParallelConfig(), OptimConfig(lr=1e-2))
+    reference = build_gpt(policy.config, ParallelConfig())
+    reference.load_state_dict(policy.module.state_dict())
+    trajs = [on_policy(policy, make_trajectory("g", i, reward=float(i % 2), seed=i)) for i in range(4)]
+    assembler = GroupAssembler(min_valid=2, max_staleness=1)
+    for i, traj in enumerate(trajs):
+        assembler.add(f"{i}-0", traj, version=0)
+    samples = samples_from_groups(assembler.take(1, version=0), version=0, normalize_std=True, max_len=128)
+    batches = micro_batches(samples, size=2, device=device())
+    first = Learner(policy, LossConfig(kl_coef=0.1), reference=reference).step(batches)
+    assert first.kl == pytest.approx(0.0, abs=1e-6)  # policy == reference during the only forward
+    second = Learner(policy, LossConfig(kl_coef=0.1, mini_batches=2), reference=reference).step(batches)
+    assert second.kl > 1e-6 and second.grad_norm > 0
