@@ -33,7 +33,7 @@ FLAGS: dict[str, type] = {
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("engine", help="simulated SGLang-compatible engine(s) (ROLLOUT_ENGINE_* settings)")
-    p.add_argument("--mode", choices=("sim", "scripted"), default=None)
+    p.add_argument("--mode", choices=("sim", "scripted", "torch"), default=None)
     for name, kind in FLAGS.items():
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None)
     p.add_argument("--fail-weight-updates", action="store_true", default=None, help="fault injection")

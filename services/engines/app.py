@@ -27,6 +27,12 @@ def build_replies(settings: EngineSettings, codec: TextCodec | None) -> ReplySou
         if settings.script is None or codec is None:
             raise ValueError("scripted mode needs --script FILE")
         return ScriptedReplies(Script.load(settings.script), codec)
+    if settings.mode == "torch":
+        if settings.model_path is None:
+            raise ValueError("torch mode needs --model-path DIR (an HF causal LM with its tokenizer)")
+        from services.engines.torch_model import TorchPolicy, TorchReplies  # torch only where needed
+
+        return TorchReplies(TorchPolicy(settings.model_path, seed=settings.seed))
     return SimulatedReplies(settings.seed, settings.output_tokens, settings.runaway_fraction)
 
 

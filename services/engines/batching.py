@@ -55,6 +55,7 @@ class Generation:
     start_step: int = 0
     admitted: int = -1  # admission sequence number; -1 while waiting
     final_len: int | None = None  # set when the generation leaves the engine
+    logprobs: list[float] | None = None  # the model's own, when the reply source has them
 
     @property
     def target_len(self) -> int:

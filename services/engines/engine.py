@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -14,7 +15,7 @@ from typing import Any
 from services.engines.batching import BatchTiming, Generation, PauseMode, Scheduler
 from services.engines.metrics import BatchSnapshot, EngineMetrics
 from services.engines.prefix_cache import PrefixCache
-from services.engines.replies import ReplySource, prompt_hash, token_logprob
+from services.engines.replies import Reply, ReplySource, prompt_hash, token_logprob
 from services.engines.settings import EngineSettings
 from services.engines.tokenization import TextCodec
 
@@ -33,6 +34,8 @@ class GenerateParams:
     ignore_eos: bool = False
     stream: bool = False
     return_logprob: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
 
 
 class Engine:
@@ -99,7 +102,7 @@ class Engine:
         if not prompt_ids:
             raise EngineRequestError("The input is empty.")
         max_new = self.effective_max_new_tokens(len(prompt_ids), params.max_new_tokens)
-        reply = self.replies.reply(prompt_ids, max_new, ignore_eos=params.ignore_eos)
+        reply = await self._reply(prompt_ids, max_new, params)
         planned = reply.token_ids[:max_new]
         ends_with_eos = reply.ends_with_eos and not params.ignore_eos and len(planned) < max_new
         if ends_with_eos:
@@ -111,11 +114,22 @@ class Engine:
             ends_with_eos=ends_with_eos,
             stream=params.stream,
             cached_tokens=self.cache.lookup(prompt_ids),
+            logprobs=reply.logprobs,
         )
         if reply.latency_s > 0:
             await asyncio.sleep(reply.latency_s)
         self.scheduler.submit(gen)
         return gen
+
+    async def _reply(self, prompt_ids: list[int], max_new: int, params: GenerateParams) -> Reply:
+        """Ask the reply source; a source that computes (a real model) runs in a thread."""
+        call = functools.partial(
+            self.replies.reply, prompt_ids, max_new, ignore_eos=params.ignore_eos, temperature=params.temperature,
+            top_p=params.top_p,
+        )  # fmt: skip
+        if getattr(self.replies, "blocking", False):
+            return await asyncio.to_thread(call)
+        return call()
 
     def cancel(self, gen: Generation) -> None:
         self.scheduler.cancel(gen)
@@ -147,9 +161,12 @@ class Engine:
         }
         if logprobs:
             key = prompt_hash(prompt_ids)
+            own = gen.logprobs
             meta["output_token_logprobs"] = [
-                [round(token_logprob(self.settings.seed, key, i), 6), tok, None] for i, tok in enumerate(out)
-            ]
+                [own[i] if own is not None and i < len(own) else round(token_logprob(self.settings.seed, key, i), 6),
+                 tok, None]
+                for i, tok in enumerate(out)
+            ]  # fmt: skip
         return meta
 
     def text_of(self, ids: Sequence[int]) -> str | None:
@@ -192,6 +209,12 @@ class Engine:
             return False, "Failed to update weights: simulated failure (--fail-weight-updates)."
         if not await asyncio.to_thread(Path(model_path).exists):
             return False, f"Failed to update weights: model path {model_path} does not exist."
+        load = getattr(self.replies, "load_weights", None)
+        if load is not None:
+            try:
+                await asyncio.to_thread(load, Path(model_path))
+            except (OSError, ValueError) as exc:
+                return False, f"Failed to update weights: {exc}"
         self.model_path = model_path
         if version is not None:
             self.weight_version = version

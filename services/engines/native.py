@@ -39,6 +39,8 @@ def params_of(body: dict[str, Any]) -> GenerateParams:
         ignore_eos=bool(sampling.get("ignore_eos", False)),
         stream=bool(body.get("stream", False)),
         return_logprob=bool(body.get("return_logprob", False)),
+        temperature=float(sampling.get("temperature", 1.0)),
+        top_p=float(sampling.get("top_p", 1.0)),
     )
 
 

@@ -17,12 +17,16 @@ class Reply:
     token_ids: list[int]  # content tokens, without the EOS
     ends_with_eos: bool = True  # False: a runaway that only stops at max_new_tokens
     latency_s: float = 0.0  # extra time before the call is scheduled
+    logprobs: list[float] | None = None  # the model's own logprobs (torch mode); None: seeded stand-ins
 
 
 class ReplySource(Protocol):
     """Decides what a call answers. Timing is the scheduler's business, not the source's."""
 
-    def reply(self, prompt_ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool) -> Reply: ...
+    def reply(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool, temperature: float = 1.0,
+        top_p: float = 1.0,
+    ) -> Reply: ...
 
 
 def prompt_hash(prompt_ids: Sequence[int]) -> int:
@@ -44,7 +48,10 @@ class SimulatedReplies:
     mean_tokens: int
     runaway_fraction: float = 0.0
 
-    def reply(self, prompt_ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool) -> Reply:
+    def reply(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool, temperature: float = 1.0,
+        top_p: float = 1.0,
+    ) -> Reply:
         rng = random.Random(self.seed * 1_000_003 + prompt_hash(prompt_ids))
         runaway = ignore_eos or rng.random() < self.runaway_fraction
         length = max_new_tokens if runaway else rng.randint(max(1, self.mean_tokens // 2), self.mean_tokens * 3 // 2)

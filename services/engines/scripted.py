@@ -67,7 +67,10 @@ class ScriptedReplies:
     script: Script
     codec: TextCodec
 
-    def reply(self, prompt_ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool) -> Reply:
+    def reply(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool, temperature: float = 1.0,
+        top_p: float = 1.0,
+    ) -> Reply:
         chosen = self.script.choose(self.codec.decode(prompt_ids))
         latency = self.script.latency_s if chosen.latency_s is None else chosen.latency_s
         return Reply(token_ids=self.codec.encode(chosen.text), ends_with_eos=True, latency_s=latency)

@@ -14,7 +14,7 @@ class EngineSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ROLLOUT_ENGINE_", extra="ignore")
 
-    mode: Literal["sim", "scripted"] = "sim"
+    mode: Literal["sim", "scripted", "torch"] = "sim"  # torch: a real (tiny) HF model from model_path
     host: str = "127.0.0.1"
     port: int = 30000
     count: int = Field(1, ge=1)  # engines served by this process, on ports port..port+count-1

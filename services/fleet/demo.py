@@ -1,0 +1,94 @@
+"""The miniature task the embedded demo really learns, and the warm start that makes it learnable.
+
+Task: "Write the word W into answer.txt", W one of :data:`WORDS`; the reward command checks the
+file. A tiny byte-level model cannot discover the agent format (a THOUGHT, one bash block, then
+the submit command) from random weights in minutes on a CPU, so the demo first fine-tunes it on
+demonstrations of the format in which the word is chosen *at random*: the warm-started policy
+follows the protocol but answers the right word only about 1/len(WORDS) of the time. What RL
+then adds, conditioning the word on the prompt, is the learning the demo shows.
+
+Demonstrations are rendered exactly as the worker renders an episode (its system prompt, task
+message, observation format and the model's chat template), so the token sequences match.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+
+from tqdm import tqdm
+
+from services.protocol import RewardSpec, SandboxSpec, Task
+from services.rollout_api.worker.conversation import SUBMIT_COMMAND, SYSTEM_PROMPT, task_message
+from services.runtime.tokenizer import VOCAB_SIZE, write_tokenizer_dir
+
+log = logging.getLogger(__name__)
+
+WORDS = ("yes", "no")
+EOS = "<|im_end|>"
+
+
+def tasks() -> list[Task]:
+    return [
+        Task(
+            id=f"say-{word}",
+            prompt=f"Write the word {word} into answer.txt.",
+            sandbox=SandboxSpec(template="default"),
+            reward=RewardSpec(command=f"grep -qw {word} answer.txt", timeout_s=10),
+        )
+        for word in WORDS
+    ]
+
+
+def render(messages: list[tuple[str, str]]) -> str:
+    """The bundled tokenizer's ChatML template, with the generation prompt."""
+    body = "".join(f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in messages)
+    return body + "<|im_start|>assistant\n"
+
+
+def demonstration(task: Task, word: str) -> list[tuple[str, str]]:
+    """(prompt text, reply text) per turn of one demonstrated episode that writes ``word``."""
+    first = f"THOUGHT: I write the word into the file.\n\n```bash\necho {word} > answer.txt\n```"
+    second = f"THOUGHT: Done.\n\n```bash\n{SUBMIT_COMMAND}\n```"
+    turn1 = [("system", SYSTEM_PROMPT), ("user", task_message(task.prompt))]
+    observed = "<returncode>0</returncode>\n<output>\n\n</output>"
+    turn2 = [*turn1, ("assistant", first), ("user", observed)]
+    return [(render(turn1), first + EOS), (render(turn2), second + EOS)]
+
+
+def warm_start(model_dir: Path, *, steps: int = 250, seed: int = 0, hidden: int = 64) -> Path:
+    """Write a tokenizer and a fine-tuned tiny Llama (HF format) into ``model_dir``."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    write_tokenizer_dir(model_dir)
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    config = LlamaConfig(
+        vocab_size=VOCAB_SIZE, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, eos_token_id=258,
+        pad_token_id=256, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10_000.0,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    pool = tasks()
+    for _ in tqdm(range(steps), desc="warm start (format only)", unit="step"):
+        loss = torch.zeros(())
+        pairs = [
+            pair for _ in range(4) for pair in demonstration(rng.choice(pool), rng.choice(WORDS))
+        ]  # the word is random: only the format is taught
+        for prompt, reply in pairs:
+            p, r = tok.encode(prompt).ids, tok.encode(reply).ids
+            ids = torch.tensor([p + r])
+            labels = ids.clone()
+            labels[0, : len(p)] = -100
+            loss = loss + model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        (loss / len(pairs)).backward()
+        optimizer.step()
+    model.save_pretrained(model_dir)
+    log.info("warm-started policy written to %s (final loss %.3f)", model_dir, float(loss) / len(pairs))
+    return model_dir

@@ -1,0 +1,113 @@
+"""Start the platform's services as real processes on loopback, in dependency order.
+
+Redis (embedded unless a URL is given), the engines, the LLM proxy, the sandbox broker (local
+backend), the rollout API and the workers. Every process logs to ``<work_dir>/logs``; ``stop()``
+ends them in reverse order.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from services.runtime.processes import ServiceProcess, start_service
+from services.runtime.redis_server import EmbeddedRedis
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FleetConfig:
+    work_dir: Path
+    model_dir: Path  # HF model + tokenizer served by the engines and used by the workers
+    engine_mode: str = "torch"
+    engines: int = 1
+    proxy_workers: int = 1
+    worker_concurrency: int = 32
+    redis_url: str | None = None
+
+
+@dataclass
+class Fleet:
+    config: FleetConfig
+    admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(16))
+    redis: EmbeddedRedis | None = None
+    redis_url: str = ""
+    services: dict[str, ServiceProcess] = field(default_factory=dict)
+
+    @property
+    def logs(self) -> Path:
+        return self.config.work_dir / "logs"
+
+    def url(self, name: str) -> str:
+        return self.services[name].url
+
+    def start(self) -> None:
+        try:
+            self._start_all()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_all(self) -> None:
+        cfg = self.config
+        if cfg.redis_url:
+            self.redis_url = cfg.redis_url
+        else:
+            self.redis = EmbeddedRedis(data_dir=cfg.work_dir / "redis")
+            self.redis_url = self.redis.start()
+        env = {"ROLLOUT_REDIS_URL": self.redis_url}
+        for i in range(cfg.engines):
+            self._start(f"engine-{i}", [
+                "engine", "--mode", cfg.engine_mode, "--model-path", str(cfg.model_dir), "--port", "{port}",
+                "--weight-version", "0", "--decode-step-s", "0", "--decode-step-per-request-s", "0",
+                "--prefill-s-per-token", "0", "--context-length", "2048",
+            ], env, health="/health")  # fmt: skip
+        engine_urls = ",".join(s.url for n, s in self.services.items() if n.startswith("engine-"))
+        self._start("proxy", [
+            "proxy", "--port", "{port}", "--workers", str(cfg.proxy_workers), "--engines", engine_urls,
+            "--context-cap", "2048", "--max-new-tokens-cap", "512",
+        ], env)  # fmt: skip
+        self._start("broker", [
+            "broker", "--port", "{port}", "--backend", "local", "--redis-url", self.redis_url,
+            "--state-dir", str(cfg.work_dir / "sandboxes"), "--warm-pool", "8",
+        ], env)  # fmt: skip
+        self._start("api", [
+            "api", "--port", "{port}", "--redis-url", self.redis_url, "--broker-url", self.url("broker"),
+        ], {**env, "ROLLOUT_API_ADMIN_TOKEN": self.admin_token})  # fmt: skip
+        self._start("worker", [
+            "worker", "--port", "{port}", "--redis-url", self.redis_url, "--proxy-url", self.url("proxy"),
+            "--broker-url", self.url("broker"), "--model-path", str(cfg.model_dir),
+            "--concurrency", str(cfg.worker_concurrency),
+        ], env)  # fmt: skip
+
+    def _start(self, name: str, args: list[str], env: dict[str, str], health: str = "/healthz") -> None:
+        service = start_service(
+            ["-m", "services.cli", *args], log_dir=self.logs, env=env, health_path=health, name=name, timeout_s=90
+        )
+        self.services[name] = service
+        log.info("%-8s %s (log %s)", name, service.url, service.log_path)
+
+    def create_job(self, job: str, pool: str = "default") -> str:
+        """Create ``job`` through the API; returns its bearer token."""
+        response = httpx.post(
+            self.url("api") + "/jobs",
+            json={"job": job, "pool": pool},
+            headers={"Authorization": f"Bearer {self.admin_token}"},
+            timeout=30,
+        )
+        response.raise_for_status()
+        token: str = response.json()["token"]
+        return token
+
+    def stop(self) -> None:
+        for name in reversed(list(self.services)):
+            self.services[name].stop()
+        self.services.clear()
+        if self.redis is not None:
+            self.redis.stop()
+            self.redis = None

@@ -1,0 +1,92 @@
+"""``rollout up``: warm-start the demo policy, start the fleet, train on it, summarise."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.benchmarks.report import print_table
+from services.fleet import demo
+from services.fleet.launcher import Fleet, FleetConfig
+from services.runtime.processes import REPO_ROOT, python_env
+
+log = logging.getLogger(__name__)
+
+JOB = "demo"
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    work_dir: Path
+    steps: int = 20
+    engines: int = 1
+    concurrency: int = 32
+    warm_start_steps: int = 250
+    group_size: int = 8
+    redis_url: str | None = None
+
+
+def run(opts: UpOptions) -> int:
+    model_dir = opts.work_dir / "model-v0"
+    if not (model_dir / "model.safetensors").exists():
+        demo.warm_start(model_dir, steps=opts.warm_start_steps)
+    fleet = Fleet(FleetConfig(
+        work_dir=opts.work_dir, model_dir=model_dir, engines=opts.engines,
+        worker_concurrency=opts.concurrency, redis_url=opts.redis_url,
+    ))  # fmt: skip
+    fleet.start()
+    try:
+        token = fleet.create_job(JOB)
+        code = train(fleet, opts, model_dir, token)
+    finally:
+        fleet.stop()
+    summarise(opts.work_dir / "trainer")
+    return code
+
+
+def train(fleet: Fleet, opts: UpOptions, model_dir: Path, token: str) -> int:
+    tasks_path = opts.work_dir / "tasks.jsonl"
+    tasks_path.write_text("".join(t.model_dump_json() + "\n" for t in demo.tasks()))
+    env = {
+        "ROLLOUT_TRAIN_JOB": JOB, "ROLLOUT_TRAIN_REDIS_URL": fleet.redis_url,
+        "ROLLOUT_TRAIN_API_URL": fleet.url("api"), "ROLLOUT_TRAIN_API_TOKEN": token,
+        "ROLLOUT_TRAIN_PROXY_URL": fleet.url("proxy"), "ROLLOUT_TRAIN_TASKS_PATH": str(tasks_path),
+        "ROLLOUT_TRAIN_INIT_FROM": str(model_dir), "ROLLOUT_TRAIN_TOKENIZER_DIR": str(model_dir),
+        "ROLLOUT_TRAIN_WORK_DIR": str(opts.work_dir / "trainer"), "ROLLOUT_TRAIN_MAX_STEPS": str(opts.steps),
+        "ROLLOUT_TRAIN_GROUP_SIZE": str(opts.group_size), "ROLLOUT_TRAIN_BATCH_GROUPS": str(len(demo.WORDS)),
+        "ROLLOUT_TRAIN_MAX_STALENESS": "1", "ROLLOUT_TRAIN_MAX_SEQ_LEN": "2048",
+        "ROLLOUT_TRAIN_MODEL__MAX_POSITION_EMBEDDINGS": "2048", "ROLLOUT_TRAIN_OPTIM__LR": "2e-3",
+        "ROLLOUT_TRAIN_LIMITS__MAX_TURNS": "2", "ROLLOUT_TRAIN_LIMITS__MAX_TOKENS_PER_TURN": "96",
+        "ROLLOUT_TRAIN_LIMITS__MAX_TRAJECTORY_TOKENS": "2048", "ROLLOUT_TRAIN_LIMITS__COMMAND_TIMEOUT_S": "10",
+        "ROLLOUT_TRAIN_WAIT_TIMEOUT_S": "300", "ROLLOUT_TRAIN_GROUP_TIMEOUT_S": "120",
+    }  # fmt: skip
+    log.info("training job %r for %d steps (trainer log: stdout)", JOB, opts.steps)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer_client.main"], cwd=REPO_ROOT, env=python_env({**os.environ, **env}),
+        check=False,
+    )  # fmt: skip
+    return proc.returncode
+
+
+def summarise(trainer_dir: Path) -> None:
+    steps_file = trainer_dir / "steps.jsonl"
+    if not steps_file.exists():
+        print("no training steps were recorded")
+        return
+    records = [json.loads(line) for line in steps_file.read_text().splitlines() if line.strip()]
+    rows = [
+        {
+            "step": r.get("step"), "reward": r.get("reward_mean"), "trajectories": r.get("trajectories"),
+            "logprob_gap": r.get("logprob_gap"), "ess": r.get("ess"),
+            "wait_s": r.get("timings", {}).get("wait_rollouts_s"), "total_s": r.get("timings", {}).get("total_s"),
+        }
+        for r in records
+    ]  # fmt: skip
+    print_table("demo training run (reward = share of episodes that wrote the asked word)", rows)
+    if (trainer_dir / "steps.png").exists():
+        print(f"\nplot: {trainer_dir / 'steps.png'}")

@@ -1,0 +1,106 @@
+"""Start any service as a real subprocess on a free port and wait for its ``/healthz``.
+
+Used by ``rollout up`` (the whole fleet on one machine) and by the tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from services.runtime.net import free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout (children import its code)
+
+
+@dataclass
+class ServiceProcess:
+    """A service subprocess. ``url`` is its base URL; ``stop()`` ends it (SIGTERM, then SIGKILL)."""
+
+    argv: list[str]
+    port: int
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    host: str = "127.0.0.1"
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole process group (the service and any children it started)."""
+        if self.alive():
+            os.killpg(self.proc.pid, sig)
+        self.proc.wait(timeout=10)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if not self.alive():
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+
+def python_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child Python process running this checkout's code."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("ROLLOUT_LOG_LEVEL", "INFO")
+    env.update(extra or {})
+    return env
+
+
+def start_service(
+    args: Sequence[str],
+    *,
+    log_dir: Path,
+    port: int | None = None,
+    env: Mapping[str, str] | None = None,
+    health_path: str = "/healthz",
+    timeout_s: float = 30.0,
+    name: str | None = None,
+) -> ServiceProcess:
+    """Run ``python <args>`` with ``{port}`` in ``args`` replaced, wait until ``health_path`` answers 200.
+
+    The child gets its own process group so that ``stop()`` also ends what it spawned.
+    """
+    port = port or free_port()
+    argv = [sys.executable, *(a.replace("{port}", str(port)) for a in args)]
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name or 'service'}-{port}.log"
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            argv, stdout=log_file, stderr=subprocess.STDOUT, env=python_env(env), cwd=REPO_ROOT,
+            start_new_session=True,
+        )  # fmt: skip
+    service = ServiceProcess(argv=argv, port=port, proc=proc, log_path=log_path)
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if not service.alive():
+                raise RuntimeError(f"{argv} exited with {proc.returncode}:\n{service.log()[-3000:]}")
+            try:
+                if client.get(service.url + health_path).status_code == 200:
+                    return service
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+    service.stop()
+    raise TimeoutError(f"{argv} did not answer {health_path} within {timeout_s}s:\n{service.log()[-3000:]}")
