@@ -24,7 +24,12 @@ class ReplySource(Protocol):
     """Decides what a call answers. Timing is the scheduler's business, not the source's."""
 
     def reply(
-        self, prompt_ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool, temperature: float = 1.0,
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        *,
+        ignore_eos: bool,
+        temperature: float = 1.0,
         top_p: float = 1.0,
     ) -> Reply: ...
 
@@ -49,7 +54,12 @@ class SimulatedReplies:
     runaway_fraction: float = 0.0
 
     def reply(
-        self, prompt_ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool, temperature: float = 1.0,
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        *,
+        ignore_eos: bool,
+        temperature: float = 1.0,
         top_p: float = 1.0,
     ) -> Reply:
         rng = random.Random(self.seed * 1_000_003 + prompt_hash(prompt_ids))

@@ -68,7 +68,12 @@ class ScriptedReplies:
     codec: TextCodec
 
     def reply(
-        self, prompt_ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool, temperature: float = 1.0,
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        *,
+        ignore_eos: bool,
+        temperature: float = 1.0,
         top_p: float = 1.0,
     ) -> Reply:
         chosen = self.script.choose(self.codec.decode(prompt_ids))

@@ -42,7 +42,7 @@ class TorchPolicy:
     @staticmethod
     def _load(model_dir: Path) -> torch.nn.Module:
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-        model.eval()
+        model.eval()  # type: ignore[no-untyped-call]
         return model
 
     @property
@@ -117,7 +117,12 @@ class TorchReplies:
         self.policy = policy
 
     def reply(
-        self, prompt_ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool, temperature: float = 1.0,
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        *,
+        ignore_eos: bool,
+        temperature: float = 1.0,
         top_p: float = 1.0,
     ) -> Reply:
         sampled = self.policy.sample(

@@ -70,7 +70,7 @@ def warm_start(model_dir: Path, *, steps: int = 250, seed: int = 0, hidden: int 
     config = LlamaConfig(
         vocab_size=VOCAB_SIZE, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, eos_token_id=258,
-        pad_token_id=256, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10_000.0,
+        pad_token_id=256, tie_word_embeddings=False, rms_norm_eps=1e-6,
     )  # fmt: skip
     model = LlamaForCausalLM(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -87,7 +87,7 @@ def warm_start(model_dir: Path, *, steps: int = 250, seed: int = 0, hidden: int 
             labels[0, : len(p)] = -100
             loss = loss + model(input_ids=ids, labels=labels).loss
         optimizer.zero_grad()
-        (loss / len(pairs)).backward()
+        (loss / len(pairs)).backward()  # type: ignore[no-untyped-call]
         optimizer.step()
     model.save_pretrained(model_dir)
     log.info("warm-started policy written to %s (final loss %.3f)", model_dir, float(loss) / len(pairs))
