@@ -43,10 +43,10 @@ def test_a_lease_without_heartbeats_is_reaped(start_broker: BrokerFactory, state
     broker = start_broker(env=FAST_REAPER)
     with httpx.Client(base_url=broker.url, timeout=30) as client:
         short = lease(client, ttl_s=1)
-        kept = lease(client, ttl_s=1)
-        for _ in range(4):  # heartbeats keep this one past its first TTL
-            time.sleep(0.4)
-            assert client.post(f"/leases/{kept['id']}/renew", json={"ttl_s": 1}).status_code == 200
+        kept = lease(client, ttl_s=5)
+        for _ in range(4):  # heartbeats keep this one alive (with room for a slow, shared machine)
+            time.sleep(0.5)
+            assert client.post(f"/leases/{kept['id']}/renew", json={"ttl_s": 5}).status_code == 200
         assert _eventually(lambda: short["sandbox_id"] not in _sandboxes(state_dir))
         assert client.get(f"/leases/{short['id']}").status_code == 404
         assert client.post(f"/leases/{short['id']}/renew", json={"ttl_s": 60}).status_code == 404
