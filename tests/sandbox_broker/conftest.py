@@ -58,7 +58,7 @@ def start_broker(redis_url: str, state_dir: Path, service_logs: Path) -> Iterato
 
     def start(*extra: str, instance: str = "b1", env: dict[str, str] | None = None) -> ServiceProcess:
         service = start_service(broker_args(redis_url, state_dir, instance, *extra), log_dir=service_logs,
-                                env=env, name=f"broker-{instance}")  # fmt: skip
+                                env=env, name=f"broker-{instance}", timeout_s=60)  # fmt: skip
         started.append(service)
         return service
 

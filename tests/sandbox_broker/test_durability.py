@@ -19,7 +19,7 @@ pytestmark = needs_bwrap
 FAST_REAPER = {"ROLLOUT_BROKER_REAP_INTERVAL_S": "0.2", "ROLLOUT_BROKER_ORPHAN_INTERVAL_S": "0.5"}
 
 
-def _eventually(check: Callable[[], bool], timeout_s: float = 20) -> bool:
+def _eventually(check: Callable[[], bool], timeout_s: float = 60) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if check():
@@ -102,4 +102,4 @@ def test_orphans_of_a_dead_replica_are_reaped(start_broker: BrokerFactory, state
     survivor = start_broker(instance="survivor", env=FAST_REAPER)
     # the dead replica's heartbeat key expires, then its pool sandbox is nobody's
     assert _eventually(lambda: _sandboxes(state_dir) == set())
-    assert _reaped(survivor.url, "orphan") == 1
+    assert _reaped(survivor.url, "orphan") >= 1
