@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -35,9 +34,7 @@ def remove_sandboxes(state_dir: Path) -> list[str]:
         cgroups.remove(sandbox_id)
         overlay.unmount(root / sandbox_id / "workspace")
         shutil.rmtree(root / sandbox_id, ignore_errors=True)
-    for controller in ("memory", "cpu", "pids"):  # the scope's own (empty) groups
-        with contextlib.suppress(OSError):
-            (cgroups.root / controller / "rollout-broker" / cgroups.scope).rmdir()
+    cgroups.remove_scope()
     return left
 
 
@@ -48,6 +45,7 @@ def state_dir() -> Iterator[Path]:
     path.chmod(0o711)
     yield path
     remove_sandboxes(path)
+    remove_sandboxes(path / "fake-e2b")  # the e2b fake's own local sandboxes, if a test started it
     shutil.rmtree(path, ignore_errors=True)
 
 

@@ -84,7 +84,7 @@ class LocalBackend:
         return {**self.probe.as_dict(), "unsafe_unisolated": not ok}
 
     async def close(self) -> None:
-        return None
+        await asyncio.to_thread(self.cgroups.remove_scope)
 
     # -- sandboxes -----------------------------------------------------------------------------
 
