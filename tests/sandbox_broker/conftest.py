@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -12,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from services.sandbox_broker.backends import overlay
 from services.sandbox_broker.backends.cgroups import Cgroups
 from tests.support.processes import ServiceProcess, start_service
 
@@ -32,10 +32,9 @@ def remove_sandboxes(state_dir: Path) -> list[str]:
     cgroups = Cgroups.probe(512, Cgroups.scope_of(root))
     for sandbox_id in left:
         cgroups.remove(sandbox_id)
+        overlay.unmount(root / sandbox_id / "workspace")
         shutil.rmtree(root / sandbox_id, ignore_errors=True)
-    for controller in ("memory", "cpu", "pids"):  # the scope's own (empty) groups
-        with contextlib.suppress(OSError):
-            (cgroups.root / controller / "rollout-broker" / cgroups.scope).rmdir()
+    cgroups.remove_scope()
     return left
 
 
@@ -46,6 +45,7 @@ def state_dir() -> Iterator[Path]:
     path.chmod(0o711)
     yield path
     remove_sandboxes(path)
+    remove_sandboxes(path / "fake-e2b")  # the e2b fake's own local sandboxes, if a test started it
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -56,7 +56,7 @@ def start_broker(redis_url: str, state_dir: Path, service_logs: Path) -> Iterato
 
     def start(*extra: str, instance: str = "b1", env: dict[str, str] | None = None) -> ServiceProcess:
         service = start_service(broker_args(redis_url, state_dir, instance, *extra), log_dir=service_logs,
-                                env=env, name=f"broker-{instance}")  # fmt: skip
+                                env=env, name=f"broker-{instance}", timeout_s=60)  # fmt: skip
         started.append(service)
         return service
 

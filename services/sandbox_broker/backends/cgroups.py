@@ -105,6 +105,13 @@ class Cgroups:
             time.sleep(min(0.1, 0.005 * (attempt + 1)))
         log.warning("cgroups of %s could not be removed yet; the orphan sweep will retry", sandbox_id)
 
+    def remove_scope(self) -> None:
+        """Remove this state directory's (empty) parent groups; a group still in use stays."""
+        if self.mode == "none":
+            return
+        for controller in V1_CONTROLLERS:
+            _rmdir(self.root / controller / PARENT / self.scope)
+
     def list_ids(self) -> list[str]:
         if self.mode == "none":
             return []
