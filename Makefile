@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml scripts/setup.sh
 	@touch $(STAMP)
 
 run: setup
-	$(BIN)/rollout bench codec --json runs/codec.json
+	$(BIN)/rollout up --work-dir runs/up
 
 test: setup lint typecheck pytest
 
