@@ -1,11 +1,14 @@
 """The miniature task the embedded demo really learns, and the warm start that makes it learnable.
 
-Task: "Write the word W into answer.txt", W one of :data:`WORDS`; the reward command checks the
-file. A tiny byte-level model cannot discover the agent format (a THOUGHT, one bash block, then
-the submit command) from random weights in minutes on a CPU, so the demo first fine-tunes it on
-demonstrations of the format in which the word is chosen *at random*: the warm-started policy
-follows the protocol but answers the right word only about 1/len(WORDS) of the time. What RL
-then adds, conditioning the word on the prompt, is the learning the demo shows.
+Tasks ask the agent to write the word ``yes`` into ``answer.txt`` (two phrasings, so a step has
+two GRPO groups); the reward command checks the file. A tiny byte-level model cannot discover
+the agent format (a THOUGHT, one bash block, then the submit command) from random weights in
+minutes on a CPU, so the demo first fine-tunes it on demonstrations of the format in which the
+word written is drawn at random from :data:`WORDS`: the warm-started policy follows the protocol
+but writes the asked word only about half of the time. Raising that share is what RL has to do.
+(A variant whose tasks ask for different words, so that the policy must read the word from the
+prompt, did not learn within 40 steps of a prototype at this model size; this one went from
+0.38 to about 0.9 in 20 steps of plain policy gradient at lr 3e-4.)
 
 Demonstrations are rendered exactly as the worker renders an episode (its system prompt, task
 message, observation format and the model's chat template), so the token sequences match.
@@ -25,19 +28,21 @@ from services.runtime.tokenizer import VOCAB_SIZE, write_tokenizer_dir
 
 log = logging.getLogger(__name__)
 
-WORDS = ("yes", "no")
+WORDS = ("yes", "no")  # what the warm start writes, at random
+TARGET = "yes"  # what the tasks ask for
+PROMPTS = ("Write the word {w} into answer.txt.", "Put the word {w} in the file answer.txt.")
 EOS = "<|im_end|>"
 
 
 def tasks() -> list[Task]:
     return [
         Task(
-            id=f"say-{word}",
-            prompt=f"Write the word {word} into answer.txt.",
+            id=f"say-{TARGET}-{i}",
+            prompt=prompt.format(w=TARGET),
             sandbox=SandboxSpec(template="default"),
-            reward=RewardSpec(command=f"grep -qw {word} answer.txt", timeout_s=10),
+            reward=RewardSpec(command=f"grep -qw {TARGET} answer.txt", timeout_s=10),
         )
-        for word in WORDS
+        for i, prompt in enumerate(PROMPTS)
     ]
 
 
