@@ -267,3 +267,24 @@ def test_live_long_episodes_are_not_reclaimed(fleet: Fleet, client: httpx.Client
     found = trajectories(fleet.redis_url, "longrun")
     assert all(t.timings.total_s > 4.0 for t in found)
     assert {(t.status, t.truncation, t.attempt) for t in found} == {(Status.TRUNCATED, Cap.TURNS, 1)}
+
+
+def test_graceful_shutdown_hands_episodes_back(fleet: Fleet, client: httpx.Client) -> None:
+    """SIGTERM: running episodes get the grace period (2 s here), then their sandboxes are released
+    and their items handed back; another worker finishes them as the same attempt."""
+    headers = create_job(client, "drain")
+    leaving = fleet.start_worker(jobs=["drain"], concurrency=2)
+    body = {"job": "drain", "tasks": [task("t", "TASK-SLOWSTEP")], "group_size": 2, "limits": {"max_turns": 6}}
+    rollout = submit(client, headers, body)
+    wait_for("episodes to run", lambda: client.get(f"/rollouts/{rollout}", headers=headers).json()["in_flight"] == 2)
+    leaving.stop()
+    with httpx.Client(base_url=fleet.broker.url, timeout=10.0) as broker:
+        assert broker.get("/leases", params={"job": "drain"}).json() == []
+    status = client.get(f"/rollouts/{rollout}", headers=headers).json()
+    assert (status["queued"], status["in_flight"], status["finished"]) == (2, 0, 0)
+    fleet.start_worker(jobs=["drain"], concurrency=2)
+    wait_finished(client, headers, rollout)
+    found = trajectories(fleet.redis_url, "drain")
+    assert {(t.status, t.truncation, t.attempt) for t in found} == {(Status.TRUNCATED, Cap.TURNS, 1)}
+    job = client.get("/jobs/drain", headers=headers).json()
+    assert (job["queue_depth"], job["in_flight"], job["finished"]) == (0, 0, 2)
