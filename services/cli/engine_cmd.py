@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from services.engines.main import run as run_engines
 from services.engines.settings import EngineSettings
 
 # flag -> type; every flag maps to the EngineSettings field of the same name
@@ -44,4 +43,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     names = ("mode", "fail_weight_updates", *FLAGS)
     overrides = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
+    from services.engines.main import run as run_engines  # tokenizers loads only for this command
+
     return run_engines(EngineSettings(**overrides))

@@ -209,7 +209,7 @@ class Forwarder:
         headers = {h.HEADER_ENGINE: rt.engine_id, h.HEADER_RID: call.rid}
         if version is None:
             pool = self.view.pool(call.pool)
-            version = pool.version if pool else None
+            version = pool.version if pool and pool.version else rt.weight_version
         if version is not None:
             headers[h.HEADER_WEIGHT_VERSION] = str(version)
         return headers
@@ -217,8 +217,15 @@ class Forwarder:
     def _answer(self, call: Call, rt: EngineRuntime, status: int, raw: bytes) -> web.Response:
         if status != 200:
             return self._engine_error(call, rt, status, raw)
-        doc = orjson.loads(raw)
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return self._fail(
+                call, rt, ErrorCode.ENGINE_ERROR, f"engine answered 200 with a non-JSON body: {raw[:200]!r}"
+            )
         version = self._stamp(call, doc, rt)
+        if version is not None:
+            rt.weight_version = str(version)
         self._observe(call, rt, "200", doc)
         return json_response(doc, 200, self._provenance(call, rt, version))
 

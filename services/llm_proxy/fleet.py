@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from yarl import URL
 
 from services.llm_proxy.membership import EngineRecord, Fleet, MembershipStore, PoolRecord
@@ -28,6 +29,7 @@ class EngineRuntime:
     in_flight_at_report: int = 0
     failures: int = 0  # consecutive failed health checks or calls
     ejected: bool = False
+    weight_version: str | None = None  # what the engine reported last (/get_model_info)
     answered_at: float = 0.0  # monotonic time of the last good answer (a call or a probe)
     probed_at: float = 0.0  # monotonic time of the last probe
     _urls: dict[str, URL] = field(default_factory=dict)
@@ -90,7 +92,7 @@ class FleetView:
                     while await pubsub.get_message(ignore_subscribe_messages=True, timeout=0):
                         pass  # coalesce a burst of notices into one refresh
                     await self.refresh()
-                except (OSError, ConnectionError, TimeoutError) as exc:  # Redis blip: keep the last view
+                except (RedisError, OSError, TimeoutError) as exc:  # Redis blip: keep the last view
                     log.warning("membership refresh failed: %s", exc)
                     await asyncio.sleep(self.sync_interval_s)
         finally:

@@ -60,7 +60,15 @@ class HealthChecker:
         else:
             rt.report(_num_reqs(doc))
             self.view.mark_ok(rt)
+            if rt.weight_version is None:
+                await self._learn_version(rt)
         self.metrics.engine_up.labels(rt.engine_id).set(0 if rt.ejected else 1)
+
+    async def _learn_version(self, rt: EngineRuntime) -> None:
+        """The version a new engine serves, for provenance before its pool's first update."""
+        status, info = await self.client.call("GET", rt.url + "/get_model_info")
+        if status == 200 and isinstance(info, dict) and info.get("weight_version") is not None:
+            rt.weight_version = str(info["weight_version"])
 
     async def _weights_current(self, rt: EngineRuntime) -> bool:
         record = self.view.record(rt.url)
@@ -70,6 +78,7 @@ class HealthChecker:
         status, info = await self.client.call("GET", rt.url + "/get_model_info")
         version = info.get("weight_version") if isinstance(info, dict) else None
         if status == 200 and version == pool.version:
+            rt.weight_version = pool.version
             return True
         log.warning("engine %s is up but serves weights %r, pool %s is at %r", rt.engine_id, version, pool.name,
                     pool.version)  # fmt: skip

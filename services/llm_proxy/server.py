@@ -13,6 +13,7 @@ import tempfile
 from multiprocessing.process import BaseProcess
 
 from aiohttp import web
+from prometheus_client import multiprocess
 from redis.asyncio import Redis
 
 from services.llm_proxy.app import create_app
@@ -87,6 +88,8 @@ def run(settings: ProxySettings, redis_settings: RedisSettings) -> int:
                 child.join(timeout=0.2)
                 if child.exitcode is not None and not stopping:
                     log.error("proxy worker %d exited with %s; starting another", child.pid, child.exitcode)
+                    if child.pid is not None:
+                        multiprocess.mark_process_dead(child.pid)  # type: ignore[no-untyped-call]
                     children[i] = start()
         for child in children:
             child.terminate()

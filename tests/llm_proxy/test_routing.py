@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +89,7 @@ def test_streaming_generate_and_chat_are_relayed_with_engine_id(fleet: Fleet) ->
     body = {"input_ids": [1, 2], "stream": True, "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}
     with httpx.stream("POST", fleet.proxy + "/generate", json=body, timeout=30) as resp:
         engine_id = resp.headers[h.HEADER_ENGINE]
+        assert resp.headers[h.HEADER_WEIGHT_VERSION] == "default"  # known before the first token
         frames = [ln[6:] for ln in resp.iter_lines() if ln.startswith("data: ")]
     assert frames[-1] == "[DONE]" and len(frames) >= 3
     assert all(json.loads(f)["meta_info"][h.META_ENGINE] == engine_id for f in frames[:-1])
@@ -195,3 +198,23 @@ def test_lora_adapters_are_fanned_out_to_the_pool(fleet: Fleet) -> None:
     unload = {"pool": "default", "action": "unload", "lora_name": "job-b"}
     assert httpx.post(fleet.proxy + "/admin/lora", json=unload, timeout=30).json()["adapters"] == {}
     assert generate(fleet.proxy, body).status_code == 400
+
+
+def test_a_killed_proxy_worker_is_replaced(fleet: Fleet) -> None:
+    pids = {httpx.get(fleet.proxy + "/healthz").json()["pid"] for _ in range(12)}
+    assert len(pids) == 2  # two processes share the port (SO_REUSEPORT)
+    victim = min(pids)
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: _fresh_pids(fleet.proxy) - (pids - {victim}) != set(), 30, "a new worker")
+    body = {"input_ids": [1], "sampling_params": {"max_new_tokens": 1}}
+    assert {generate(fleet.proxy, body).status_code for _ in range(8)} == {200}
+
+
+def _fresh_pids(proxy: str) -> set[int]:
+    found = set()
+    for _ in range(12):
+        try:
+            found.add(httpx.get(proxy + "/healthz", timeout=5).json()["pid"])
+        except httpx.HTTPError:
+            pass
+    return found
