@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.protocol import Cap, Status
+from services.protocol import Cap, Status, Trajectory, trajectory_from_json
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.tokenizer import write_tokenizer_dir
@@ -111,6 +111,15 @@ def test_group_of_four_over_several_tasks(fleet: Fleet, client: httpx.Client, to
     job = client.get("/jobs/batch", headers=headers).json()
     assert (job["finished"], job["in_flight"], job["queue_depth"]) == (16, 0, 0)
     assert job["tail"]["episode_p50_s"] is not None
+    over_http = sse_trajectories(client, "/jobs/batch/trajectories?limit=16", headers)
+    assert [t.key for t in over_http] == [t.key for t in found]
+    assert all(a.response_ids == b.response_ids and a.response_logprobs == b.response_logprobs
+               and a.loss_mask == b.loss_mask for a, b in zip(over_http, found, strict=True))  # fmt: skip
+
+
+def sse_trajectories(client: httpx.Client, path: str, headers: dict[str, str]) -> list[Trajectory]:
+    with client.stream("GET", path, headers=headers) as response:
+        return [trajectory_from_json(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
 
 
 def check_tokens(traj: Any, tokenizer: ChatTokenizer) -> None:
