@@ -63,12 +63,17 @@ class Load:
                 outcome.error(f"lease {response.status}: {(await response.text())[:300]}")
             return None
 
-    async def exec(self, lease_id: str, shell: str) -> float | None:
-        """Client-side latency in ms, None on an error or a non-zero exit."""
+    async def exec(self, lease_id: str, shell: str, outcome: Outcome | None = None) -> float | None:
+        """Client-side latency in ms, None on an error or a non-zero exit (recorded in ``outcome``)."""
         started = time.monotonic()
         async with self.http.post(f"{self.url}/leases/{lease_id}/exec", json={"shell": shell, "timeout_s": 60}) as r:
-            ok = r.status == 200 and (await r.json())["exit_code"] == 0
-        return (time.monotonic() - started) * 1000 if ok else None
+            body = await r.json()
+        if r.status == 200 and body["exit_code"] == 0:
+            return (time.monotonic() - started) * 1000
+        if outcome is not None:
+            detail = body if r.status != 200 else {k: body[k] for k in ("exit_code", "stderr", "timed_out")}
+            outcome.error(f"exec {r.status}: {str(detail)[:300]}")
+        return None
 
     async def release(self, lease_id: str) -> bool:
         async with self.http.delete(f"{self.url}/leases/{lease_id}") as response:
@@ -88,10 +93,8 @@ class Load:
         outcome.start_ms.append((time.monotonic() - started) * 1000)
         outcome.warm += int(lease["warm"])
         for i in range(self.commands):
-            took = await self.exec(lease["id"], f"echo {i} > f{i} && cat f{i} >/dev/null")
-            if took is None:
-                outcome.error("exec failed")
-            else:
+            took = await self.exec(lease["id"], f"echo {i} > f{i} && cat f{i} >/dev/null", outcome)
+            if took is not None:
                 outcome.exec_ms.append(took)
         if not await self.release(lease["id"]):
             outcome.error("release failed")

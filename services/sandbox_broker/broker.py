@@ -54,7 +54,6 @@ class Broker:
         self.admission = Admission()
         self.bucket = TokenBucket(settings.create_rate, settings.create_burst)
         self.capabilities: dict[str, Any] = {}
-        self._background: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self.capabilities = await self.backend.start()

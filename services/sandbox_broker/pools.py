@@ -65,6 +65,7 @@ class Pools:
         self.create = create
         self._pools: dict[PoolKey, Pool] = {}
         self._lent: set[str] = set()  # taken from a pool, lease not yet recorded
+        self._destroying: set[asyncio.Task[None]] = set()
         self._closed = False
 
     def ensure(self, template: Template) -> None:
@@ -95,7 +96,9 @@ class Pools:
                 return sandbox
             self.metrics.pool_dead.labels(key.label).inc()
             self.settled(sandbox.sandbox_id)
-            asyncio.get_running_loop().create_task(self.backend.destroy(sandbox.sandbox_id))
+            task = asyncio.get_running_loop().create_task(self.backend.destroy(sandbox.sandbox_id))
+            self._destroying.add(task)  # keep a reference until it is done
+            task.add_done_callback(self._destroying.discard)
         self.metrics.pool_misses.labels(key.label).inc()
         return None
 

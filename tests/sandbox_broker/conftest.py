@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from services.sandbox_broker.backends import overlay
 from services.sandbox_broker.backends.cgroups import Cgroups
 from tests.support.processes import ServiceProcess, start_service
 
@@ -32,6 +33,7 @@ def remove_sandboxes(state_dir: Path) -> list[str]:
     cgroups = Cgroups.probe(512, Cgroups.scope_of(root))
     for sandbox_id in left:
         cgroups.remove(sandbox_id)
+        overlay.unmount(root / sandbox_id / "workspace")
         shutil.rmtree(root / sandbox_id, ignore_errors=True)
     for controller in ("memory", "cpu", "pids"):  # the scope's own (empty) groups
         with contextlib.suppress(OSError):
@@ -56,7 +58,7 @@ def start_broker(redis_url: str, state_dir: Path, service_logs: Path) -> Iterato
 
     def start(*extra: str, instance: str = "b1", env: dict[str, str] | None = None) -> ServiceProcess:
         service = start_service(broker_args(redis_url, state_dir, instance, *extra), log_dir=service_logs,
-                                env=env, name=f"broker-{instance}")  # fmt: skip
+                                env=env, name=f"broker-{instance}", timeout_s=60)  # fmt: skip
         started.append(service)
         return service
 

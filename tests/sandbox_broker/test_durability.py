@@ -19,7 +19,7 @@ pytestmark = needs_bwrap
 FAST_REAPER = {"ROLLOUT_BROKER_REAP_INTERVAL_S": "0.2", "ROLLOUT_BROKER_ORPHAN_INTERVAL_S": "0.5"}
 
 
-def _eventually(check: Callable[[], bool], timeout_s: float = 20) -> bool:
+def _eventually(check: Callable[[], bool], timeout_s: float = 60) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if check():
@@ -43,16 +43,21 @@ def test_a_lease_without_heartbeats_is_reaped(start_broker: BrokerFactory, state
     broker = start_broker(env=FAST_REAPER)
     with httpx.Client(base_url=broker.url, timeout=30) as client:
         short = lease(client, ttl_s=1)
-        kept = lease(client, ttl_s=1)
-        for _ in range(4):  # heartbeats keep this one past its first TTL
-            time.sleep(0.4)
-            assert client.post(f"/leases/{kept['id']}/renew", json={"ttl_s": 1}).status_code == 200
+        kept = lease(client, ttl_s=5)
+        for _ in range(4):  # heartbeats keep this one alive (with room for a slow, shared machine)
+            time.sleep(0.5)
+            assert client.post(f"/leases/{kept['id']}/renew", json={"ttl_s": 5}).status_code == 200
         assert _eventually(lambda: short["sandbox_id"] not in _sandboxes(state_dir))
         assert client.get(f"/leases/{short['id']}").status_code == 404
         assert client.post(f"/leases/{short['id']}/renew", json={"ttl_s": 60}).status_code == 404
         assert run(client, kept["id"], "echo alive")["stdout"] == "alive\n"
         client.delete(f"/leases/{kept['id']}")
-        assert _sandboxes(state_dir) == set()
+
+        dying = lease(client, ttl_s=1)  # reaped while its command runs: an infra error, not a result
+        cut = client.post(f"/leases/{dying['id']}/exec", json={"shell": "sleep 20", "timeout_s": 30})
+        assert cut.status_code == 410 and cut.json()["error"]["code"] == "sandbox_died"
+        assert cut.json()["error"]["infra"] is True
+        assert _eventually(lambda: _sandboxes(state_dir) == set())
 
 
 def test_recovery_after_kill_9(start_broker: BrokerFactory, state_dir: Path, redis_client: redis.Redis) -> None:
@@ -97,4 +102,4 @@ def test_orphans_of_a_dead_replica_are_reaped(start_broker: BrokerFactory, state
     survivor = start_broker(instance="survivor", env=FAST_REAPER)
     # the dead replica's heartbeat key expires, then its pool sandbox is nobody's
     assert _eventually(lambda: _sandboxes(state_dir) == set())
-    assert _reaped(survivor.url, "orphan") == 1
+    assert _reaped(survivor.url, "orphan") >= 1

@@ -8,8 +8,10 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
-from tests.sandbox_broker.conftest import BrokerFactory, lease, needs_bwrap, run
+from tests.sandbox_broker.conftest import BrokerFactory, broker_args, lease, needs_bwrap, run
+from tests.support.processes import start_service
 
 pytestmark = needs_bwrap
 
@@ -95,3 +97,25 @@ def test_timeouts_and_release_kill_the_whole_process_tree(start_broker: BrokerFa
         assert bomb["stdout"].startswith("limited after")
         assert int(bomb["stdout"].split()[2]) < 600
         assert client.delete(f"/leases/{lid}").status_code == 204
+
+
+def test_refuses_to_run_unisolated_unless_told(
+    redis_url: str, state_dir: Path, service_logs: Path, tmp_path: Path
+) -> None:
+    no_bwrap = tmp_path / "bin"  # a PATH on which bubblewrap cannot be found
+    no_bwrap.mkdir()
+    env = {"PATH": str(no_bwrap)}
+    args = broker_args(redis_url, state_dir, "unsafe")
+    with pytest.raises(RuntimeError, match="cannot be isolated"):
+        start_service(args, log_dir=service_logs, env=env, name="refused", timeout_s=30)
+    unsafe = start_service([*args, "--allow-unisolated"], log_dir=service_logs, env=env, name="unsafe")
+    try:
+        isolation = httpx.get(unsafe.url + "/healthz").json()["isolation"]
+        assert isolation["isolated"] is False and isolation["unsafe_unisolated"] is True
+        with httpx.Client(base_url=unsafe.url, timeout=30) as client:
+            lid = lease(client)["id"]
+            assert run(client, lid, "echo runs")["stdout"] == "runs\n"
+            client.delete(f"/leases/{lid}")
+    finally:
+        unsafe.stop()
+    assert "UNSAFE" in unsafe.log()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+from pathlib import Path
 
 import httpx
 
@@ -103,3 +104,30 @@ def _tar(files: dict[str, bytes]) -> bytes:
             info.size = len(data)
             archive.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
+
+
+def test_template_rootfs_is_layered_under_a_private_workspace(
+    start_broker: BrokerFactory, state_dir: Path, tmp_path: Path
+) -> None:
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "repo").mkdir(parents=True)
+    (rootfs / "repo" / "main.py").write_text("print('v1')\n")
+    broker = start_broker()
+    with httpx.Client(base_url=broker.url, timeout=30) as client:
+        layered = client.get("/healthz").json()["isolation"]["overlayfs"]
+        assert client.post("/templates", json={"name": "repo", "rootfs": str(rootfs)}).status_code == 201
+        first, second = lease(client, template="repo"), lease(client, template="repo")
+        assert run(client, first["id"], "python3 repo/main.py")["stdout"] == "v1\n"
+        run(client, first["id"], "echo \"print('v2')\" > repo/main.py && touch repo/new.txt")
+        assert run(client, first["id"], "python3 repo/main.py")["stdout"] == "v2\n"
+        assert run(client, second["id"], "python3 repo/main.py; ls repo")["stdout"] == "v1\nmain.py\n"
+        assert (rootfs / "repo" / "main.py").read_text() == "print('v1')\n"  # the template is untouched
+        assert _mounts_under(state_dir) == (2 if layered else 0)
+        for held in (first, second):
+            client.delete(f"/leases/{held['id']}")
+        assert _mounts_under(state_dir) == 0
+
+
+def _mounts_under(path: Path) -> int:
+    with open("/proc/self/mountinfo") as mountinfo:
+        return sum(1 for line in mountinfo if line.split()[4].startswith(str(path)))

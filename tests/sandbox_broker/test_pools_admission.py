@@ -15,7 +15,7 @@ from services.sandbox_broker.admission import ADMITTED, GLOBAL_FULL, JOB_FULL, A
 from tests.sandbox_broker.conftest import BrokerFactory, lease, needs_bwrap
 
 
-def _pool_size(client: httpx.Client, target: int, timeout_s: float = 20) -> int:
+def _pool_size(client: httpx.Client, target: int, timeout_s: float = 60) -> int:
     deadline = time.monotonic() + timeout_s
     size = -1
     while time.monotonic() < deadline:

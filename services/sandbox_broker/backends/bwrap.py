@@ -100,6 +100,7 @@ class HostProbe:
     namespaces: bool  # bwrap ran a command in fresh namespaces with no capabilities
     cgroup: str  # "v1" | "v2" | "none": where resource limits come from besides rlimits
     detail: str = ""
+    overlayfs: bool = False  # template root filesystems layered (else copied)
 
     @property
     def isolated(self) -> bool:
@@ -113,6 +114,7 @@ class HostProbe:
             "cap_drop_all": self.namespaces,
             "cgroup": self.cgroup,
             "rlimits": ["nofile", "fsize"] + ([] if self.cgroup != "none" else ["as"]),
+            "overlayfs": self.overlayfs,
             "detail": self.detail,
         }
 

@@ -24,6 +24,7 @@ from typing import Any
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import ExecRequest, ExecResult
 from services.protocol.status import ErrorCode
+from services.sandbox_broker.backends import overlay
 from services.sandbox_broker.backends.base import OutputSink, Sandbox, SandboxSpec, bad_path, sandbox_gone
 from services.sandbox_broker.backends.bwrap import (
     BASE_PATH,
@@ -56,6 +57,7 @@ class LocalBackend:
         self.setup_timeout_s = settings.setup_timeout_s
         self.cgroups = Cgroups("none")
         self.probe = HostProbe(None, None, False, "none")
+        self.overlay = False
         self._bwrap: str | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -70,7 +72,8 @@ class LocalBackend:
         self._layout(paths)
         binary, version, ok, detail = await probe_bwrap(paths, self.uid)
         await asyncio.to_thread(shutil.rmtree, paths.root, True)
-        self.probe = HostProbe(binary, version, ok, self.cgroups.mode, detail)
+        self.overlay = await asyncio.to_thread(overlay.probe, self.root.parent / f"overlay-probe-{os.getpid()}")
+        self.probe = HostProbe(binary, version, ok, self.cgroups.mode, detail, self.overlay)
         self._bwrap = binary if ok else None
         if not ok and not self.allow_unisolated:
             raise RuntimeError(f"local sandboxes cannot be isolated on this host ({detail}); "
@@ -111,8 +114,16 @@ class LocalBackend:
             rootfs = Path(spec.template.rootfs)
             if not rootfs.is_dir():
                 raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"template rootfs {rootfs} is not a directory")
-            shutil.copytree(rootfs, paths.workspace, symlinks=True, dirs_exist_ok=True)
-            self._own_tree(paths.workspace)
+            if self.overlay:
+                lower = overlay.layer(self.root.parent / "layers", rootfs, self.uid)
+                upper, work = paths.root / "upper", paths.root / "work"
+                for d in (upper, work):
+                    d.mkdir()
+                self._own(upper)
+                overlay.mount(lower, upper, work, paths.workspace)
+            else:
+                shutil.copytree(rootfs, paths.workspace, symlinks=True, dirs_exist_ok=True)
+                overlay.chown_tree(paths.workspace, self.uid)
         self.cgroups.create(paths.root.name, spec.resources)
         rlimits = {"n": self.nofile, "f": spec.resources.disk_mb * 2048}  # dash counts 512-byte blocks
         if self.cgroups.mode == "none":
@@ -140,7 +151,9 @@ class LocalBackend:
 
     async def destroy(self, sandbox_id: str) -> None:
         paths = self._paths(sandbox_id)
+        paths.meta.unlink(missing_ok=True)  # first: a command cut short now reports the sandbox gone
         await asyncio.to_thread(self.cgroups.remove, sandbox_id)
+        await asyncio.to_thread(overlay.unmount, paths.workspace)
         await asyncio.to_thread(shutil.rmtree, paths.root, True)
 
     async def list_sandboxes(self) -> list[Sandbox]:
@@ -188,7 +201,7 @@ class LocalBackend:
             argv = [*bwrap_argv(self._bwrap, paths, uid=self.uid, network=network, cwd=cwd), *command]
             host_cwd = None
         argv = [*limits_prefix(meta.get("rlimits", {}), self.cgroups.procs_files(sandbox_id)), *argv]
-        return await run_process(
+        result = await run_process(
             argv,
             env=env,
             timeout_s=request.timeout_s,
@@ -198,6 +211,9 @@ class LocalBackend:
             sink=sink,
             on_timeout=lambda: self._kill_all(sandbox_id),
         )
+        if not paths.meta.is_file():  # destroyed under the command (reaped, released): not a result
+            raise sandbox_gone(sandbox_id)
+        return result
 
     def _kill_all(self, sandbox_id: str) -> None:
         killed = self.cgroups.kill(sandbox_id)
@@ -230,12 +246,6 @@ class LocalBackend:
         if os.geteuid() == 0:
             os.chown(path, self.uid, self.uid, follow_symlinks=False)
 
-    def _own_tree(self, root: Path) -> None:
-        self._own(root)
-        for directory, dirs, files in os.walk(root):
-            for name in dirs + files:
-                self._own(Path(directory) / name)
-
     async def read_file(self, sandbox_id: str, path: str) -> bytes:
         host = self._host_path(self._existing(sandbox_id), path)
         try:
@@ -248,7 +258,7 @@ class LocalBackend:
     async def put_archive(self, sandbox_id: str, directory: str, tar: bytes) -> None:
         host = self._host_path(self._existing(sandbox_id), directory)
         await asyncio.to_thread(_extract, host, tar)
-        await asyncio.to_thread(self._own_tree, host)
+        await asyncio.to_thread(overlay.chown_tree, host, self.uid)
 
     async def get_archive(self, sandbox_id: str, directory: str) -> bytes:
         host = self._host_path(self._existing(sandbox_id), directory)

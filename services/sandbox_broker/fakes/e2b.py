@@ -109,14 +109,14 @@ def _sandbox(state: FakeE2BState, request: Request) -> FakeSandbox | Response:
     sandbox_id = request.headers.get("e2b-sandbox-id", "")
     if state.faults.envd_502 > 0:
         state.faults.envd_502 -= 1
-        return PlainResponse502(f"The sandbox {sandbox_id} port is not open")
+        return _bad_gateway(f"The sandbox {sandbox_id} port is not open")
     sandbox = state.sandboxes.get(sandbox_id)
     if sandbox is None:
-        return PlainResponse502(f"The sandbox {sandbox_id} was not found")
+        return _bad_gateway(f"The sandbox {sandbox_id} was not found")
     return sandbox
 
 
-def PlainResponse502(message: str) -> Response:
+def _bad_gateway(message: str) -> Response:
     return JSONResponse({"code": 502, "message": message, "sandboxId": ""}, status_code=502)
 
 
