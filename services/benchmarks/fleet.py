@@ -75,8 +75,9 @@ def start_fleet(args: argparse.Namespace, root: Path, redis_url: str, max_n: int
     classes = workload.sample_classes(args.classes, args.time_scale, args.seed)
     tail = workload.sample_classes(args.tail_batch, args.tail_time_scale, args.seed + 1, prefix="TAIL")
     script = workload.write_script(root / "script.json", classes + tail)
-    state = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
-    state.chmod(0o755)  # reachable by the sandbox user
+    state = root / "sandboxes"  # removed with root; both reachable by the sandbox user
+    root.chmod(0o755)
+    state.mkdir(mode=0o755)
     (root / "logs").mkdir()
     env = {**_base_env(), "ROLLOUT_REDIS_URL": redis_url, "ROLLOUT_API_ADMIN_TOKEN": ADMIN,
            "ROLLOUT_WORKER_KEEP_MESSAGES": "false", "ROLLOUT_LOG_LEVEL": "WARNING"}  # fmt: skip
