@@ -75,12 +75,25 @@ def start_fleet(args: argparse.Namespace, root: Path, redis_url: str, max_n: int
     classes = workload.sample_classes(args.classes, args.time_scale, args.seed)
     tail = workload.sample_classes(args.tail_batch, args.tail_time_scale, args.seed + 1, prefix="TAIL")
     script = workload.write_script(root / "script.json", classes + tail)
-    state = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
-    state.chmod(0o755)  # reachable by the sandbox user
+    state = root / "sandboxes"  # removed with root; both reachable by the sandbox user
+    root.chmod(0o755)
+    state.mkdir(mode=0o755)
     (root / "logs").mkdir()
     env = {**_base_env(), "ROLLOUT_REDIS_URL": redis_url, "ROLLOUT_API_ADMIN_TOKEN": ADMIN,
            "ROLLOUT_WORKER_KEEP_MESSAGES": "false", "ROLLOUT_LOG_LEVEL": "WARNING"}  # fmt: skip
     stack = Stack(root / "logs", env)
+    try:
+        api, workers = start_services(stack, args, model, script, state, redis_url, max_n)
+    except BaseException:
+        stack.stop()  # nothing started is left behind
+        raise
+    return Fleet(stack, api, workers, redis_url, classes, tail)
+
+
+def start_services(
+    stack: Stack, args: argparse.Namespace, model: Path, script: Path, state: Path, redis_url: str, max_n: int
+) -> tuple[str, list[str]]:
+    """Engines, proxy, broker, API and workers; returns the API's and the workers' URLs."""
     count = args.engines or max(1, math.ceil(max_n / 200))
     engines = [stack.start("engine", [
         "engine", "--mode", "scripted", "--script", str(script), "--model-path", str(model), "--port", "{port}",
@@ -97,7 +110,7 @@ def start_fleet(args: argparse.Namespace, root: Path, redis_url: str, max_n: int
         "worker", "--port", "{port}", "--redis-url", redis_url, "--proxy-url", proxy, "--broker-url", broker,
         "--model-path", str(model), "--concurrency", str(per_worker),
     ]).url for _ in range(args.workers)]  # fmt: skip
-    return Fleet(stack, api, workers, redis_url, classes, tail)
+    return api, workers
 
 
 def _base_env() -> dict[str, str]:
@@ -262,16 +275,18 @@ def run(args: argparse.Namespace) -> int:
     ns = [int(v) for v in str(args.in_flight).split(",")]
     root = Path(tempfile.mkdtemp(prefix="rollout-fleet-"))
     results: list[dict[str, Any]] = []
-    with redis_url_or_embedded(args.redis_url) as url:
-        fleet = start_fleet(args, root, url, max(ns))
-        try:
-            tail = measure_tail(fleet, args) if args.tail_batch else {}
-            for n in ns:
-                print(f"measuring N={n} ...", flush=True)
-                results.append(measure(fleet, args, n))
-        finally:
-            fleet.stack.stop()
-            shutil.rmtree(root, ignore_errors=True)
+    try:
+        with redis_url_or_embedded(args.redis_url) as url:
+            fleet = start_fleet(args, root, url, max(ns))
+            try:
+                tail = measure_tail(fleet, args) if args.tail_batch else {}
+                for n in ns:
+                    print(f"measuring N={n} ...", flush=True)
+                    results.append(measure(fleet, args, n))
+            finally:
+                fleet.stack.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     report(args, fleet, results, tail)
     return 0
 
@@ -285,9 +300,8 @@ def report(args: argparse.Namespace, fleet: Fleet, results: list[dict[str, Any]]
     } for r in results]  # fmt: skip
     print_table(f"fleet benchmark (time scale 1/{args.time_scale:g})", rows)
     first, last = results[0], results[-1]
-    efficiency = (last["trajectories_per_hour"] / last["in_flight"]) / (
-        first["trajectories_per_hour"] / first["in_flight"]
-    )
+    base = first["trajectories_per_hour"] / first["in_flight"]
+    efficiency = (last["trajectories_per_hour"] / last["in_flight"]) / base if base else math.nan
     print(f"\nscaling efficiency N={first['in_flight']} -> N={last['in_flight']}: {efficiency:.2f}")
     if tail:
         print_table(f"synchronous batch of {tail['episodes']} (time scale 1/{tail['time_scale']:g})", [tail])

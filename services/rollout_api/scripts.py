@@ -5,6 +5,7 @@ atomically, so a crash between two steps never leaves a counter out of step with
 
 - ``admit`` (API): idempotency check, queue quota, rollout record and every XADD, all or nothing;
 - ``take`` (worker): start an attempt of a trajectory (counts a first take as queued -> in flight);
+- ``give_back`` (worker shutting down): undo ``take``, the item is queued again for another worker;
 - ``publish`` (worker, API on cancel): the single final record of a trajectory, with its counters.
 """
 
@@ -59,6 +60,19 @@ end
 redis.call('HINCRBY', KEYS[2], 'attempts', 1)
 local cancelled = tonumber(redis.call('HGET', KEYS[3], 'cancelled') or '0')
 return {attempt, cancelled}
+"""
+
+GIVE_BACK = """
+local attempt = redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
+if attempt <= 0 then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('HINCRBY', KEYS[2], 'queued', 1)
+  redis.call('HINCRBY', KEYS[2], 'in_flight', -1)
+  redis.call('HINCRBY', KEYS[3], 'queued', 1)
+  redis.call('HINCRBY', KEYS[3], 'in_flight', -1)
+end
+redis.call('HINCRBY', KEYS[2], 'attempts', -1)
+return attempt
 """
 
 PUBLISH = """
@@ -125,6 +139,7 @@ class Scripts:
     def __init__(self, client: Redis) -> None:
         self._admit = client.register_script(ADMIT)
         self._take = client.register_script(TAKE)
+        self._give_back = client.register_script(GIVE_BACK)
         self._publish = client.register_script(PUBLISH)
 
     async def admit(
@@ -158,6 +173,10 @@ class Scripts:
         ]  # fmt: skip
         attempt, cancelled = await self._take(keys=script_keys, args=[trajectory_id])
         return Taken(int(attempt), bool(int(cancelled)))
+
+    async def give_back(self, job: str, rollout_id: str, trajectory_id: str) -> None:
+        script_keys = [keys.attempts(job), keys.job_stats(job), keys.rollout_record(job, rollout_id)]
+        await self._give_back(keys=script_keys, args=[trajectory_id])
 
     async def publish(
         self, job: str, rollout_id: str, outcome: Outcome, fields: Mapping[str, str | bytes], *, maxlen: int, now: float

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.protocol import Cap, Status
+from services.protocol import Cap, Status, Trajectory, trajectory_from_json
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.tokenizer import write_tokenizer_dir
@@ -111,6 +111,15 @@ def test_group_of_four_over_several_tasks(fleet: Fleet, client: httpx.Client, to
     job = client.get("/jobs/batch", headers=headers).json()
     assert (job["finished"], job["in_flight"], job["queue_depth"]) == (16, 0, 0)
     assert job["tail"]["episode_p50_s"] is not None
+    over_http = sse_trajectories(client, "/jobs/batch/trajectories?limit=16", headers)
+    assert [t.key for t in over_http] == [t.key for t in found]
+    assert all(a.response_ids == b.response_ids and a.response_logprobs == b.response_logprobs
+               and a.loss_mask == b.loss_mask for a, b in zip(over_http, found, strict=True))  # fmt: skip
+
+
+def sse_trajectories(client: httpx.Client, path: str, headers: dict[str, str]) -> list[Trajectory]:
+    with client.stream("GET", path, headers=headers) as response:
+        return [trajectory_from_json(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
 
 
 def check_tokens(traj: Any, tokenizer: ChatTokenizer) -> None:
@@ -267,3 +276,24 @@ def test_live_long_episodes_are_not_reclaimed(fleet: Fleet, client: httpx.Client
     found = trajectories(fleet.redis_url, "longrun")
     assert all(t.timings.total_s > 4.0 for t in found)
     assert {(t.status, t.truncation, t.attempt) for t in found} == {(Status.TRUNCATED, Cap.TURNS, 1)}
+
+
+def test_graceful_shutdown_hands_episodes_back(fleet: Fleet, client: httpx.Client) -> None:
+    """SIGTERM: running episodes get the grace period (2 s here), then their sandboxes are released
+    and their items handed back; another worker finishes them as the same attempt."""
+    headers = create_job(client, "drain")
+    leaving = fleet.start_worker(jobs=["drain"], concurrency=2)
+    body = {"job": "drain", "tasks": [task("t", "TASK-SLOWSTEP")], "group_size": 2, "limits": {"max_turns": 6}}
+    rollout = submit(client, headers, body)
+    wait_for("episodes to run", lambda: client.get(f"/rollouts/{rollout}", headers=headers).json()["in_flight"] == 2)
+    leaving.stop()
+    with httpx.Client(base_url=fleet.broker.url, timeout=10.0) as broker:
+        assert broker.get("/leases", params={"job": "drain"}).json() == []
+    status = client.get(f"/rollouts/{rollout}", headers=headers).json()
+    assert (status["queued"], status["in_flight"], status["finished"]) == (2, 0, 0)
+    fleet.start_worker(jobs=["drain"], concurrency=2)
+    wait_finished(client, headers, rollout)
+    found = trajectories(fleet.redis_url, "drain")
+    assert {(t.status, t.truncation, t.attempt) for t in found} == {(Status.TRUNCATED, Cap.TURNS, 1)}
+    job = client.get("/jobs/drain", headers=headers).json()
+    assert (job["queue_depth"], job["in_flight"], job["finished"]) == (0, 0, 2)

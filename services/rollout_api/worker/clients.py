@@ -7,12 +7,12 @@ Every failure becomes a typed exception: :class:`ContextExceeded` is the policy'
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import orjson
 
 from services.protocol import ErrorCode, InfraStage, SamplingParams
 from services.protocol.llm import HEADER_DEADLINE, HEADER_POOL, HEADER_SESSION, META_ENGINE
@@ -62,11 +62,11 @@ def _is_request_error(code: str) -> bool:
 
 
 async def _json_body(response: aiohttp.ClientResponse) -> Any:
-    text = await response.text()
+    raw = await response.read()
     try:
-        return json.loads(text) if text else None
-    except ValueError:
-        return {"raw": text[:500]}
+        return orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        return {"raw": raw[:500].decode(errors="replace")}
 
 
 def _finish_reason(meta: dict[str, Any]) -> str:
@@ -107,10 +107,13 @@ class ProxyClient:
             params.pop("stop", None)
         params["max_new_tokens"] = max_new_tokens
         payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
-        headers = {HEADER_POOL: pool, HEADER_SESSION: session_id, HEADER_DEADLINE: f"{self.timeout_s:g}"}
+        headers = {
+            HEADER_POOL: pool, HEADER_SESSION: session_id, HEADER_DEADLINE: f"{self.timeout_s:g}",
+            "Content-Type": "application/json",
+        }  # fmt: skip
         try:
             async with self.session.post(
-                f"{self.url}/generate", json=payload, headers=headers,
+                f"{self.url}/generate", data=orjson.dumps(payload), headers=headers,
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s + 5.0),
             ) as response:  # fmt: skip
                 body = await _json_body(response)

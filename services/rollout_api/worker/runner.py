@@ -109,7 +109,7 @@ class ItemRunner:
             attempt = int(await self.redis.hget(keys.attempts(item.job), item.trajectory_id) or 1)
             await self._finish(delivery, trajectory_shell(item, attempt, Status.CANCELLED), ran=False)
         else:  # shutdown: give the attempt back; the entry stays pending and is reclaimed elsewhere
-            await self.redis.hincrby(keys.attempts(item.job), item.trajectory_id, -1)
+            await self.scripts.give_back(item.job, item.rollout_id, item.trajectory_id)
 
     async def _finish(self, delivery: Delivery, traj: Trajectory, *, ran: bool) -> None:
         traj.worker = self.deps.worker_id
