@@ -126,10 +126,18 @@ def export_hf(
     return Export(version=version, path=final, checksum=checksum, seconds=time.perf_counter() - start)
 
 
+def is_tokenizer_file(name: str) -> bool:
+    """Tokenizer files only: a model directory also holds weights and a config that must not be copied
+    over the export's own."""
+    return name.startswith(("tokenizer", "vocab.", "chat_template")) or name in (
+        "special_tokens_map.json", "added_tokens.json", "merges.txt",
+    ) or name.endswith(".model")  # fmt: skip
+
+
 def _copy_tokenizer(source: Path, target: Path) -> int | None:
     """Copy the tokenizer files; return the eos token id if the tokenizer names one."""
     for file in source.iterdir():
-        if file.is_file():
+        if file.is_file() and is_tokenizer_file(file.name):
             shutil.copy2(file, target / file.name)
     return _eos_id(target)
 

@@ -59,7 +59,7 @@ def train(fleet: Fleet, opts: UpOptions, model_dir: Path, token: str) -> int:
         "ROLLOUT_TRAIN_INIT_FROM": str(model_dir), "ROLLOUT_TRAIN_TOKENIZER_DIR": str(model_dir),
         "ROLLOUT_TRAIN_WORK_DIR": str(opts.work_dir / "trainer"), "ROLLOUT_TRAIN_MAX_STEPS": str(opts.steps),
         "ROLLOUT_TRAIN_GROUP_SIZE": str(opts.group_size), "ROLLOUT_TRAIN_BATCH_GROUPS": str(len(demo.PROMPTS)),
-        "ROLLOUT_TRAIN_MAX_STALENESS": "0", "ROLLOUT_TRAIN_MAX_SEQ_LEN": "2048",
+        "ROLLOUT_TRAIN_MAX_STALENESS": "1", "ROLLOUT_TRAIN_MAX_SEQ_LEN": "2048",
         "ROLLOUT_TRAIN_MODEL__MAX_POSITION_EMBEDDINGS": "2048", "ROLLOUT_TRAIN_OPTIM__LR": "2e-4",
         "ROLLOUT_TRAIN_LIMITS__MAX_TURNS": "2", "ROLLOUT_TRAIN_LIMITS__MAX_TOKENS_PER_TURN": "96",
         "ROLLOUT_TRAIN_LIMITS__MAX_TRAJECTORY_TOKENS": "2048", "ROLLOUT_TRAIN_LIMITS__COMMAND_TIMEOUT_S": "10",

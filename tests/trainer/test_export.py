@@ -102,3 +102,39 @@ def test_tensor_parallel_export_matches_transformers(tmp_path: Path, tokenizer_d
     assert (got - expected).abs().max().item() < 1e-4
     # and back: a fresh TP=2 model loading the export slices it per rank into the same function
     assert torch.equal(torch.load(tmp_path / "reloaded_logits.pt"), expected)
+
+
+def test_tokenizer_dir_that_is_a_model_dir_does_not_overwrite_the_weights(tmp_path: Path, tokenizer_dir: Path) -> None:
+    """The tokenizer often comes from the model directory the run started from: its weights and
+    config must not be copied over the export's own (seen in `rollout up`: every export was v0)."""
+    source = tmp_path / "model-v0"
+    source.mkdir()
+    for file in tokenizer_dir.iterdir():
+        (source / file.name).write_bytes(file.read_bytes())
+    (source / "model.safetensors").write_bytes(b"stale weights")
+    (source / "config.json").write_text("{}")
+    cfg = ModelConfig(vocab_size=4, hidden_size=8, num_layers=1, num_attention_heads=2, num_query_groups=1)
+    state = {
+        "embedding.word_embeddings.weight": torch.ones(4, 8),
+        "decoder.final_layernorm.weight": torch.ones(8),
+        "output_layer.weight": torch.ones(4, 8),
+        **_layer_state(cfg),
+    }
+    export = export_hf(state, cfg, "1", tmp_path / "exports", source)
+    assert (export.path / "model.safetensors").read_bytes() != b"stale weights"
+    assert json.loads((export.path / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert (export.path / "tokenizer.json").exists()
+
+
+def _layer_state(cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    h, f = cfg.hidden_size, cfg.ffn_hidden_size
+    qkv_rows = (cfg.num_attention_heads + 2 * cfg.num_query_groups) * cfg.head_dim
+    p = "decoder.layers.0."
+    return {
+        p + "self_attention.linear_qkv.weight": torch.ones(qkv_rows, h),
+        p + "self_attention.linear_proj.weight": torch.ones(h, h),
+        p + "mlp.linear_fc1.weight": torch.ones(2 * f, h),
+        p + "mlp.linear_fc2.weight": torch.ones(h, f),
+        p + "input_layernorm.weight": torch.ones(h),
+        p + "pre_mlp_layernorm.weight": torch.ones(h),
+    }
