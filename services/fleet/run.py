@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ class UpOptions:
 
 
 def run(opts: UpOptions) -> int:
+    # SIGTERM unwinds like Ctrl-C, so that every process started below is stopped too
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     model_dir = opts.work_dir / "model-v0"
     if not (model_dir / "model.safetensors").exists():
         demo.warm_start(model_dir, steps=opts.warm_start_steps)
