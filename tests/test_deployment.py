@@ -115,3 +115,13 @@ def test_every_service_is_deployed() -> None:
 def test_a_misspelt_variable_would_be_caught(clean_env: pytest.MonkeyPatch) -> None:
     assert "concurency" not in WorkerSettings.model_fields  # what the check above relies on
     assert load(WorkerSettings, {"ROLLOUT_WORKER_CONCURENCY": "9"}, clean_env).concurrency != 9
+
+
+def test_defaults_fit_together(clean_env: pytest.MonkeyPatch) -> None:
+    """Started with no settings on one host, the worker finds the proxy and the broker."""
+    from urllib.parse import urlparse
+
+    worker = WorkerSettings()
+    assert urlparse(worker.proxy_url).port == ProxySettings().port
+    assert urlparse(worker.broker_url).port == BrokerSettings().port
+    assert len({ApiSettings().port, ProxySettings().port, BrokerSettings().port}) == 3

@@ -16,7 +16,7 @@ class ProxySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ROLLOUT_PROXY_", extra="ignore")
 
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = 8100  # the workers' default proxy URL
     workers: int = Field(default_factory=lambda: len(os.sched_getaffinity(0)), ge=1)
     engines: str = ""  # "url,url,...": engines of ``pool``
     pool: str = DEFAULT_POOL  # the pool ``engines`` join

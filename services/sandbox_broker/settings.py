@@ -18,7 +18,7 @@ class BrokerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ROLLOUT_BROKER_", extra="ignore")
 
     host: str = "127.0.0.1"
-    port: int = 8300
+    port: int = 8200  # the workers' default broker URL
     backend: BackendName = "local"
     redis_url: str | None = None  # None: ROLLOUT_REDIS_URL, else an embedded server
     redis_connections: int = Field(1024, gt=0)  # pool size; requests wait for a free connection past it
