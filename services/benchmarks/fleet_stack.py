@@ -4,7 +4,6 @@ time they use, read from /proc per process session (each service runs in its own
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import httpx
 
 from services.runtime.net import free_port
+from services.runtime.processes import stop_group
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -25,13 +25,7 @@ class Service:
     proc: subprocess.Popen[bytes]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        stop_group(self.proc, timeout_s=15)
 
 
 @dataclass

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from services.runtime.net import free_port, free_port_range
+from services.runtime.processes import stop_group
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -30,13 +30,7 @@ class Launched:
     url: str
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        stop_group(self.proc, timeout_s=15)
 
     def cpu_s(self) -> float:
         return tree_cpu_s(self.proc.pid)

@@ -48,14 +48,19 @@ class ServiceProcess:
         self.proc.wait(timeout=10)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if not self.alive():
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+        stop_group(self.proc, timeout_s)
+
+
+def stop_group(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    """End a child started in its own session and everything it spawned: SIGTERM, then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
 
 
 def python_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
