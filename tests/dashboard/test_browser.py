@@ -83,14 +83,63 @@ def expected_kpis(status: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def page_kpis(driver: Any, job: str) -> dict[str, str]:
+# One read of the page in the browser (the page re-renders every poll: element handles go stale).
+SNAPSHOT_JS = """
+const panel = document.querySelector(`section.job[data-job="${arguments[0]}"]`);
+if (!panel) return null;
+const texts = (sel, key, value) => Object.fromEntries([...panel.querySelectorAll(sel)].map(
+  (n) => [n.dataset[key], n.querySelector(value).textContent]));
+return {
+  kpis: texts(".kpi", "kpi", ".kpi-value"),
+  statuses: texts("[data-status-count]", "statusCount", ".num"),
+  engines: [...document.querySelectorAll("#engines-table tbody tr")].map((r) => r.dataset.engine),
+};
+"""
+
+
+DETAIL_JS = """
+const head = document.querySelector("#detail .detail-head");
+const reward = document.querySelector("#detail .reward [data-reward]");
+return head && {
+  trajectory: head.dataset.trajectory,
+  status: head.querySelector("[data-status]").dataset.status,
+  commands: [...document.querySelectorAll("#detail pre.command")].map((n) => n.textContent),
+  reward: reward && [reward.dataset.reward, reward.textContent],
+  fact: document.querySelector('#detail [data-fact="reward"]').textContent,
+  turns: document.querySelectorAll("#detail .turn").length,
+  heat: document.querySelectorAll("#detail .tokens .tok:not(.masked)").length,
+};
+"""
+
+
+def detail_of(driver: Any, task_id: str) -> Any:
+    def shown(d: Any) -> Any:
+        found = d.execute_script(DETAIL_JS)
+        return found if found and f":{task_id}:" in found["trajectory"] else None
+
+    return wait_until(driver, f"the trajectory of task {task_id}", shown)
+
+
+def snapshot(driver: Any, job: str) -> dict[str, Any] | None:
+    found: dict[str, Any] | None = driver.execute_script(SNAPSHOT_JS, job)
+    return found
+
+
+def click(driver: Any, css: str) -> None:
+    """Click the first element matching ``css``, finding it again if a re-render replaced it."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    panel = driver.find_element(By.CSS_SELECTOR, f'section.job[data-job="{job}"]')
-    return {
-        k.get_attribute("data-kpi"): k.find_element(By.CSS_SELECTOR, ".kpi-value").text
-        for k in panel.find_elements(By.CSS_SELECTOR, ".kpi")
-    }
+    def clicked(d: Any) -> bool:
+        try:
+            found = d.find_elements(By.CSS_SELECTOR, css)
+            if found:
+                found[0].click()
+            return bool(found)
+        except StaleElementReferenceException:
+            return False
+
+    wait_until(driver, css, clicked)
 
 
 def test_dashboard_matches_the_api_and_shows_trajectories(fleet: Fleet, tmp_path: Path) -> None:
@@ -113,43 +162,30 @@ def run_and_check(fleet: Fleet, client: httpx.Client, tmp_path: Path) -> None:
     try:
         driver.get(f"{fleet.api.url}/ui/#token={ADMIN}")
         wanted = expected_kpis(status)
-        shown = wait_until(
-            driver,
-            f"the API's figures {wanted}",
-            lambda d: (k := page_kpis(d, JOB)) and all(k.get(n) == v for n, v in wanted.items()) and k,
-        )
-        assert {n: shown[n] for n in wanted} == wanted
-        for state, count in status["by_status"].items():
-            row = driver.find_element(By.CSS_SELECTOR, f'section.job[data-job="{JOB}"] [data-status-count="{state}"]')
-            assert row.find_element(By.CSS_SELECTOR, ".num").text == integer(count)
-        engine_ids = {e["engine_id"] for pool in engines["pools"].values() for e in pool["engines"]}
-        rows = driver.find_elements(By.CSS_SELECTOR, "#engines-table tbody tr")
-        assert {r.get_attribute("data-engine") for r in rows} == engine_ids
+
+        def matching(d: Any) -> dict[str, Any] | None:
+            shown = snapshot(d, JOB)
+            return shown if shown and all(shown["kpis"].get(n) == v for n, v in wanted.items()) else None
+
+        shown = wait_until(driver, f"the API's figures {wanted}", matching)
+        assert {n: shown["kpis"][n] for n in wanted} == wanted
+        assert shown["statuses"] == {state: integer(count) for state, count in status["by_status"].items()}
+        assert set(shown["engines"]) == {e["engine_id"] for pool in engines["pools"].values() for e in pool["engines"]}
         wait_until(driver, "the charts", lambda d: d.find_elements(By.CSS_SELECTOR, f"#chart-load-{JOB} canvas"))
         fleet_png = screenshot(driver, shots, "dashboard-fleet")
 
         driver.get(f"{fleet.api.url}/ui/#/trajectories/{JOB}")
-        solved = wait_until(
-            driver,
-            "a solved trajectory in the list",
-            lambda d: d.find_elements(By.CSS_SELECTOR, '#traj-table tr[data-trajectory*=":solve:"]'),
-        )
-        solved[0].click()
-        commands = wait_until(driver, "the commands", lambda d: d.find_elements(By.CSS_SELECTOR, "pre.command"))
-        assert [c.text for c in commands] == ["echo 42 > answer.txt", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
-        reward = driver.find_element(By.CSS_SELECTOR, ".reward [data-reward]")
-        assert reward.get_attribute("data-reward") == "1" and reward.text == "1.00"
-        assert driver.find_element(By.CSS_SELECTOR, '[data-fact="reward"]').text == "1.00"
-        assert driver.find_elements(By.CSS_SELECTOR, ".tokens .tok:not(.masked)"), "no heat-map tokens"
+        click(driver, '#traj-table tr[data-trajectory*=":solve:"]')
+        solved = detail_of(driver, "solve")
+        assert solved["commands"] == ["echo 42 > answer.txt", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
+        assert solved["reward"] == ["1", "1.00"] and solved["fact"] == "1.00"
+        assert solved["heat"] > 0, "no heat-map tokens"
         viewer_png = screenshot(driver, shots, "viewer-solved")
 
-        driver.find_element(By.CSS_SELECTOR, '#traj-table tr[data-trajectory*=":loop:"]').click()
-        wait_until(
-            driver,
-            "the truncated trajectory",
-            lambda d: d.find_elements(By.CSS_SELECTOR, '.detail-head [data-status="truncated"]'),
-        )
-        assert len(driver.find_elements(By.CSS_SELECTOR, ".turn")) == 3
+        click(driver, '#traj-table tr[data-trajectory*=":loop:"]')
+        looped = detail_of(driver, "loop")
+        assert looped["status"] == "truncated" and looped["turns"] == 3
+        assert looped["commands"] == ["ls -la"] * 3
         truncated_png = screenshot(driver, shots, "viewer-truncated")
     finally:
         driver.quit()
