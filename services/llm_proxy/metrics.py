@@ -45,6 +45,10 @@ class ProxyMetrics:
             "rollout_proxy_overhead_seconds", "Proxy-added time (call minus upstream)", buckets=OVERHEAD_BUCKETS,
             registry=r,
         )  # fmt: skip
+        self.connect_retries = Counter(
+            "rollout_proxy_connect_retries", "Calls tried again because a connect was slow (not failed)", ["engine"],
+            registry=r,
+        )  # fmt: skip
         self.retries = Counter("rollout_proxy_retries", "Calls retried on another engine", ["engine"], registry=r)
         self.aborts = Counter("rollout_proxy_aborts", "Aborts sent to engines", ["reason"], registry=r)
         self.upstream_connections = Gauge(
