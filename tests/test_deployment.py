@@ -16,7 +16,7 @@ from pydantic_settings import BaseSettings
 from services.engines.settings import EngineSettings
 from services.llm_proxy.settings import ProxySettings
 from services.rollout_api.settings import ApiSettings, WorkerSettings
-from services.runtime.settings import RedisSettings
+from services.runtime.settings import SHARED_FIELDS, shared_variable
 from services.sandbox_broker.settings import BrokerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +28,7 @@ SETTINGS: dict[str, type[BaseSettings]] = {
     "api": ApiSettings,
     "worker": WorkerSettings,
 }
-SHARED_PREFIXES = ("ROLLOUT_REDIS_", "ROLLOUT_LOG_")  # read by runtime.settings / runtime.logs
+SHARED = {shared_variable(f) for f in SHARED_FIELDS}  # ROLLOUT_REDIS_URL, ...: read by every settings class
 
 
 def compose_containers() -> Iterator[tuple[str, str, dict[str, str], list[int]]]:
@@ -91,14 +91,14 @@ def test_settings_load_from_the_deployment(
     cls = SETTINGS[command]
     prefix = str(cls.model_config.get("env_prefix", ""))
     for key in env:
-        if key.startswith(SHARED_PREFIXES):
+        if key in SHARED:
             continue
         assert key.startswith(prefix), f"{source}/{name}: {key} is not a {cls.__name__} variable ({prefix}*)"
         assert key[len(prefix) :].lower() in cls.model_fields, f"{source}/{name}: {key} is not a setting"
     settings = load(cls, env, clean_env)
     assert all(p == settings.port for p in ports), f"{source}/{name}: ports {ports} vs setting {settings.port}"
     if command != "engine":  # every other service talks to Redis
-        url = getattr(settings, "redis_url", None) or RedisSettings().url
+        url = settings.redis_url
         assert url and url.startswith("redis://"), f"{source}/{name} has no Redis URL"
     if command == "proxy":
         assert settings.pool_map()["default"], "the proxy has no engines"

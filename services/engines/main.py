@@ -10,6 +10,7 @@ from aiohttp import web
 
 from services.engines.app import create_app
 from services.engines.settings import EngineSettings
+from services.runtime.logs import configure_logging
 
 log = logging.getLogger(__name__)
 
@@ -38,5 +39,6 @@ async def serve(settings: EngineSettings) -> None:
 def run(settings: EngineSettings) -> int:
     import uvloop  # comes with uvicorn[standard]
 
+    configure_logging(settings.log_level)
     uvloop.run(serve(settings))
     return 0

@@ -18,6 +18,7 @@ from services.rollout_api.worker.clients import BrokerClient, ProxyClient, new_s
 from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.worker import Worker
+from services.runtime.logs import configure_logging
 from services.runtime.net import free_port
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
     log.info("worker %s stopped", worker_id)
 
 
-def run(settings: WorkerSettings, redis_url: str) -> int:
-    asyncio.run(serve(settings, redis_url))
+def run(settings: WorkerSettings) -> int:
+    configure_logging(settings.log_level)
+    asyncio.run(serve(settings, settings.require_redis_url()))
     return 0
