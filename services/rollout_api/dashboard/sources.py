@@ -103,8 +103,8 @@ class FleetSources:
         self.http = http
         self.proxy_url = settings.proxy_url.rstrip("/") if settings.proxy_url else None
         self.broker_url = settings.broker_url.rstrip("/") if settings.broker_url else None
-        self.proxy_headers = _bearer(settings.proxy_admin_token)
-        self.broker_headers = _bearer(settings.broker_token)
+        self.proxy_headers = _bearer(settings.proxy_admin_token or settings.admin_token)
+        self.broker_headers = _bearer(settings.broker_token or settings.admin_token)
         self.proxy = Cached(settings.dashboard_cache_s, self._fetch_proxy)
         self.broker = Cached(settings.dashboard_cache_s, self._fetch_broker)
 

@@ -18,6 +18,7 @@ from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.worker import Worker
 from services.runtime.limits import raise_fd_limit
+from services.runtime.logs import configure_logging
 from services.runtime.net import free_port
 from services.runtime.redis_pool import observe_pools, open_redis
 from services.runtime.settings import RedisSettings
@@ -72,6 +73,7 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
     log.info("worker %s stopped", worker_id)
 
 
-def run(settings: WorkerSettings, redis_url: str) -> int:
-    asyncio.run(serve(settings, redis_url))
+def run(settings: WorkerSettings) -> int:
+    configure_logging(settings.log_level)
+    asyncio.run(serve(settings, settings.require_redis_url()))
     return 0
