@@ -142,6 +142,7 @@ def click(driver: Any, css: str) -> None:
     wait_until(driver, css, clicked)
 
 
+@pytest.mark.timeout(300)  # the fleet's start-up alone takes 60-100 s on a 2-core machine under others' load
 def test_dashboard_matches_the_api_and_shows_trajectories(fleet: Fleet, tmp_path: Path) -> None:
     with fleet.client() as client:
         run_and_check(fleet, client, tmp_path)
