@@ -31,6 +31,7 @@ class TrainSettings(BaseSettings):
     proxy_url: str | None = None
     proxy_token: str | None = None  # admin token for /admin/weights
     pool: str = "default"
+    weight_store_url: str | None = None  # None: announce the export path; file:///shared or s3://bucket/prefix
     sync_timeout_s: float = Field(600.0, gt=0)
     # model, optimizer, loss
     model: ModelConfig = Field(default_factory=ModelConfig)

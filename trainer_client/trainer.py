@@ -185,7 +185,9 @@ def _supply(s: TrainSettings) -> RolloutSupply | None:
 
 
 def _publisher(s: TrainSettings) -> WeightPublisher | None:
-    return WeightPublisher(s.proxy_url, s.pool, s.proxy_token, s.sync_timeout_s) if s.proxy_url else None
+    if not s.proxy_url:
+        return None
+    return WeightPublisher(s.proxy_url, s.pool, s.proxy_token, s.sync_timeout_s, s.weight_store_url)
 
 
 def _reference(policy: Policy, s: TrainSettings) -> object:
