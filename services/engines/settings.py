@@ -6,13 +6,16 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from services.runtime.settings import ServiceSettings
 
 
-class EngineSettings(BaseSettings):
+class EngineSettings(ServiceSettings):
     """How the simulated engines behave. Times are seconds, sizes are tokens."""
 
-    model_config = SettingsConfigDict(env_prefix="ROLLOUT_ENGINE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ROLLOUT_ENGINE_")
+    service_name = "engine"
 
     # sim / scripted / torch: stand-ins served by this process; sglang: a real SGLang server started
     # by this process (`python -m sglang.launch_server`, GPU hosts, the [engine] extra)

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 # Job, pool, task and template names end up inside Redis keys and URLs: keep them tame.
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")]
 
+DEFAULT_POOL = "default"  # the proxy pool of a job that names none, and of engines seeded without one
+
 DEFAULT_MAX_TURNS = 80
 DEFAULT_MAX_TOKENS_PER_TURN = 8_192
 DEFAULT_MAX_TRAJECTORY_TOKENS = 65_536
@@ -110,7 +112,7 @@ class WorkItem(_Model):
     max_attempts: int = Field(3, ge=1)
     limits: AgentLimits = Field(default_factory=AgentLimits)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
-    pool: Name = "default"  # the proxy pool that serves this job's policy
+    pool: Name = DEFAULT_POOL  # the proxy pool that serves this job's policy
     priority: int = 0
     enqueued_at: float = 0.0  # unix seconds
 

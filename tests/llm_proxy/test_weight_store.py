@@ -5,6 +5,7 @@ directories stand for the trainer's disk, the shared store and the engine host's
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -70,8 +71,11 @@ def test_engines_load_weights_written_on_another_host(tmp_path: Path, redis_url:
     joined, urls = start_engines(
         logs, 2, "--proxy-url", proxy.url, "--pool", "hosts", "--weight-cache-dir", str(host_disk), name="hosts"
     )
+
+    def status() -> dict[str, Any]:
+        return dict(httpx.get(proxy.url + "/admin/status", timeout=10).json()["pools"])
+
     try:
-        status = lambda: httpx.get(proxy.url + "/admin/status", timeout=10).json()["pools"]  # noqa: E731
         wait_until(lambda: len(status().get("hosts", {}).get("engines", [])) == 2, what="engines in pool hosts")
         export, checksum = make_export(tmp_path / "trainer", "1")
         location = publish(export, (tmp_path / "store").as_uri())
