@@ -46,6 +46,9 @@ class WorkerSettings(UsesRedis):
     proxy_url: str = "http://127.0.0.1:8100"
     broker_url: str = "http://127.0.0.1:8200"
     model_path: Path | None = None  # HF tokenizer directory (tokenizer.json + tokenizer_config.json)
+    # per proxy pool, the served model's directory (its tokenizer is used for that pool's jobs);
+    # env: ROLLOUT_WORKER_POOL_MODEL_PATHS='{"pool": "/models/m"}'; pools not named use model_path
+    pool_model_paths: dict[str, Path] = Field(default_factory=dict)
     worker_id: str = ""  # consumer name; default: hostname-pid
     concurrency: int = Field(64, ge=1)  # episodes at once in this process
     jobs: list[str] | None = None  # serve only these jobs (dedicated workers); None: every job
