@@ -28,7 +28,8 @@ async def score(broker: BrokerClient, lease_id: str, spec: RewardSpec) -> tuple[
         for path, content in spec.files.items():  # fresh copies: the agent's edits to them do not count
             await broker.write_file(lease_id, path, content)
     except InfraError as exc:
-        raise InfraError(InfraStage.REWARD, exc.code, f"writing reward files: {exc.message}") from exc
+        message = f"writing reward files: {exc.message}"
+        raise InfraError(InfraStage.REWARD, exc.code, message, retryable=exc.retryable) from exc
     request = ExecRequest(shell=spec.command, timeout_s=spec.timeout_s, max_output_bytes=1_000_000)
     result = await broker.exec(lease_id, request, stage=InfraStage.REWARD)
     output = truncate_middle(result.stdout + result.stderr, OUTPUT_KEPT_BYTES)
