@@ -189,7 +189,7 @@ def _publisher(s: TrainSettings, client: RolloutClient | None) -> WeightPublishe
     if not s.proxy_url:
         return None
     pool = job_pool(s.job, s.pool, client.job(s.job).pool if client else None)
-    return WeightPublisher(s.proxy_url, pool, s.admin_token or None, s.sync_timeout_s)
+    return WeightPublisher(s.proxy_url, pool, s.admin_token or None, s.sync_timeout_s, s.weight_store_url)
 
 
 def _reference(policy: Policy, s: TrainSettings) -> object:
