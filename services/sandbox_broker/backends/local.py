@@ -9,6 +9,7 @@ this one after a restart, finds it again by id; nothing runs between commands.
 from __future__ import annotations
 
 import asyncio
+import errno
 import io
 import json
 import logging
@@ -24,7 +25,7 @@ from typing import Any
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import ExecRequest, ExecResult
 from services.protocol.status import ErrorCode
-from services.sandbox_broker.backends import overlay
+from services.sandbox_broker.backends import disk, netns, overlay
 from services.sandbox_broker.backends.base import OutputSink, Sandbox, SandboxSpec, bad_path, sandbox_gone
 from services.sandbox_broker.backends.bwrap import (
     BASE_PATH,
@@ -58,6 +59,8 @@ class LocalBackend:
         self.cgroups = Cgroups("none")
         self.probe = HostProbe(None, None, False, "none")
         self.overlay = False
+        self.disk_quota = False  # each sandbox's writable state on a loop-mounted, size-limited ext4
+        self.egress_problem = "not probed"  # '' when egress sandboxes get their own isolated namespace
         self._bwrap: str | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -73,6 +76,8 @@ class LocalBackend:
         binary, version, ok, detail = await probe_bwrap(paths, self.uid)
         await asyncio.to_thread(shutil.rmtree, paths.root, True)
         self.overlay = await asyncio.to_thread(overlay.probe, self.root.parent / f"overlay-probe-{os.getpid()}")
+        self.disk_quota = await asyncio.to_thread(disk.probe, self.root.parent / f"disk-probe-{os.getpid()}")
+        self.egress_problem = await asyncio.to_thread(netns.probe, self.root.parent / f"netns-probe-{os.getpid()}")
         self.probe = HostProbe(binary, version, ok, self.cgroups.mode, detail, self.overlay)
         self._bwrap = binary if ok else None
         if not ok and not self.allow_unisolated:
@@ -80,8 +85,17 @@ class LocalBackend:
                                "pass --allow-unisolated to run commands without isolation (UNSAFE)")  # fmt: skip
         if not ok:
             log.warning("UNSAFE: local sandboxes run WITHOUT isolation: %s", detail)
-        log.info("local backend host probe: %s", self.probe.as_dict())
-        return {**self.probe.as_dict(), "unsafe_unisolated": not ok}
+        found = {**self.probe.as_dict(), "unsafe_unisolated": not ok, **self._limits_probe()}
+        log.info("local backend host probe: %s", found)
+        return found
+
+    def _limits_probe(self) -> dict[str, str]:
+        if self.egress_problem:
+            fallback = ", or run UNSAFE on the host network (--allow-unisolated)" if self.allow_unisolated else ""
+            log.warning("egress sandboxes cannot be isolated here (%s): egress leases are refused%s",
+                        self.egress_problem, fallback)  # fmt: skip
+        egress = f"unavailable: {self.egress_problem}" if self.egress_problem else netns.KIND
+        return {"disk_quota": disk.KIND if self.disk_quota else "none (file-size rlimit only)", "egress": egress}
 
     async def close(self) -> None:
         await asyncio.to_thread(self.cgroups.remove_scope)
@@ -109,18 +123,22 @@ class LocalBackend:
         return Sandbox(sandbox_id, spec.labels, WORKDIR, float(str(meta["created_at"])))
 
     def _prepare(self, paths: SandboxPaths, spec: SandboxSpec, meta: dict[str, object]) -> None:
+        paths.root.mkdir(parents=True)
+        if self.disk_quota:
+            disk.create(paths.root, paths.disk, spec.resources.disk_mb)
         self._layout(paths)
+        if spec.network == "egress":
+            meta["netns"] = self._network(paths, spec)
         if spec.template.rootfs:
             rootfs = Path(spec.template.rootfs)
             if not rootfs.is_dir():
                 raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"template rootfs {rootfs} is not a directory")
             if self.overlay:
                 lower = overlay.layer(self.root.parent / "layers", rootfs, self.uid)
-                upper, work = paths.root / "upper", paths.root / "work"
-                for d in (upper, work):
+                for d in (paths.upper, paths.work):
                     d.mkdir()
-                self._own(upper)
-                overlay.mount(lower, upper, work, paths.workspace)
+                self._own(paths.upper)
+                overlay.mount(lower, paths.upper, paths.work, paths.workspace)
             else:
                 shutil.copytree(rootfs, paths.workspace, symlinks=True, dirs_exist_ok=True)
                 overlay.chown_tree(paths.workspace, self.uid)
@@ -130,6 +148,20 @@ class LocalBackend:
             rlimits["v"] = spec.resources.memory_mb * 1024
         meta["rlimits"] = rlimits
         paths.meta.write_text(json.dumps(meta))
+
+    def _network(self, paths: SandboxPaths, spec: SandboxSpec) -> bool:
+        """Give an egress sandbox its own namespace behind NAT and rules (netns.py); whether it has one."""
+        if self.egress_problem and not self.allow_unisolated:
+            raise PlatformError(ErrorCode.BAD_REQUEST, f"egress sandboxes cannot be isolated on this broker's host "
+                                f"({self.egress_problem})", field="network")  # fmt: skip
+        if self.egress_problem:  # --allow-unisolated: the host's network (UNSAFE)
+            for name in ("resolv.conf", "hosts"):
+                shutil.copyfile(f"/etc/{name}", paths.etc / name)
+            return False
+        (paths.etc / "resolv.conf").write_text(netns.RESOLV_CONF)
+        (paths.etc / "hosts").write_text(netns.HOSTS)
+        netns.open_namespace(paths.root, netns.ruleset(spec.template.egress_allow, netns.host_networks()))
+        return True
 
     def _layout(self, paths: SandboxPaths) -> None:
         for d in (paths.workspace, paths.tmp, paths.etc):
@@ -153,8 +185,7 @@ class LocalBackend:
         paths = self._paths(sandbox_id)
         paths.meta.unlink(missing_ok=True)  # first: a command cut short now reports the sandbox gone
         await asyncio.to_thread(self.cgroups.remove, sandbox_id)
-        await asyncio.to_thread(overlay.unmount, paths.workspace)
-        await asyncio.to_thread(shutil.rmtree, paths.root, True)
+        await asyncio.to_thread(teardown, paths)
 
     async def list_sandboxes(self) -> list[Sandbox]:
         return await asyncio.to_thread(self._scan)
@@ -190,6 +221,9 @@ class LocalBackend:
             meta = json.loads(paths.meta.read_text())
         except FileNotFoundError:
             raise sandbox_gone(sandbox_id) from None
+        if request.keep_background:
+            why = "local commands run in their own pid namespace: their processes always end with them"
+            raise PlatformError(ErrorCode.BAD_REQUEST, why, field="keep_background")
         command = request.argv if request.argv is not None else ["/bin/bash", "-lc", request.shell or ""]
         cwd = request.cwd or WORKDIR
         env = {"PATH": BASE_PATH, "HOME": WORKDIR, "USER": "sandbox", "LANG": "C.UTF-8", "TERM": "dumb"}
@@ -199,6 +233,8 @@ class LocalBackend:
         else:
             network = meta.get("network") == "egress"
             argv = [*bwrap_argv(self._bwrap, paths, uid=self.uid, network=network, cwd=cwd), *command]
+            if meta.get("netns"):
+                argv = [*netns.enter_prefix(paths.root), *argv]
             host_cwd = None
         argv = [*limits_prefix(meta.get("rlimits", {}), self.cgroups.procs_files(sandbox_id)), *argv]
         result = await run_process(
@@ -290,10 +326,24 @@ class LocalBackend:
         return SandboxPaths(self.root / sandbox_id)
 
 
+def teardown(paths: SandboxPaths) -> None:
+    """Remove a sandbox's namespace, mounts and directory (its processes must be gone); idempotent."""
+    netns.close_namespace(paths.root)
+    overlay.unmount(paths.workspace)
+    disk.release(paths.root, paths.disk)
+    shutil.rmtree(paths.root, ignore_errors=True)
+
+
 def _write(host: Path, data: bytes) -> None:
     fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise PlatformError(ErrorCode.PAYLOAD_TOO_LARGE, "the sandbox's disk quota is full", status=413,
+                                field="body") from exc  # fmt: skip
+        raise
 
 
 def _read(host: Path) -> bytes:
