@@ -18,6 +18,7 @@ FLAGS: dict[str, type] = {
     "context_cap": int,
     "max_new_tokens_cap": int,
     "default_deadline_s": float,
+    "connect_timeout_s": float,
     "health_interval_s": float,
     "eject_after_failures": int,
 }

@@ -14,12 +14,12 @@ from multiprocessing.process import BaseProcess
 
 from aiohttp import web
 from prometheus_client import multiprocess
-from redis.asyncio import Redis
 
 from services.llm_proxy.app import create_app
 from services.llm_proxy.membership import MembershipStore
 from services.llm_proxy.settings import ProxySettings
 from services.runtime.logs import configure_logging
+from services.runtime.redis_pool import open_redis
 from services.runtime.redis_server import redis_url_or_embedded
 from services.runtime.settings import RedisSettings
 
@@ -50,7 +50,7 @@ def worker_main(settings: ProxySettings, redis_url: str, log_level: str | None) 
 
 
 async def seed_membership(settings: ProxySettings, redis_url: str) -> None:
-    redis = Redis.from_url(redis_url)
+    redis = open_redis(redis_url, RedisSettings())
     try:
         await MembershipStore(redis).seed(settings.pool_map())
     finally:

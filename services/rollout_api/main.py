@@ -8,7 +8,9 @@ import uvicorn
 
 from services.rollout_api.app import create_app
 from services.rollout_api.settings import ApiSettings
+from services.runtime.limits import raise_fd_limit
 from services.runtime.redis_server import redis_url_or_embedded
+from services.runtime.settings import RedisSettings
 
 log = logging.getLogger(__name__)
 
@@ -16,7 +18,8 @@ log = logging.getLogger(__name__)
 def run(settings: ApiSettings) -> int:
     if not settings.admin_token:
         log.warning("ROLLOUT_API_ADMIN_TOKEN is empty: jobs cannot be created")
+    raise_fd_limit()
     with redis_url_or_embedded(settings.redis_url) as url:
-        app = create_app(settings, url)
+        app = create_app(settings, url, RedisSettings())
         uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)
     return 0

@@ -21,7 +21,10 @@ class ApiSettings(BaseSettings):
     max_body_bytes: int = 32 * 1024 * 1024  # POST bodies above this get 413
     idempotency_ttl_s: int = 7 * 24 * 3600  # how long a submitted idempotency key is remembered
     template_cache_s: float = 5.0  # how long the broker's template list is reused
-    sse_block_ms: int = 5_000  # XREAD BLOCK of the trajectory stream; a keep-alive comment follows each empty wait
+    sse_block_ms: int = Field(
+        5_000, ge=1, le=30_000
+    )  # XREAD BLOCK of a trajectory stream; a keep-alive follows each empty wait
+    sse_connections: int = Field(4096, ge=1)  # Redis pool of the SSE readers (one connection per blocked reader)
     trajectory_stream_maxlen: int = 100_000  # MAXLEN ~ of trajectory streams (cancellations published here)
 
 

@@ -10,6 +10,7 @@ import logging
 
 import uvicorn
 
+from services.runtime.limits import raise_fd_limit
 from services.runtime.redis_server import redis_url_or_embedded
 from services.runtime.settings import RedisSettings
 from services.sandbox_broker.app import create_app
@@ -19,6 +20,7 @@ log = logging.getLogger(__name__)
 
 
 def run(settings: BrokerSettings) -> int:
+    raise_fd_limit()
     with redis_url_or_embedded(settings.redis_url or RedisSettings().url) as redis_url:
         app = create_app(settings, redis_url)
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,

@@ -38,7 +38,7 @@ class SandboxPaths:
     @property
     def disk(self) -> Path:
         """Everything the sandbox can write lives here: its size-limited filesystem (disk.py)."""
-        return self.root / "disk"
+        return self.root / "rw"
 
     @property
     def workspace(self) -> Path:
@@ -61,6 +61,11 @@ class SandboxPaths:
     def etc(self) -> Path:
         return self.root / "etc"
 
+    def resolv_conf(self) -> str:
+        """The sandbox's own resolv.conf (DNS through its NAT) when it has one, else the host's."""
+        own = self.etc / "resolv.conf"
+        return str(own) if own.is_file() else "/etc/resolv.conf"
+
     @property
     def meta(self) -> Path:
         return self.root / "meta.json"
@@ -74,10 +79,7 @@ def bwrap_argv(
 
     As root, bwrap itself is started as ``uid`` (setpriv), so the sandbox user is that unprivileged
     host uid, not root mapped into a user namespace."""
-    argv: list[str] = []
-    if os.geteuid() == 0:
-        argv += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
-                 "--bounding-set=-all"]  # fmt: skip
+    argv = privilege_drop(uid)
     argv += [bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if not network:
         argv.append("--unshare-net")
@@ -99,6 +101,14 @@ def bwrap_argv(
     argv += ["--bind", str(paths.workspace), "/workspace", "--bind", str(paths.tmp), "/tmp"]
     argv += ["--remount-ro", "/", "--chdir", cwd]
     return argv
+
+
+def privilege_drop(uid: int) -> list[str]:
+    """As root, bwrap itself is started as ``uid`` with no capabilities (setpriv)."""
+    if os.geteuid() != 0:
+        return []
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+            "--bounding-set=-all"]  # fmt: skip
 
 
 def limits_prefix(rlimits: dict[str, int], cgroup_procs: list[Path]) -> list[str]:
