@@ -19,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import subprocess
+import sys
 from pathlib import Path
 
 from services.sandbox_broker.backends.netns import DENY4, host_networks
@@ -90,3 +91,16 @@ def _iptables(args: list[str], check: bool = True) -> bool:
     if check and done.returncode != 0:
         raise OSError(f"iptables {' '.join(args)} failed: {done.stderr.strip()}")
     return done.returncode == 0
+
+
+def main(argv: list[str]) -> int:
+    """``python -m services.sandbox_broker.backends.docker_firewall install|remove BRIDGE`` (as root)."""
+    if len(argv) != 2 or argv[0] not in ("install", "remove"):
+        print("usage: python -m services.sandbox_broker.backends.docker_firewall install|remove BRIDGE")
+        return 2
+    (install if argv[0] == "install" else remove)(argv[1])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -106,13 +106,8 @@ def open_namespace(root: Path, rules: str) -> int:
     _run(["unshare", f"--net={path}", "true"], "unshare --net")
     read_fd, write_fd = os.pipe()
     try:
-        slirp = subprocess.Popen(
-            ["slirp4netns", "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-sandbox",
-             "--enable-seccomp", "--ready-fd", str(write_fd), "--netns-type=path", str(path), "tap0"],
-            pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
-        (root / "slirp.pid").write_text(str(slirp.pid))
+        pid = _spawn_slirp(path, write_fd)
+        (root / "slirp.pid").write_text(str(pid))
         os.close(write_fd)
         write_fd = -1
         ready, _, _ = select.select([read_fd], [], [], READY_TIMEOUT_S)
@@ -123,7 +118,26 @@ def open_namespace(root: Path, rules: str) -> int:
         if write_fd >= 0:
             os.close(write_fd)
     _run([*enter_prefix(root), "nft", "-f", "-"], "nft", stdin=rules)
-    return slirp.pid
+    return pid
+
+
+def _spawn_slirp(netns: Path, ready_fd: int) -> int:
+    """slirp4netns in a session of its own (it outlives a killed broker, like the sandbox), its ready
+    fd as fd 3. posix_spawn, not Popen: no object that warns while the process runs on."""
+    binary = shutil.which("slirp4netns") or "slirp4netns"
+    argv = [binary, "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-sandbox", "--enable-seccomp",
+            "--ready-fd", "3", "--netns-type=path", str(netns), "tap0"]  # fmt: skip
+    fd = ready_fd if ready_fd != 3 else os.dup(ready_fd)  # dup2(3, 3) would keep close-on-exec
+    actions = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+               (os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0),
+               (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0),
+               (os.POSIX_SPAWN_DUP2, fd, 3)]  # fmt: skip
+    try:
+        return os.posix_spawn(binary, argv, {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}, file_actions=actions,
+                              setsid=True)  # fmt: skip
+    finally:
+        if fd != ready_fd:
+            os.close(fd)
 
 
 def close_namespace(root: Path) -> None:
