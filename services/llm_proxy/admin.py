@@ -90,7 +90,8 @@ class Admin:
                 rt = self.view.runtime.get(rec.url)
                 engines.append({**rec.model_dump(), "engine_id": rec.engine_id,
                                 "ejected": bool(rt and rt.ejected), "in_flight": rt.in_flight if rt else 0,
-                                "load": rt.load if rt else 0})  # fmt: skip
+                                "load": rt.load if rt else 0,
+                                "weight_version": rt.weight_version if rt else None})  # fmt: skip
             pools[name] = {**pool.model_dump(), "engines": engines}
         return json_response({"pools": pools})
 

@@ -47,6 +47,10 @@ class AgentDeps:
     worker_id: str
     metrics: WorkerMetrics
     leases: set[str] = field(default_factory=set)  # held now; renewed by the worker's heartbeat
+    pool_tokenizers: dict[str, ChatTokenizer] = field(default_factory=dict)  # a pool's served model's
+
+    def tokenizer_for(self, pool: str) -> ChatTokenizer:
+        return self.pool_tokenizers.get(pool, self.tokenizer)
 
 
 class Episode:
@@ -124,7 +128,7 @@ class Episode:
         self.traj.timings.setup_s = time.monotonic() - started
 
     async def _loop(self, lease: Lease) -> Cap | None:
-        tok = self.deps.tokenizer
+        tok = self.deps.tokenizer_for(self.item.pool)
         self.messages = [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": task_message(self.item.task.prompt)},
