@@ -16,7 +16,7 @@ from services.rollout_api import jobs, rollouts, sse
 from services.rollout_api.context import ApiContext, Ctx
 from services.rollout_api.dashboard import routes as dashboard
 from services.rollout_api.metrics import ApiMetrics
-from services.rollout_api.scripts import Scripts
+from services.rollout_api.redis_scripts import Scripts
 from services.rollout_api.settings import ApiSettings
 from services.rollout_api.templates import TemplateCatalog
 from services.runtime.http_errors import install_error_handlers

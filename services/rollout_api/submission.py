@@ -13,7 +13,7 @@ from services.protocol import ErrorCode, PlatformError, RolloutRequest, WorkItem
 from services.protocol.api import RolloutAccepted
 from services.rollout_api.context import ApiContext
 from services.rollout_api.records import JobRecord, int_field
-from services.rollout_api.scripts import Admitted
+from services.rollout_api.redis_scripts import Admitted
 from services.runtime.http_errors import validation_error
 
 M = TypeVar("M", bound=BaseModel)
