@@ -20,6 +20,9 @@ FLAGS: dict[str, type] = {
     "default_deadline_s": float,
     "health_interval_s": float,
     "eject_after_failures": int,
+    "gateway_tokenizers": str,
+    "gateway_tool_parsers": str,
+    "gateway_routed_experts": str,
 }
 
 

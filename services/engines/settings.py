@@ -36,3 +36,6 @@ class EngineSettings(BaseSettings):
     weight_load_s: float = Field(0.05, ge=0)  # how long update_weights_from_disk takes
     fail_weight_updates: bool = False  # fault injection: every weight update fails
     prefix_cache_entries: int = Field(4096, ge=0)  # prompts remembered for cached_tokens
+    moe_layers: int = Field(2, ge=1)  # routing replay (return_routed_experts): MoE layers reported
+    moe_topk: int = Field(2, ge=1)  # experts per token per layer
+    moe_experts: int = Field(8, ge=1)
