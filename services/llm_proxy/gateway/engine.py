@@ -7,6 +7,7 @@ retries on another engine, aborts on disconnect or deadline, provenance and metr
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from services.llm_proxy.body import ParsedBody
 from services.llm_proxy.calls import GENERATE, Call, Forwarder
 from services.llm_proxy.responses import platform_error
 from services.protocol import ErrorCode, PlatformError
@@ -68,15 +70,17 @@ async def generate(forwarder: Forwarder, request: web.Request, req: EngineReques
     forwarder.guard.guard_generate(body)
     rid = forwarder._mint_rid()
     body["rid"] = rid
+    loop_now = asyncio.get_running_loop().time()
     call = Call(
         route=GENERATE,
         pool=req.pool,
-        body=body,
+        body=ParsedBody(body, None, len(req.prompt_ids)),
         rid=rid,
         session=req.affinity,
         deadline_s=req.deadline_s,
         stream=False,
         started=started,
+        deadline_at=None if req.deadline_s is None else loop_now + req.deadline_s,
     )
     await forwarder._hold(req.pool)
     response = await forwarder._dispatch(request, call)

@@ -1,6 +1,8 @@
 """The ``local`` backend: each sandbox is a directory on this host, each command a fresh bubblewrap
-process in new namespaces over it (read-only host /usr, private /workspace and /tmp, no network
-unless asked, no capabilities, a non-root uid), limited by cgroup v1 or rlimits.
+process in new namespaces over it (no network unless asked, no capabilities, a non-root uid),
+limited by cgroup v1 or rlimits. A template with an ``image`` gets that image as its root
+filesystem (``imageroot``); one without sees the host's /usr read-only and a private /workspace
+and /tmp.
 
 A sandbox lives on disk (``<state_dir>/sandboxes/<id>``), so another replica on the same host, or
 this one after a restart, finds it again by id; nothing runs between commands.
@@ -9,6 +11,7 @@ this one after a restart, finds it again by id; nothing runs between commands.
 from __future__ import annotations
 
 import asyncio
+import errno
 import io
 import json
 import logging
@@ -24,7 +27,7 @@ from typing import Any
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import ExecRequest, ExecResult
 from services.protocol.status import ErrorCode
-from services.sandbox_broker.backends import overlay
+from services.sandbox_broker.backends import disk, imageroot, netns, overlay
 from services.sandbox_broker.backends.base import OutputSink, Sandbox, SandboxSpec, bad_path, sandbox_gone
 from services.sandbox_broker.backends.bwrap import (
     BASE_PATH,
@@ -35,6 +38,7 @@ from services.sandbox_broker.backends.bwrap import (
     probe_bwrap,
 )
 from services.sandbox_broker.backends.cgroups import Cgroups
+from services.sandbox_broker.backends.local_images import LocalImages, image_of, read_meta, shell_argv, workdir_of
 from services.sandbox_broker.backends.process import run_process, watch_children_with_pidfds
 from services.sandbox_broker.settings import BrokerSettings
 
@@ -48,7 +52,9 @@ class LocalBackend:
     name = "local"
 
     def __init__(self, settings: BrokerSettings) -> None:
-        self.root = settings.state_dir / "sandboxes"
+        state_dir = settings.state_dir.resolve()  # mount points are absolute: a relative dir left them mounted
+        self.root = state_dir / "sandboxes"
+        self.images = LocalImages(state_dir, self.root, settings.sandbox_uid, settings.image_store_mb * 2**20)
         self.uid = settings.sandbox_uid
         self.nofile = settings.nofile
         self.pids_max = settings.pids_max
@@ -58,6 +64,8 @@ class LocalBackend:
         self.cgroups = Cgroups("none")
         self.probe = HostProbe(None, None, False, "none")
         self.overlay = False
+        self.disk_quota = False  # each sandbox's writable state on a loop-mounted, size-limited ext4
+        self.egress_problem = "not probed"  # '' when egress sandboxes get their own isolated namespace
         self._bwrap: str | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -67,12 +75,15 @@ class LocalBackend:
         self.root.mkdir(parents=True, exist_ok=True)
         for directory in (self.root.parent, self.root):
             directory.chmod(0o711)  # the sandbox uid passes through, lists nothing
+        await asyncio.to_thread(self.images.clean_leftovers)
         self.cgroups = await asyncio.to_thread(Cgroups.probe, self.pids_max, Cgroups.scope_of(self.root))
         paths = SandboxPaths(self.root.parent / "probe")
         self._layout(paths)
         binary, version, ok, detail = await probe_bwrap(paths, self.uid)
         await asyncio.to_thread(shutil.rmtree, paths.root, True)
         self.overlay = await asyncio.to_thread(overlay.probe, self.root.parent / f"overlay-probe-{os.getpid()}")
+        self.disk_quota = await asyncio.to_thread(disk.probe, self.root.parent / f"disk-probe-{os.getpid()}")
+        self.egress_problem = await asyncio.to_thread(netns.probe, self.root.parent / f"netns-probe-{os.getpid()}")
         self.probe = HostProbe(binary, version, ok, self.cgroups.mode, detail, self.overlay)
         self._bwrap = binary if ok else None
         if not ok and not self.allow_unisolated:
@@ -80,11 +91,21 @@ class LocalBackend:
                                "pass --allow-unisolated to run commands without isolation (UNSAFE)")  # fmt: skip
         if not ok:
             log.warning("UNSAFE: local sandboxes run WITHOUT isolation: %s", detail)
-        log.info("local backend host probe: %s", self.probe.as_dict())
-        return {**self.probe.as_dict(), "unsafe_unisolated": not ok}
+        found = {**self.probe.as_dict(), "unsafe_unisolated": not ok, **self._limits_probe()}
+        log.info("local backend host probe: %s", found)
+        return found
+
+    def _limits_probe(self) -> dict[str, str]:
+        if self.egress_problem:
+            fallback = ", or run UNSAFE on the host network (--allow-unisolated)" if self.allow_unisolated else ""
+            log.warning("egress sandboxes cannot be isolated here (%s): egress leases are refused%s",
+                        self.egress_problem, fallback)  # fmt: skip
+        egress = f"unavailable: {self.egress_problem}" if self.egress_problem else netns.KIND
+        return {"disk_quota": disk.KIND if self.disk_quota else "none (file-size rlimit only)", "egress": egress}
 
     async def close(self) -> None:
         await asyncio.to_thread(self.cgroups.remove_scope)
+        await asyncio.to_thread(self.images.clean_leftovers)
 
     # -- sandboxes -----------------------------------------------------------------------------
 
@@ -106,30 +127,36 @@ class LocalBackend:
         except BaseException:
             await self.destroy(sandbox_id)
             raise
-        return Sandbox(sandbox_id, spec.labels, WORKDIR, float(str(meta["created_at"])))
+        return Sandbox(sandbox_id, spec.labels, workdir_of(meta), float(str(meta["created_at"])))
 
     def _prepare(self, paths: SandboxPaths, spec: SandboxSpec, meta: dict[str, object]) -> None:
+        paths.root.mkdir(parents=True)
+        if self.disk_quota:  # first: the workspace, /tmp and an image's upper layer all live on it
+            disk.create(paths.root, paths.disk, spec.resources.disk_mb)
         self._layout(paths)
-        if spec.template.rootfs:
-            rootfs = Path(spec.template.rootfs)
-            if not rootfs.is_dir():
-                raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"template rootfs {rootfs} is not a directory")
-            if self.overlay:
-                lower = overlay.layer(self.root.parent / "layers", rootfs, self.uid)
-                upper, work = paths.root / "upper", paths.root / "work"
-                for d in (upper, work):
-                    d.mkdir()
-                self._own(upper)
-                overlay.mount(lower, upper, work, paths.workspace)
-            else:
-                shutil.copytree(rootfs, paths.workspace, symlinks=True, dirs_exist_ok=True)
-                overlay.chown_tree(paths.workspace, self.uid)
+        if spec.network == "egress":
+            meta["netns"] = self._network(paths, spec)
+        self.images.prepare(paths, spec.template, self.overlay, meta)
         self.cgroups.create(paths.root.name, spec.resources)
         rlimits = {"n": self.nofile, "f": spec.resources.disk_mb * 2048}  # dash counts 512-byte blocks
         if self.cgroups.mode == "none":
             rlimits["v"] = spec.resources.memory_mb * 1024
         meta["rlimits"] = rlimits
         paths.meta.write_text(json.dumps(meta))
+
+    def _network(self, paths: SandboxPaths, spec: SandboxSpec) -> bool:
+        """Give an egress sandbox its own namespace behind NAT and rules (netns.py); whether it has one."""
+        if self.egress_problem and not self.allow_unisolated:
+            raise PlatformError(ErrorCode.BAD_REQUEST, f"egress sandboxes cannot be isolated on this broker's host "
+                                f"({self.egress_problem})", field="network")  # fmt: skip
+        if self.egress_problem:  # --allow-unisolated: the host's network (UNSAFE)
+            for name in ("resolv.conf", "hosts"):
+                shutil.copyfile(f"/etc/{name}", paths.etc / name)
+            return False
+        (paths.etc / "resolv.conf").write_text(netns.RESOLV_CONF)
+        (paths.etc / "hosts").write_text(netns.HOSTS)
+        netns.open_namespace(paths.root, netns.ruleset(spec.template.egress_allow, netns.host_networks()))
+        return True
 
     def _layout(self, paths: SandboxPaths) -> None:
         for d in (paths.workspace, paths.tmp, paths.etc):
@@ -153,8 +180,7 @@ class LocalBackend:
         paths = self._paths(sandbox_id)
         paths.meta.unlink(missing_ok=True)  # first: a command cut short now reports the sandbox gone
         await asyncio.to_thread(self.cgroups.remove, sandbox_id)
-        await asyncio.to_thread(overlay.unmount, paths.workspace)
-        await asyncio.to_thread(shutil.rmtree, paths.root, True)
+        await asyncio.to_thread(teardown, paths)
 
     async def list_sandboxes(self) -> list[Sandbox]:
         return await asyncio.to_thread(self._scan)
@@ -166,7 +192,8 @@ class LocalBackend:
                 meta = json.loads(meta_path.read_text())
             except (OSError, ValueError):
                 continue
-            found.append(Sandbox(meta_path.parent.name, meta.get("labels", {}), WORKDIR, meta.get("created_at", 0.0)))
+            found.append(Sandbox(meta_path.parent.name, meta.get("labels", {}), workdir_of(meta),
+                                 meta.get("created_at", 0.0)))  # fmt: skip
         known = {s.sandbox_id for s in found}
         # half-created sandboxes (no meta yet) and leftover cgroups still count as ours; their age is
         # their directory's, so that the reaper's grace spares one that is being created right now
@@ -190,16 +217,27 @@ class LocalBackend:
             meta = json.loads(paths.meta.read_text())
         except FileNotFoundError:
             raise sandbox_gone(sandbox_id) from None
-        command = request.argv if request.argv is not None else ["/bin/bash", "-lc", request.shell or ""]
-        cwd = request.cwd or WORKDIR
-        env = {"PATH": BASE_PATH, "HOME": WORKDIR, "USER": "sandbox", "LANG": "C.UTF-8", "TERM": "dumb"}
+        if request.keep_background:
+            why = "local commands run in their own pid namespace: their processes always end with them"
+            raise PlatformError(ErrorCode.BAD_REQUEST, why, field="keep_background")
+        command = request.argv if request.argv is not None else shell_argv(request.shell or "", meta)
+        cwd = request.cwd or workdir_of(meta)
+        image = image_of(meta)
+        env = image.base_env() if image else {"PATH": BASE_PATH, "HOME": WORKDIR, "USER": "sandbox",
+                                              "LANG": "C.UTF-8", "TERM": "dumb"}  # fmt: skip
         env.update(request.env)
+        network = meta.get("network") == "egress"
         if self._bwrap is None:  # --allow-unisolated on a host without bwrap: UNSAFE
             argv, host_cwd = command, str(self._unisolated_cwd(paths, cwd))
+        elif image is not None:
+            argv = [*imageroot.bwrap_image_argv(self._bwrap, paths, image, uid=self.uid, network=network, cwd=cwd),
+                    *command]  # fmt: skip
+            host_cwd = None
         else:
-            network = meta.get("network") == "egress"
             argv = [*bwrap_argv(self._bwrap, paths, uid=self.uid, network=network, cwd=cwd), *command]
             host_cwd = None
+        if meta.get("netns") and self._bwrap is not None:
+            argv = [*netns.enter_prefix(paths.root), *argv]
         argv = [*limits_prefix(meta.get("rlimits", {}), self.cgroups.procs_files(sandbox_id)), *argv]
         result = await run_process(
             argv,
@@ -273,7 +311,11 @@ class LocalBackend:
         return paths
 
     def _host_path(self, paths: SandboxPaths, path: str) -> Path:
-        """The host path behind a sandbox path under /workspace or /tmp, refusing links that leave it."""
+        """The host path behind a sandbox path under /workspace or /tmp (anywhere in an image root),
+        refusing links that leave it."""
+        image = image_of(read_meta(paths))
+        if image is not None:
+            return imageroot.host_path(paths, image, path)
         inside = posixpath.normpath(posixpath.join(WORKDIR, path))
         for top, base in zip(WRITABLE, (paths.workspace, paths.tmp), strict=True):
             if inside == top or inside.startswith(top + "/"):
@@ -290,10 +332,24 @@ class LocalBackend:
         return SandboxPaths(self.root / sandbox_id)
 
 
+def teardown(paths: SandboxPaths) -> None:
+    """Remove a sandbox's namespace, mounts and directory (its processes must be gone); idempotent."""
+    netns.close_namespace(paths.root)
+    overlay.unmount_under(paths.root)
+    disk.release(paths.root, paths.disk)
+    shutil.rmtree(paths.root, ignore_errors=True)
+
+
 def _write(host: Path, data: bytes) -> None:
     fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise PlatformError(ErrorCode.PAYLOAD_TOO_LARGE, "the sandbox's disk quota is full", status=413,
+                                field="body") from exc  # fmt: skip
+        raise
 
 
 def _read(host: Path) -> bytes:
