@@ -18,7 +18,6 @@ from aiohttp import web
 
 from services.llm_proxy.body import ParsedBody
 from services.llm_proxy.calls import GENERATE, Call, Forwarder
-from services.llm_proxy.responses import platform_error
 from services.protocol import ErrorCode, PlatformError
 from services.protocol import llm as h
 from services.protocol.trajectory import RoutedExperts
@@ -97,9 +96,7 @@ def _error(doc: Any, status: int) -> PlatformError:
         code = ErrorCode(str(detail.get("code")))
     except ValueError:
         code = ErrorCode.ENGINE_ERROR
-    exc = platform_error(code, str(detail.get("message", doc)), retry_after_s=detail.get("retry_after_s"))
-    exc.status = status
-    return exc
+    return PlatformError(code, str(detail.get("message", doc)), retry_after_s=detail.get("retry_after_s"))
 
 
 def _answer(doc: dict[str, Any], headers: Any, llm_s: float, shape: tuple[int, int] | None) -> EngineAnswer:

@@ -13,7 +13,6 @@ from typing import Any, Literal, TypeVar
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from services.llm_proxy.responses import platform_error
 from services.protocol import ErrorCode, PlatformError
 
 TemplateMessage = dict[str, Any]
@@ -84,12 +83,12 @@ def parse(model: type[T], body: dict[str, Any]) -> T:
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"]) or "body"
-        raise platform_error(ErrorCode.VALIDATION_ERROR, f"{field}: {first['msg']}", field=field) from None
+        raise PlatformError(ErrorCode.BAD_REQUEST, f"{field}: {first['msg']}", field=field) from None
 
 
 def refuse_n(n: int) -> None:
     if n != 1:
-        raise platform_error(ErrorCode.VALIDATION_ERROR, "n > 1 is not served: send n separate calls", field="n")
+        raise PlatformError(ErrorCode.BAD_REQUEST, "n > 1 is not served: send n separate calls", field="n")
 
 
 def text_of(content: Any) -> str:
@@ -108,9 +107,9 @@ def arguments_dict(arguments: Any, field: str) -> dict[str, Any]:
     try:
         value = orjson.loads(arguments or "{}")
     except (orjson.JSONDecodeError, TypeError):
-        raise platform_error(ErrorCode.VALIDATION_ERROR, f"{field} is not a JSON object", field=field) from None
+        raise PlatformError(ErrorCode.BAD_REQUEST, f"{field} is not a JSON object", field=field) from None
     if not isinstance(value, dict):
-        raise platform_error(ErrorCode.VALIDATION_ERROR, f"{field} is not a JSON object", field=field)
+        raise PlatformError(ErrorCode.BAD_REQUEST, f"{field} is not a JSON object", field=field)
     return value
 
 
@@ -134,7 +133,7 @@ def chat_messages(request: ChatRequest) -> list[TemplateMessage]:
 def _openai_call(call: dict[str, Any], field: str) -> dict[str, Any]:
     function = call.get("function")
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise platform_error(ErrorCode.VALIDATION_ERROR, f"{field}.function.name is required", field=field)
+        raise PlatformError(ErrorCode.BAD_REQUEST, f"{field}.function.name is required", field=field)
     return template_call(function["name"], arguments_dict(function.get("arguments"), f"{field}.function.arguments"))
 
 
@@ -144,7 +143,7 @@ def openai_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | N
     for i, tool in enumerate(tools):
         function = tool.get("function")
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise platform_error(ErrorCode.VALIDATION_ERROR, f"tools.{i}.function.name is required", field=f"tools.{i}")
+            raise PlatformError(ErrorCode.BAD_REQUEST, f"tools.{i}.function.name is required", field=f"tools.{i}")
     return tools
 
 
@@ -155,7 +154,7 @@ def anthropic_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] 
     out = []
     for i, tool in enumerate(tools):
         if not isinstance(tool.get("name"), str):
-            raise platform_error(ErrorCode.VALIDATION_ERROR, f"tools.{i}.name is required", field=f"tools.{i}.name")
+            raise PlatformError(ErrorCode.BAD_REQUEST, f"tools.{i}.name is required", field=f"tools.{i}.name")
         function = {
             "name": tool["name"],
             "description": tool.get("description", ""),
@@ -193,7 +192,7 @@ def _anthropic_blocks(role: str, blocks: list[dict[str, Any]], field: str) -> li
         elif kind == "tool_result":
             results.append({"role": "tool", "content": text_of(block.get("content"))})
         elif kind not in ("thinking", "redacted_thinking", "image"):
-            raise platform_error(ErrorCode.VALIDATION_ERROR, f"{field}.{k}.type {kind!r} is not supported", field=field)
+            raise PlatformError(ErrorCode.BAD_REQUEST, f"{field}.{k}.type {kind!r} is not supported", field=field)
     out: list[TemplateMessage] = list(results)
     if texts or calls or not results:
         message: TemplateMessage = {"role": role, "content": "".join(texts)}
@@ -212,4 +211,4 @@ def completion_prompt(request: CompletionRequest) -> str | list[int]:
     if len(prompt) == 1:
         only = prompt[0]
         return only if isinstance(only, str) else [int(t) for t in only]  # type: ignore[union-attr]
-    raise PlatformError(ErrorCode.VALIDATION_ERROR, "one prompt per call (a batch is n calls)", field="prompt")
+    raise PlatformError(ErrorCode.BAD_REQUEST, "one prompt per call (a batch is n calls)", field="prompt")

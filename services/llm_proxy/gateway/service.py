@@ -35,7 +35,7 @@ from services.llm_proxy.gateway.requests import (
 )
 from services.llm_proxy.gateway.sessions import SessionStore, request_token
 from services.llm_proxy.gateway.turns import TurnRequest, Turns
-from services.llm_proxy.responses import json_response, platform_error, read_json
+from services.llm_proxy.responses import json_response, read_json
 from services.llm_proxy.settings import ProxySettings
 from services.protocol import ErrorCode, PlatformError
 from services.protocol.gateway import GatewaySession
@@ -103,7 +103,7 @@ class Gateway:
         req = parse(CompletionRequest, body)
         refuse_n(req.n)
         if req.echo:
-            raise platform_error(ErrorCode.VALIDATION_ERROR, "echo is not supported", field="echo")
+            raise PlatformError(ErrorCode.BAD_REQUEST, "echo is not supported", field="echo")
         turn = TurnRequest(
             route="completions",
             messages=None,
@@ -142,7 +142,7 @@ class Gateway:
 def _top_logprobs(logprobs: bool, top: int | None) -> int | None:
     """None: no logprobs in the answer; else how many alternatives per token."""
     if top and not logprobs:
-        raise platform_error(ErrorCode.VALIDATION_ERROR, "top_logprobs requires logprobs: true", field="top_logprobs")
+        raise PlatformError(ErrorCode.BAD_REQUEST, "top_logprobs requires logprobs: true", field="top_logprobs")
     return (top or 0) if logprobs else None
 
 

@@ -18,8 +18,7 @@ import orjson
 from redis.asyncio import Redis
 
 from services.llm_proxy.gateway.tokens import Context
-from services.llm_proxy.responses import platform_error
-from services.protocol import ErrorCode, keys
+from services.protocol import ErrorCode, PlatformError, keys
 from services.protocol.gateway import GatewayCall, GatewaySession, decode_call, encode_call, token_digest
 
 
@@ -54,16 +53,14 @@ class SessionStore:
         if session is None:
             raw = await self.redis.get(keys.gateway_session(sid))
             if raw is None:
-                raise platform_error(ErrorCode.NOT_FOUND, f"no gateway session {sid!r} (unknown or ended)")
+                raise PlatformError(ErrorCode.NOT_FOUND, f"no gateway session {sid!r} (unknown or ended)")
             session = GatewaySession.model_validate_json(raw)
             self._cache[sid] = session
         if session.expires_at < time.time():
             self._cache.pop(sid, None)
-            raise platform_error(ErrorCode.NOT_FOUND, f"gateway session {sid!r} has ended")
+            raise PlatformError(ErrorCode.NOT_FOUND, f"gateway session {sid!r} has ended")
         if token is None or not hmac.compare_digest(token_digest(token), session.token_sha256):
-            exc = platform_error(ErrorCode.UNAUTHORIZED, "a valid session key is required (Bearer or x-api-key)")
-            exc.status = 401
-            raise exc
+            raise PlatformError(ErrorCode.UNAUTHORIZED, "a valid session key is required (Bearer or x-api-key)")
         return session
 
     async def open_call(self, session: GatewaySession) -> SessionView:
@@ -76,7 +73,7 @@ class SessionStore:
             pipe.lindex(keys.gateway_calls(sid), -1)
             index, (segments, truncated, closed), recorded, context, last_raw = await pipe.execute()
         if closed:
-            raise platform_error(ErrorCode.NOT_FOUND, f"gateway session {sid!r} has ended")
+            raise PlatformError(ErrorCode.NOT_FOUND, f"gateway session {sid!r} has ended")
         last = None
         if context is not None and last_raw is not None:
             last = _context(orjson.loads(context), decode_call(last_raw))

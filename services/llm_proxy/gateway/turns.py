@@ -24,7 +24,6 @@ from services.llm_proxy.gateway.pools import PoolConfigs
 from services.llm_proxy.gateway.requests import template_call
 from services.llm_proxy.gateway.sessions import SessionStore, SessionView
 from services.llm_proxy.gateway.tokens import Context, Messages, Plan, plan_chat, plan_ids
-from services.llm_proxy.responses import platform_error
 from services.protocol import Cap, ErrorCode, PlatformError
 from services.protocol.gateway import GatewayCall, GatewaySession
 from services.protocol.trajectory import logprobs, token_ids
@@ -85,9 +84,7 @@ class Turns:
     async def _caps(self, session: GatewaySession, view: SessionView, plan: Plan, client_max: int | None) -> int:
         if view.recorded >= session.max_turns:
             await self._truncate(session, Cap.TURNS)
-            exc = platform_error(ErrorCode.FORBIDDEN, f"the episode's turn cap ({session.max_turns} calls) is reached")
-            exc.status = 403
-            raise exc
+            raise PlatformError(ErrorCode.FORBIDDEN, f"the episode's turn cap ({session.max_turns} calls) is reached")
         room = session.max_trajectory_tokens - len(plan.prompt_ids)
         if room <= 0:
             await self._truncate(session, Cap.TRAJECTORY_TOKENS)
@@ -176,7 +173,7 @@ def _reply(result: TurnResult) -> dict[str, Any]:
 
 def context_error(limit: int, prompt: int) -> PlatformError:
     """The wording litellm maps to ``ContextWindowExceededError`` (no retries)."""
-    return platform_error(
+    return PlatformError(
         ErrorCode.CONTEXT_LENGTH_EXCEEDED,
         f"This model's maximum context length is {limit} tokens. However, your messages resulted in "
         f"{prompt} tokens (prompt is too long).",
