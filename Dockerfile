@@ -3,7 +3,8 @@
 #   trainer  training hosts: torch pinned (the CUDA build from PyPI on GPU hosts) + megatron-core
 #   engine   GPU engine hosts: the service image + SGLang (`rollout engine --mode sglang`)
 # BASE is a Debian root filesystem made with mmdebstrap from Debian's packages and imported into
-# dockerd (scripts/build-images.sh does both); any Debian/Ubuntu image with python3 works too.
+# dockerd (scripts/build-images.sh does both; docker/base-packages.txt lists what it holds: the
+# local sandbox backend needs bubblewrap, slirp4netns, nftables, iproute2 and e2fsprogs).
 # DEPS is the venv of every pinned dependency (docker/deps.Dockerfile, from docker/service.lock);
 # the builder stages add the platform (and, for trainer/engine, their extras) and trust the build
 # host's CA bundle (docker/build-ca.crt, copied by the script: some networks intercept TLS); the

@@ -19,9 +19,9 @@ from trainer_client.hf_import import load_hf_weights
 from trainer_client.learner import Learner, StepStats
 from trainer_client.metrics import StepLog, StepRecord, StepTimer, TrainerMetrics
 from trainer_client.model import Policy, build_gpt, build_policy, device
-from trainer_client.pipeline import Admission, RolloutSupply, load_tasks
 from trainer_client.settings import TrainSettings
 from trainer_client.shards import full_state_dict
+from trainer_client.supply import Admission, RolloutSupply, load_tasks
 from trainer_client.weights import WeightPublisher, job_pool
 
 logger = logging.getLogger(__name__)
