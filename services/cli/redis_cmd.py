@@ -13,7 +13,8 @@ from services.runtime.settings import RedisSettings
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("redis", help="run the embedded Redis-compatible server in the foreground")
-    p.add_argument("--port", type=int, default=None, help="TCP port on 127.0.0.1 (default: a free one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 in a container)")
+    p.add_argument("--port", type=int, default=None, help="TCP port (default: a free one)")
     p.add_argument("--appendonly", action="store_true", default=None, help="enable AOF persistence")
     p.add_argument("--data-dir", type=Path, default=None, help="directory for the AOF")
     p.set_defaults(handler=run)
@@ -22,7 +23,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in vars(args).items() if k in ("port", "appendonly", "data_dir") and v is not None}
     settings = RedisSettings(**overrides)
-    server = EmbeddedRedis(port=settings.port, appendonly=settings.appendonly, data_dir=settings.data_dir)
+    server = EmbeddedRedis(
+        port=settings.port, appendonly=settings.appendonly, data_dir=settings.data_dir, host=args.host
+    )
     server.start()
     print(f"redis listening: {server.url}  (Ctrl-C to stop)", flush=True)
 

@@ -17,6 +17,7 @@ from services.deploy.manifests import (
     Container,
     DeployError,
     Obj,
+    compose_config_errors,
     compose_containers,
     k8s_containers,
     load_compose,
@@ -26,6 +27,7 @@ from services.deploy.manifests import (
 from services.runtime.settings import SHARED_FIELDS, shared_variable
 
 SHARED = {shared_variable(f) for f in SHARED_FIELDS}  # ROLLOUT_REDIS_URL, ...: read by every process
+COMMANDS_WITHOUT_SETTINGS = ("redis", "tokenizer")  # one-shot or embedded helpers, configured by flags
 K8S_VERSION = "1.30.0"  # the oldest Kubernetes the manifests must work on (HPA v2, PDB v1)
 
 
@@ -86,6 +88,8 @@ def unknown_variables(env: dict[str, str], classes: dict[str, type[BaseSettings]
 
 def settings_errors(container: Container, classes: dict[str, type[BaseSettings]]) -> list[str]:
     """Variables that name no setting, values a setting refuses, ports that disagree."""
+    if container.command in COMMANDS_WITHOUT_SETTINGS:
+        return [f"{container.name}: {e}" for e in unknown_variables(container.env, classes)]
     cls = classes.get(container.command)
     if cls is None:
         return [f"{container.name}: runs unknown command {container.command!r}"]
@@ -136,7 +140,7 @@ def check(k8s_version: str = K8S_VERSION) -> Report:
     classes = settings_classes()
     try:
         containers = list(compose_containers(load_compose()))
-        found = [e for c in containers for e in settings_errors(c, classes)]
+        found = compose_config_errors() + [e for c in containers for e in settings_errors(c, classes)]
         report.containers_checked += len(containers)
         report.messages += found
         report.compose_ok = not found

@@ -10,16 +10,17 @@ exec kill, so each command runs under ``timeout -k`` inside and a client-side de
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
-import docker
 import docker.errors
 import docker.types
 
+import docker
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import ExecRequest, ExecResult
 from services.protocol.status import ErrorCode
@@ -86,6 +87,15 @@ class DockerBackend:
                 "runtime": self.settings.docker_runtime or "default", "bridge": bridge,
                 "firewall": "iptables" if self._firewalled else "operator (docs/sandbox_broker.md)"}  # fmt: skip
 
+    def _remove_idle_network(self) -> None:
+        """On shutdown, the shared network goes when no sandbox is left on it (another replica's
+        sandboxes keep it; the next broker to start creates it again)."""
+        for network in self._client.networks.list(names=[self.settings.docker_network]):
+            network.reload()
+            if network.attrs.get("Labels", {}).get(LABEL_BROKER) == "shared" and not network.attrs.get("Containers"):
+                with contextlib.suppress(docker.errors.APIError):  # a sandbox joined meanwhile
+                    network.remove()
+
     def _ensure_network(self) -> str:
         """The shared egress network (created with inter-container traffic off); its bridge's name."""
         name = self.settings.docker_network
@@ -114,6 +124,7 @@ class DockerBackend:
         if self._firewalled:
             await self._run(docker_firewall.remove, self._firewalled)
         if self._client is not None:
+            await self._run(self._remove_idle_network)
             await self._run(self._client.close)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
