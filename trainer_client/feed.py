@@ -30,14 +30,14 @@ class Feed:
     _groups_seen: Counter[str] = field(default_factory=Counter)
 
     @classmethod
-    def start(cls, s: TrainSettings, state: TrainerState) -> Feed:
+    def start(cls, s: TrainSettings, state: TrainerState, client: RolloutClient | None) -> Feed:
         """Acknowledge what the checkpoint decided, reclaim the rest, restore the counters."""
-        consumer = TrajectoryConsumer(redis.Redis.from_url(s.redis_url), s.job, s.consumer_group)
+        consumer = TrajectoryConsumer(redis.Redis.from_url(s.require_redis_url()), s.job, s.consumer_group)
         consumer.ensure_group()
         consumer.ack(state.to_ack)  # a crash between checkpoint and ack
         assembler = GroupAssembler(s.min_valid, s.max_staleness, seen=state.seen(), group_timeout_s=s.group_timeout_s,
                                    lineage=state.lineage)  # fmt: skip
-        feed = cls(s, consumer, assembler, _supply(s), backlog=consumer.reclaim())
+        feed = cls(s, consumer, assembler, _supply(s, client), backlog=consumer.reclaim())
         for counters in (feed._drops_seen, assembler.drops):
             counters.update(state.drops)
         for counters in (feed._groups_seen, assembler.dropped_groups):
@@ -101,11 +101,10 @@ class Feed:
         self.consumer.client.close()
 
 
-def _supply(s: TrainSettings) -> RolloutSupply | None:
-    if not s.api_url:
+def _supply(s: TrainSettings, client: RolloutClient | None) -> RolloutSupply | None:
+    if client is None:
         return None
     if not s.tasks_path:
         raise ValueError("ROLLOUT_TRAIN_TASKS_PATH is required with ROLLOUT_TRAIN_API_URL")
     admission = Admission(s.batch_groups, s.max_staleness, s.overprovision)
-    client = RolloutClient(s.api_url, s.api_token)
     return RolloutSupply(client, s.job, load_tasks(s.tasks_path), admission, s.group_size, s.sampling, s.limits)

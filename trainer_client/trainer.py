@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from trainer_client import checkpoint
 from trainer_client.batch import Sample, samples_from_groups, staleness_histogram
+from trainer_client.client import RolloutClient
 from trainer_client.export import export_hf
 from trainer_client.feed import Feed
 from trainer_client.hf_import import load_hf_weights
@@ -21,7 +22,7 @@ from trainer_client.ranks import Ranks
 from trainer_client.settings import TrainSettings
 from trainer_client.shards import full_state_dict
 from trainer_client.versions import label, next_epoch
-from trainer_client.weights import WeightPublisher
+from trainer_client.weights import WeightPublisher, job_pool
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +60,9 @@ class Trainer:
         learner = Learner(policy, s.loss, reference, ranks, batching, s.optim)
         trainer = cls(s, policy, learner, state, ranks)
         if ranks.leader:
-            trainer.feed = Feed.start(s, state)
-            trainer.publisher = _publisher(s)
+            client = RolloutClient(s.api_url, s.api_token) if s.api_url else None
+            trainer.feed = Feed.start(s, state, client)
+            trainer.publisher = _publisher(s, client)
             trainer.log, trainer.metrics = StepLog(s.step_log), TrainerMetrics()
             if s.metrics_port:
                 trainer.metrics.serve(s.metrics_port)
@@ -149,8 +151,11 @@ class Trainer:
         return record
 
 
-def _publisher(s: TrainSettings) -> WeightPublisher | None:
-    return WeightPublisher(s.proxy_url, s.pool, s.proxy_token, s.sync_timeout_s) if s.proxy_url else None
+def _publisher(s: TrainSettings, client: RolloutClient | None) -> WeightPublisher | None:
+    if not s.proxy_url:
+        return None
+    pool = job_pool(s.job, s.pool, client.job(s.job).pool if client else None)
+    return WeightPublisher(s.proxy_url, pool, s.admin_token or None, s.sync_timeout_s, s.weight_store_url)
 
 
 def _reference(policy: Policy, s: TrainSettings) -> object:

@@ -145,3 +145,21 @@ def sandbox_reap_lock(sandbox_id: str) -> str:
 def broker_templates() -> str:
     """Hash: template name -> ``Template`` JSON registered with the broker."""
     return f"{PREFIX}:broker:{{leases}}:templates"
+
+
+# -- dashboard (rollout API) -----------------------------------------------------------------
+
+
+def dashboard_job_samples(job: str) -> str:
+    """List of the job's dashboard samples (``JobSample`` JSON), newest first, trimmed to an hour."""
+    return f"{_job(job)}:dash:samples"
+
+
+def dashboard_fleet_samples() -> str:
+    """List of fleet-wide dashboard samples (``FleetSample`` JSON), newest first."""
+    return f"{PREFIX}:dash:{{fleet}}:samples"
+
+
+def dashboard_sample_lock() -> str:
+    """String lock with a short TTL: one API replica takes each round of samples."""
+    return f"{PREFIX}:dash:{{fleet}}:lock"

@@ -91,8 +91,8 @@ def test_errors_say_whose_fault_they_are(start_broker: BrokerFactory) -> None:
         assert bad.status_code == 201  # registered; creating from it fails as a request error
         made = client.post("/leases", json={"template": "x"})
         assert made.status_code == 400 and made.json()["error"] == {
-            "code": "unknown_template", "message": "template rootfs /nonexistent is not a directory",
-            "infra": False, "field": None, "retry_after_s": None}  # fmt: skip
+            "code": "unknown_template", "message": "template 'x': rootfs /nonexistent is not a directory",
+            "infra": False, "field": "template", "retry_after_s": None}  # fmt: skip
         client.delete(f"/leases/{lid}")
 
 

@@ -23,6 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from services.protocol.api import JobCreate
 from services.protocol.tasks import RewardSpec, Task
 from services.runtime.net import free_port
 from services.runtime.redis_server import EmbeddedRedis
@@ -92,17 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     tasks = args.out / "tasks.jsonl"
     tasks.write_text("".join(Task(id=f"t{i}", prompt="p", reward=RewardSpec(command="true")).model_dump_json() + "\n"
                              for i in range(16)))  # fmt: skip
-    with (
-        EmbeddedRedis() as redis_server,
-        serve_fleet(redis_server.url, **(CPU_SHAPE if args.cpu else GPU_SHAPE)) as (
-            url,
-            _,
-        ),
-    ):
+    shape = CPU_SHAPE if args.cpu else GPU_SHAPE
+    with EmbeddedRedis() as redis_server, serve_fleet(redis_server.url, **shape) as (url, fleet):
+        fleet.jobs["gpu-run"] = JobCreate(job="gpu-run")  # the trainer reads the job's pool from the API
         env = settings_env(args, redis_server.url, url, tasks, write_tokenizer_dir(args.out / "tokenizer"))
-        code = subprocess.run(
-            torchrun_argv(args.nproc), env=python_env({**os.environ, **env}), cwd=REPO_ROOT
-        ).returncode
+        env = python_env({**os.environ, **env})
+        code = subprocess.run(torchrun_argv(args.nproc), env=env, cwd=REPO_ROOT, check=False).returncode
     if code == 0:
         summary = print_breakdown(args.out / "steps.jsonl")
         (args.out / "breakdown.json").write_text(json.dumps(summary, indent=2))

@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from services.protocol import keys
+from services.protocol.api import JobCreate
 from services.protocol.tasks import RewardSpec, Task
 from services.protocol.trajectory import from_stream_fields, to_stream_fields
 from services.protocol.weights import WeightUpdate
@@ -69,6 +70,7 @@ def test_kill_a_rank_between_weight_post_and_checkpoint(
     run, log = tmp_path / "run", tmp_path / "trainer.log"
     launcher: list[int] = []
     with serve_fleet(redis_url, prompt_len=5, turns=1, gen_len=3) as (url, fleet):
+        fleet.jobs["job1"] = JobCreate(job="job1")  # the trainer reads the job's pool from the API
         env = python_env({
             "ROLLOUT_TRAIN_JOB": "job1", "ROLLOUT_TRAIN_REDIS_URL": redis_url, "ROLLOUT_TRAIN_API_URL": url,
             "ROLLOUT_TRAIN_PROXY_URL": url, "ROLLOUT_TRAIN_TASKS_PATH": str(tasks), "ROLLOUT_TRAIN_WORK_DIR": str(run),
