@@ -25,12 +25,12 @@ from pathlib import Path
 
 from services.protocol.api import JobCreate
 from services.protocol.tasks import RewardSpec, Task
-from services.runtime.net import free_port
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.tokenizer import write_tokenizer_dir
 from tests.support.processes import REPO_ROOT, python_env
 from tests.trainer.conftest import TINY
 from tests.trainer.fake_fleet import serve_fleet
+from tests.trainer.launch import torchrun_argv
 from trainer_client.metrics import PHASES
 
 GPU_MODEL = {"family": "qwen3", "vocab_size": 32768, "hidden_size": 1024, "num_layers": 16,
@@ -68,11 +68,6 @@ def settings_env(args: argparse.Namespace, redis_url: str, url: str, tasks: Path
     }  # fmt: skip
 
 
-def torchrun_argv(nproc: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
-            "127.0.0.1", "--master-port", str(free_port()), "-m", "trainer_client.main"]  # fmt: skip
-
-
 def print_breakdown(steps_log: Path) -> dict[str, object]:
     records = [json.loads(line) for line in steps_log.read_text().splitlines() if line.strip()]
     columns = (*PHASES, "total_s")
@@ -98,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         fleet.jobs["gpu-run"] = JobCreate(job="gpu-run")  # the trainer reads the job's pool from the API
         env = settings_env(args, redis_server.url, url, tasks, write_tokenizer_dir(args.out / "tokenizer"))
         env = python_env({**os.environ, **env})
-        code = subprocess.run(torchrun_argv(args.nproc), env=env, cwd=REPO_ROOT, check=False).returncode
+        code = subprocess.run(
+            torchrun_argv(args.nproc, "trainer_client.main"), env=env, cwd=REPO_ROOT, check=False
+        ).returncode
     if code == 0:
         summary = print_breakdown(args.out / "steps.jsonl")
         (args.out / "breakdown.json").write_text(json.dumps(summary, indent=2))

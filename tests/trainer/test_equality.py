@@ -7,15 +7,14 @@ the loss, the token figures and every updated weight match a single rank within 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from services.runtime.net import free_port
 from tests.support.processes import REPO_ROOT, python_env
 from tests.trainer.equality_worker import BATCHING, MODEL, OPTIM, step_samples
+from tests.trainer.launch import torchrun_argv, wait_all
 from trainer_client.export import export_hf
 from trainer_client.hf_import import load_hf_weights
 from trainer_client.learner import Learner, LossConfig
@@ -25,9 +24,7 @@ pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
 
 def torchrun(nproc: int, out: Path, init_dir: Path, sizes: str, log: Path) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
-            "127.0.0.1", "--master-port", str(free_port()), "-m", "tests.trainer.equality_worker", str(out),
-            str(init_dir), sizes]  # fmt: skip
+    argv = torchrun_argv(nproc, "tests.trainer.equality_worker", str(out), str(init_dir), sizes)
     with log.open("wb") as f:
         return subprocess.Popen(argv, env=python_env({"OMP_NUM_THREADS": "1"}), cwd=REPO_ROOT, stdout=f,
                                 stderr=subprocess.STDOUT)  # fmt: skip
@@ -59,12 +56,8 @@ def test_dp2_tp2_and_dp2xtp2_equal_one_rank(tmp_path: Path) -> None:
     procs = [torchrun(2, tmp_path, init_dir, "1,2", logs[0]), torchrun(4, tmp_path, init_dir, "2", logs[1])]
     try:
         reference = one_rank(init_dir)
-        codes = [p.wait(timeout=220) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        codes = wait_all(procs, 220)
     assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
     moved = max((reference["weights"][k] - w).abs().max().item() for k, w in _initial(init_dir).items())  # type: ignore[index]
     assert moved > 1e-4  # the step really changed the weights

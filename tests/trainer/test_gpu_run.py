@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.gpu_run import parse, settings_env, torchrun_argv
+from tests.trainer.gpu_run import parse, settings_env
+from tests.trainer.launch import torchrun_argv
 from trainer_client.settings import TrainSettings
 
 pytestmark = [pytest.mark.trainer]
@@ -24,4 +25,4 @@ def test_gpu_script_settings_parse(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     assert s.model.vocab_size % args.tp == 0  # Megatron splits the vocabulary evenly
     assert s.packing and s.optim.warmup_steps == 2 and s.work_dir == tmp_path
     assert s.parallel.recompute_activations is not args.cpu
-    assert torchrun_argv(args.nproc)[3:5] == ["--nproc-per-node", str(args.nproc)]
+    assert torchrun_argv(args.nproc, "trainer_client.main")[3:5] == ["--nproc-per-node", str(args.nproc)]

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -24,11 +23,11 @@ from services.protocol.api import JobCreate
 from services.protocol.tasks import RewardSpec, Task
 from services.protocol.trajectory import from_stream_fields, to_stream_fields
 from services.protocol.weights import WeightUpdate
-from services.runtime.net import free_port
 from tests.support.processes import REPO_ROOT, python_env
 from tests.trainer.conftest import TINY
 from tests.trainer.factories import make_trajectory
 from tests.trainer.fake_fleet import FleetState, serve_fleet
+from tests.trainer.launch import torchrun_argv
 from trainer_client.checkpoint import TrainerState, latest
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
@@ -37,9 +36,8 @@ LOST = "3-e1"  # the weights posted and then lost with the crash
 
 
 def torchrun(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-            "--master-port", str(free_port()), "-m", "trainer_client.main"]  # fmt: skip
     with log.open("ab") as out:
+        argv = torchrun_argv(2, "trainer_client.main")
         return subprocess.Popen(argv, env=env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # fmt: skip
 
