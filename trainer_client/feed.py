@@ -15,8 +15,8 @@ from trainer_client.checkpoint import TrainerState
 from trainer_client.client import RolloutClient
 from trainer_client.consumer import Entry, TrajectoryConsumer
 from trainer_client.groups import Group, GroupAssembler
-from trainer_client.pipeline import Admission, RolloutSupply, load_tasks
 from trainer_client.settings import TrainSettings
+from trainer_client.supply import Admission, RolloutSupply, load_tasks
 
 
 @dataclass

@@ -123,7 +123,7 @@ async def get_trajectory(job: str, entry_id: str, ctx: Ctx, dash: Dash, caller: 
     caller.require_job(job)
     await job_or_404(ctx, job)
     if not entry_id.replace("-", "").isdigit():
-        raise PlatformError(ErrorCode.BAD_REQUEST, f"bad entry id {entry_id!r}", status=400, field="entry_id")
+        raise PlatformError(ErrorCode.BAD_REQUEST, f"bad entry id {entry_id!r}", field="entry_id")
     body = await detail(ctx.redis, job, entry_id, dash.tokens)
     return Response(body, media_type="application/json")
 
