@@ -69,7 +69,7 @@ def samples_from_groups(groups: list[Group], version: int, normalize_std: bool, 
                     loss_mask=as_tensor(traj.loss_mask, torch.float32)[:keep],
                     engine_logprobs=as_tensor(traj.response_logprobs, torch.float32)[:keep],
                     advantage=adv,
-                    reward=traj.reward,
+                    reward=traj.trainable_reward,
                     staleness=version - member.version,
                 )
             )
