@@ -96,6 +96,7 @@ def work_items(request: RolloutRequest, rollout_id: str, pool: str, now: float) 
                 pool=pool,
                 priority=request.priority,
                 enqueued_at=now,
+                agent=task.agent or request.agent,
             )
             items.append((item.trajectory_id, item.model_dump_json().encode()))
     return items
