@@ -49,7 +49,7 @@ def samples_from_groups(groups: list[Group], version: int, normalize_std: bool, 
             traj = member.trajectory
             for index, segment in enumerate(traj.all_segments()):
                 key = key_of(traj) if index == 0 else f"{key_of(traj)}#{index}"
-                samples.append(_sample(key, segment, max_len, adv, traj.reward, version - member.version))
+                samples.append(_sample(key, segment, max_len, adv, traj.trainable_reward, version - member.version))
     return samples
 
 

@@ -72,7 +72,7 @@ class Group:
         return len(self.arrived) >= self.size
 
     def rewards(self) -> torch.Tensor:
-        return torch.tensor([m.trajectory.reward for m in self.members], dtype=torch.float32)
+        return torch.tensor([m.trajectory.trainable_reward for m in self.members], dtype=torch.float32)
 
 
 @dataclass(frozen=True)

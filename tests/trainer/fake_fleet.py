@@ -79,7 +79,8 @@ def build_app(state: FleetState) -> FastAPI:
             return _error(404, ErrorCode.UNKNOWN_JOB, f"no job {job}")
         spec = state.jobs[job]
         return JobStatus(job=job, pool=spec.pool, weight=spec.weight, quotas=JobQuotas(), queue_depth=0,
-                         in_flight=0, finished=0, by_status={}, infra_errors_by_stage={})  # fmt: skip
+                         in_flight=0, finished=0, by_status={}, infra_failed_attempts_by_stage={},
+                         infra_error_trajectories_by_stage={})  # fmt: skip
 
     @app.post("/rollouts", status_code=202)
     def submit(request: RolloutRequest) -> RolloutAccepted:

@@ -72,7 +72,7 @@ def test_train_from_stream_loss_and_logprob_bookkeeping(redis_client: redis.Redi
     # learning: rewarded responses became likelier, unrewarded ones less likely
     for t in trajs:
         moved = after[t.trajectory_id] - before[t.trajectory_id]
-        assert (moved > 0) == (t.reward > 0), (t.trajectory_id, moved)
+        assert (moved > 0) == (t.trainable_reward > 0), (t.trajectory_id, moved)
     assert stats.logprob_gap > 0 and stats.ess < 1.0  # the engine's logprobs are now stale
     assert stats.clip_fraction == 0.0  # one optimizer step per batch: the recomputed 'old' policy is the current one
     assert [d.fate for d in assembler.drain_decided()] == ["used"] * 8
