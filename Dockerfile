@@ -3,18 +3,18 @@
 #   trainer  training hosts: torch pinned (the CUDA build from PyPI on GPU hosts) + megatron-core
 #   engine   GPU engine hosts: the service image + SGLang (`rollout engine --mode sglang`)
 # BASE is a Debian root filesystem made with mmdebstrap from Debian's packages and imported into
-# dockerd (scripts/build-images.sh does both; docker/base-packages.txt lists what it holds: the
+# dockerd (scripts/build-images.sh does both; deploy/base-packages.txt lists what it holds: the
 # local sandbox backend needs bubblewrap, slirp4netns, nftables, iproute2 and e2fsprogs).
-# DEPS is the venv of every pinned dependency (docker/deps.Dockerfile, from docker/service.lock);
+# DEPS is the venv of every pinned dependency (deploy/deps.Dockerfile, from deploy/service.lock);
 # the builder stages add the platform (and, for trainer/engine, their extras) and trust the build
-# host's CA bundle (docker/build-ca.crt, copied by the script: some networks intercept TLS); the
+# host's CA bundle (deploy/build-ca.crt, copied by the script: some networks intercept TLS); the
 # final images get only the venv, neither that bundle nor the sources.
 ARG BASE=rollout-base:bookworm
 ARG DEPS=rollout-deps:latest
 
 FROM ${DEPS} AS build
 WORKDIR /src
-COPY docker/service.lock ./docker/
+COPY deploy/service.lock ./deploy/
 COPY pyproject.toml README.md ./
 COPY services ./services
 COPY trainer_client ./trainer_client
@@ -30,7 +30,7 @@ ENTRYPOINT ["rollout"]
 
 FROM build AS build-trainer
 RUN /opt/venv/bin/pip install --no-cache-dir "torch==2.13.0" \
-    && /opt/venv/bin/pip install --no-cache-dir -c docker/service.lock ".[trainer]"
+    && /opt/venv/bin/pip install --no-cache-dir -c deploy/service.lock ".[trainer]"
 
 FROM service AS trainer
 COPY --from=build-trainer /opt/venv /opt/venv

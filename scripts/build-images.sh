@@ -23,14 +23,15 @@ done
 mkdir -p "$CACHE"
 
 # 1. the base: Debian from Debian's packages (cached by suite and package list)
-packages=$(grep -v '^#' docker/base-packages.txt | paste -sd, -)
+packages=$(grep -v '^#' deploy/base-packages.txt | paste -sd, -)
 base_key=$(printf '%s %s' "$SUITE" "$packages" | sha256sum | cut -c1-16)
 base_tar="$CACHE/base-$SUITE-$base_key.tar"
 if [[ ! -f $base_tar ]]; then
   command -v mmdebstrap >/dev/null || { echo "mmdebstrap is needed: apt-get install mmdebstrap" >&2; exit 1; }
   echo "== base root filesystem: mmdebstrap $SUITE with $packages (a few minutes, once)"
-  mmdebstrap --quiet --variant=apt --include="$packages" --mode=root "$SUITE" "$base_tar.partial" "$MIRROR"
+  mmdebstrap --quiet --variant=apt --format=tar --include="$packages" --mode=root "$SUITE" "$base_tar.partial" "$MIRROR"
   mv "$base_tar.partial" "$base_tar"
+  find "$CACHE" -name "base-*.tar" ! -name "$(basename "$base_tar")" -delete
 fi
 if [[ $(docker image inspect -f '{{index .Config.Labels "rollout.base"}}' "rollout-base:$SUITE" 2>/dev/null) != "$base_key" ]]; then
   echo "== importing rollout-base:$SUITE"
@@ -40,15 +41,15 @@ fi
 # 2. the pinned dependencies (cached by base + lock) and the targets (cached by the content of
 # everything they are built from). The builder stages trust this host's CA bundle (networks that
 # intercept TLS); the final images do not carry it.
-cp "${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}" docker/build-ca.crt
+cp "${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}" deploy/build-ca.crt
 if [[ $relock == 1 ]]; then
-  echo "== resolving .[e2b,docker] in the base image into docker/service.lock"
-  docker run --rm --network host -e PIP_CERT=/tmp/ca.crt -v "$PWD:/src:ro" -v "$PWD/docker/build-ca.crt:/tmp/ca.crt:ro" \
+  echo "== resolving .[e2b,docker] in the base image into deploy/service.lock"
+  docker run --rm --network host -e PIP_CERT=/tmp/ca.crt -v "$PWD:/src:ro" -v "$PWD/deploy/build-ca.crt:/tmp/ca.crt:ro" \
     "rollout-base:$SUITE" bash -c 'python3 -m venv /tmp/v && cp -r /src /tmp/src && rm -rf /tmp/src/.venv &&
       /tmp/v/bin/pip install -q --disable-pip-version-check "/tmp/src[e2b,docker]" >&2 &&
-      /tmp/v/bin/pip freeze --exclude-editable | grep -v "^rollout-platform"' > docker/service.lock.new
-  mv docker/service.lock.new docker/service.lock
-  echo "== docker/service.lock: $(wc -l < docker/service.lock) pins"
+      /tmp/v/bin/pip freeze --exclude-editable | grep -v "^rollout-platform"' > deploy/service.lock.new
+  mv deploy/service.lock.new deploy/service.lock
+  echo "== deploy/service.lock: $(wc -l < deploy/service.lock) pins"
 fi
 load_or_build() {  # name tag key dockerfile target
   local saved="$CACHE/$1-$3.tar"
@@ -63,8 +64,8 @@ load_or_build() {  # name tag key dockerfile target
   docker save -o "$saved.partial" "$2" && mv "$saved.partial" "$saved"
   find "$CACHE" -name "$1-*.tar" ! -name "$(basename "$saved")" -delete  # keep one of each
 }
-deps_key=$( { echo "$base_key"; sha256sum docker/service.lock docker/deps.Dockerfile; } | sha256sum | cut -c1-16)
-load_or_build deps rollout-deps:latest "$deps_key" docker/deps.Dockerfile ""
+deps_key=$( { echo "$base_key"; sha256sum deploy/service.lock deploy/deps.Dockerfile; } | sha256sum | cut -c1-16)
+load_or_build deps rollout-deps:latest "$deps_key" deploy/deps.Dockerfile ""
 content_key=$( { echo "$deps_key"; git ls-files -z -- Dockerfile pyproject.toml README.md services trainer_client \
   | xargs -0 sha256sum; } | sha256sum | cut -c1-16)
 for target in "${targets[@]}"; do

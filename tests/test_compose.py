@@ -10,10 +10,10 @@ import subprocess
 import time
 from collections.abc import Iterator
 
+import docker
 import httpx
 import pytest
 
-import docker
 from services.deploy.manifests import COMPOSE, ROOT, compose_binary
 from services.protocol.trajectory import trajectory_from_json
 from services.runtime.net import free_port

