@@ -59,8 +59,13 @@ load_or_build() {  # name tag key dockerfile target
     return
   fi
   echo "== building $2"
-  docker build -q --network host -f "$4" ${5:+--target "$5"} --build-arg "BASE=rollout-base:$SUITE" \
-    --build-arg DEPS=rollout-deps:latest -t "$2" . >/dev/null
+  local attempt
+  for attempt in 1 2 3; do  # a daemon under heavy load has lost a layer mid-build: try again
+    docker build -q --network host -f "$4" ${5:+--target "$5"} --build-arg "BASE=rollout-base:$SUITE" \
+      --build-arg DEPS=rollout-deps:latest -t "$2" . >/dev/null && break
+    [[ $attempt == 3 ]] && return 1
+    echo "== building $2 failed (attempt $attempt), retrying"
+  done
   docker save -o "$saved.partial" "$2" && mv "$saved.partial" "$saved"
   find "$CACHE" -name "$1-*.tar" ! -name "$(basename "$saved")" -delete  # keep one of each
 }

@@ -90,12 +90,16 @@ def private_dockerd() -> Iterator[Dockerd | str]:
 
 
 def _wait_ready(daemon: Dockerd) -> str:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if daemon.proc.poll() is not None:
             return f"dockerd exited: {(daemon.root / 'dockerd.log').read_text()[-500:]}"
         if (daemon.root / "docker.sock").exists():
-            client = docker.DockerClient(base_url=daemon.url, timeout=2)
+            try:  # a loaded machine may answer the version query late: retry until the deadline
+                client = docker.DockerClient(base_url=daemon.url, timeout=5)
+            except docker.errors.DockerException:
+                time.sleep(0.1)
+                continue
             try:
                 if client.ping():
                     return ""
@@ -104,7 +108,7 @@ def _wait_ready(daemon: Dockerd) -> str:
             finally:
                 client.close()
         time.sleep(0.1)
-    return "dockerd did not answer within 30 s"
+    return "dockerd did not answer within 120 s"
 
 
 def _stop(daemon: Dockerd) -> None:
