@@ -99,12 +99,15 @@ def compose_containers(doc: Obj, expand: dict[str, str] | None = None) -> Iterat
     """The platform services of a Compose file; ``${VAR...}`` is replaced by ``expand[VAR]`` or a test value."""
     import re
 
+    def value_of(m: re.Match[str]) -> str:
+        """``expand[VAR]``, else the default of ``${VAR:-default}``, else a test value (``${VAR:?}``)."""
+        default = m.group(2) or ""
+        if default.startswith((":-", "-")):
+            return (expand or {}).get(m.group(1), default.split("-", 1)[1])
+        return (expand or {}).get(m.group(1), f"test-{m.group(1).lower()}")
+
     def sub(value: str) -> str:
-        return re.sub(
-            r"\$\{([A-Z0-9_]+)(:?[?-][^}]*)?\}",
-            lambda m: (expand or {}).get(m.group(1), f"test-{m.group(1).lower()}"),
-            value,
-        )
+        return re.sub(r"\$\{([A-Z0-9_]+)(:?[?-][^}]*)?\}", value_of, value)
 
     for name, svc in doc["services"].items():
         if not str(svc.get("image", "")).startswith(IMAGE_PREFIX):
