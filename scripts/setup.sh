@@ -7,8 +7,8 @@ VENV=${1:-.venv}
 cd "$(dirname "$0")/.."
 
 # Sandboxes (bubblewrap), the Docker backend's tests (docker.io, busybox-static for a local
-# image), network namespaces (iproute2).
-SYSTEM_PACKAGES=(bubblewrap busybox-static docker.io iproute2 iptables)
+# image), network namespaces (iproute2), the base image of the shipped SWE-style tasks (mmdebstrap).
+SYSTEM_PACKAGES=(bubblewrap busybox-static docker.io iproute2 iptables mmdebstrap)
 missing=()
 for pkg in "${SYSTEM_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
