@@ -157,7 +157,7 @@ def summary(
     instances: list[dict[str, Any]], results: dict[str, list[Trajectory]], prepare: list[float]
 ) -> dict[str, Any]:
     def reward_mean(mode: str) -> float | None:
-        scored = [t.reward for t in results[mode] if t.status.trainable]
+        scored = [t.reward for t in results[mode] if t.status.trainable and t.reward is not None]
         return round(statistics.fmean(scored), 4) if scored else None
 
     every = [t for mode in MODES for t in results[mode]]
