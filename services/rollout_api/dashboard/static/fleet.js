@@ -76,7 +76,7 @@ const Fleet = {
   },
 
   infraCard(s) {
-    const rows = Object.entries(s.infra_errors_by_stage).filter(([, n]) => n > 0);
+    const rows = Object.entries(s.infra_failed_attempts_by_stage).filter(([, n]) => n > 0);
     const body = rows.length
       ? rows.map(([stage, n]) => el("div.legend-row", { dataset: { infraStage: stage } },
         el("span.swatch.bad"), el("span", {}, stage), el("span.num", {}, Fmt.int(n))))
