@@ -62,7 +62,7 @@ def published(job: str) -> str:
 
 
 def job_stats(job: str) -> str:
-    """Hash of the job's counters (status counts, infra errors by stage)."""
+    """Hash of the job's counters: fields in ``services.protocol.counters``."""
     return f"{_job(job)}:stats"
 
 
@@ -107,6 +107,29 @@ def proxy_events() -> str:
 def proxy_weight_lock(pool: str) -> str:
     """String lock: one weight-update transaction per pool at a time."""
     return f"{PREFIX}:proxy:{{fleet}}:lock:{pool}"
+
+
+# -- agent gateway (one hash tag per session: its keys share a slot) --------------------------
+
+
+def gateway_session(session: str) -> str:
+    """String: the ``GatewaySession`` JSON, written by the worker; expires with the episode."""
+    return f"{PREFIX}:gw:{{{session}}}:session"
+
+
+def gateway_calls(session: str) -> str:
+    """List of msgpack ``GatewayCall`` records, one per LLM call, in call order."""
+    return f"{PREFIX}:gw:{{{session}}}:calls"
+
+
+def gateway_state(session: str) -> str:
+    """String: the msgpack ``SessionState`` (counters, caps hit) of the session."""
+    return f"{PREFIX}:gw:{{{session}}}:state"
+
+
+def gateway_context(session: str) -> str:
+    """String: the last call's normalised messages and reply (JSON), for token-in merging."""
+    return f"{PREFIX}:gw:{{{session}}}:context"
 
 
 # -- sandbox broker --------------------------------------------------------------------------

@@ -15,11 +15,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from services.rollout_api import jobs, rollouts, sse
 from services.rollout_api.context import ApiContext, Ctx
 from services.rollout_api.dashboard import routes as dashboard
-from services.rollout_api.errors import install_error_handlers
 from services.rollout_api.metrics import ApiMetrics
-from services.rollout_api.scripts import Scripts
+from services.rollout_api.redis_scripts import Scripts
 from services.rollout_api.settings import ApiSettings
 from services.rollout_api.templates import TemplateCatalog
+from services.runtime.http_errors import install_error_handlers
 from services.runtime.redis_pool import observe_pools, open_redis
 from services.runtime.settings import RedisSettings
 

@@ -76,7 +76,7 @@ def test_errors_say_whose_fault_they_are(start_broker: BrokerFactory) -> None:
 
         lid = lease(client)["id"]
         both = client.post(f"/leases/{lid}/exec", json={"shell": "true", "argv": ["true"]})
-        assert both.status_code == 400 and both.json()["error"]["code"] == "validation_error"
+        assert both.status_code == 422 and both.json()["error"]["code"] == "validation_error"
         outside = client.put(f"/leases/{lid}/files", params={"path": "/etc/passwd"}, content=b"x")
         assert outside.status_code == 400 and outside.json()["error"]["field"] == "path"
         run(client, lid, "ln -s /etc /workspace/host-etc")

@@ -46,7 +46,7 @@ async def detail(redis: Redis, job: str, entry_id: str, tokens: TokenTexts) -> b
     """``{"entry_id", "prompt_text", "token_texts", "trajectory"}`` for one stream entry."""
     found: Any = await redis.xrange(keys.trajectory_stream(job), min=entry_id, max=entry_id, count=1)
     if not found:
-        raise PlatformError(ErrorCode.NOT_FOUND, f"no trajectory entry {entry_id!r} in job {job!r}", status=404)
+        raise PlatformError(ErrorCode.NOT_FOUND, f"no trajectory entry {entry_id!r} in job {job!r}")
     traj = from_stream_fields(found[0][1])
     prompt = tokens.texts(list(traj.prompt_ids))
     return msgspec.json.encode({

@@ -60,7 +60,7 @@ class DockerBackend:
     @property
     def client(self) -> Any:
         if self._client is None:
-            raise PlatformError(ErrorCode.BACKEND_UNAVAILABLE, "docker backend not started", status=503)
+            raise PlatformError(ErrorCode.BACKEND_UNAVAILABLE, "docker backend not started")
         return self._client
 
     async def start(self) -> dict[str, Any]:
@@ -132,9 +132,8 @@ class DockerBackend:
                     container.id, ExecRequest(shell=command, timeout_s=self.settings.setup_timeout_s)
                 )
                 if result.exit_code != 0:
-                    raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED,
-                                        f"template setup {command!r} exited {result.exit_code}: {result.stderr[-500:]}",
-                                        status=502)  # fmt: skip
+                    message = f"template setup {command!r} exited {result.exit_code}: {result.stderr[-500:]}"
+                    raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, message)
         except BaseException:
             await self.destroy(container.id)
             raise
@@ -157,12 +156,12 @@ class DockerBackend:
         try:
             container = self._client.containers.create(image, **kwargs)
         except docker.errors.APIError as exc:
-            raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, f"container create: {exc}", status=502) from exc
+            raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, f"container create: {exc}") from exc
         try:
             container.start()
         except docker.errors.APIError as exc:  # do not leave it in "Created"
             container.remove(force=True)
-            raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, f"container start: {exc}", status=502) from exc
+            raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, f"container start: {exc}") from exc
         return container
 
     async def alive(self, sandbox_id: str) -> bool:
@@ -216,7 +215,7 @@ class DockerBackend:
         except docker.errors.APIError as exc:
             if "is not running" in str(exc):
                 raise sandbox_gone(sandbox_id) from exc
-            raise PlatformError(ErrorCode.TRANSPORT_ERROR, f"docker exec: {exc}", status=502) from exc
+            raise PlatformError(ErrorCode.TRANSPORT_ERROR, f"docker exec: {exc}") from exc
         duration = time.monotonic() - started
         timed_out = code in TIMEOUT_CODES and duration >= request.timeout_s
         return ExecResult(exit_code=124 if timed_out else code, stdout=out.text(), stderr=err.text(),
@@ -245,9 +244,9 @@ class DockerBackend:
         except docker.errors.NotFound as exc:
             if "No such container" in str(exc):
                 raise sandbox_gone(sandbox_id) from exc
-            raise PlatformError(ErrorCode.NOT_FOUND, f"not found in the sandbox: {args[0]!r}", status=404) from exc
+            raise PlatformError(ErrorCode.NOT_FOUND, f"not found in the sandbox: {args[0]!r}") from exc
         except docker.errors.APIError as exc:
-            raise PlatformError(ErrorCode.TRANSPORT_ERROR, f"docker: {exc}", status=502) from exc
+            raise PlatformError(ErrorCode.TRANSPORT_ERROR, f"docker: {exc}") from exc
 
 
 def _created(stamp: str) -> float:

@@ -122,7 +122,6 @@ class LocalBackend:
                     raise PlatformError(
                         ErrorCode.SANDBOX_CREATE_FAILED,
                         f"template setup {command!r} exited {result.exit_code}: {result.stderr[-500:]}",
-                        status=502,
                     )
         except BaseException:
             await self.destroy(sandbox_id)
@@ -289,7 +288,7 @@ class LocalBackend:
         try:
             return await asyncio.to_thread(_read, host)
         except FileNotFoundError:
-            raise PlatformError(ErrorCode.NOT_FOUND, f"no file {path!r} in the sandbox", status=404) from None
+            raise PlatformError(ErrorCode.NOT_FOUND, f"no file {path!r} in the sandbox") from None
         except IsADirectoryError:
             raise bad_path(path, "is a directory") from None
 
@@ -301,7 +300,7 @@ class LocalBackend:
     async def get_archive(self, sandbox_id: str, directory: str) -> bytes:
         host = self._host_path(self._existing(sandbox_id), directory)
         if not host.is_dir():
-            raise PlatformError(ErrorCode.NOT_FOUND, f"no directory {directory!r} in the sandbox", status=404)
+            raise PlatformError(ErrorCode.NOT_FOUND, f"no directory {directory!r} in the sandbox")
         return await asyncio.to_thread(_pack, host)
 
     def _existing(self, sandbox_id: str) -> SandboxPaths:
@@ -360,7 +359,7 @@ def _write(host: Path, data: bytes) -> None:
             f.write(data)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise PlatformError(ErrorCode.PAYLOAD_TOO_LARGE, "the sandbox's disk quota is full", status=413,
+            raise PlatformError(ErrorCode.PAYLOAD_TOO_LARGE, "the sandbox's disk quota is full",
                                 field="body") from exc  # fmt: skip
         raise
 
