@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from services.benchmarks import broker, codec, fleet, proxy, trainer
+from services.benchmarks import broker, codec, fleet, gateway, proxy, swe, trainer
 
-BENCHMARKS = (codec, proxy, broker, fleet, trainer)
+BENCHMARKS = (codec, proxy, broker, fleet, trainer, swe, gateway)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
