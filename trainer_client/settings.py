@@ -29,7 +29,7 @@ class TrainSettings(BaseSettings):
     limits: AgentLimits = Field(default_factory=AgentLimits)
     # LLM proxy: without it exports are written but not announced
     proxy_url: str | None = None
-    proxy_token: str | None = None  # admin token for /admin/weights
+    proxy_token: str | None = Field(None, repr=False)  # the job's token (or an admin token) for /admin/weights
     pool: str = "default"
     sync_timeout_s: float = Field(600.0, gt=0)
     # model, optimizer, loss

@@ -35,9 +35,11 @@ from services.benchmarks.fleet_stack import Stack
 from services.benchmarks.report import print_table, write_json
 from services.protocol import Trajectory, from_stream_fields, keys
 from services.runtime.redis_server import redis_url_or_embedded
+from services.runtime.secrets import FleetSecrets
 from services.runtime.tokenizer import write_tokenizer_dir
 
-ADMIN = "bench-admin"
+SECRETS = FleetSecrets.generate()  # measured with authentication on, as deployed
+ADMIN = SECRETS.admin_token
 CONTROL_PLANE = ("worker", "proxy", "broker", "api")
 
 
@@ -79,7 +81,7 @@ def start_fleet(args: argparse.Namespace, root: Path, redis_url: str, max_n: int
     root.chmod(0o755)
     state.mkdir(mode=0o755)
     (root / "logs").mkdir()
-    env = {**_base_env(), "ROLLOUT_REDIS_URL": redis_url, "ROLLOUT_API_ADMIN_TOKEN": ADMIN,
+    env = {**_base_env(), **SECRETS.env(), "ROLLOUT_REDIS_URL": redis_url,
            "ROLLOUT_WORKER_KEEP_MESSAGES": "false", "ROLLOUT_LOG_LEVEL": "WARNING"}  # fmt: skip
     stack = Stack(root / "logs", env)
     try:

@@ -23,6 +23,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in vars(args).items() if k in ("port", "appendonly", "data_dir") and v is not None}
     settings = RedisSettings(**overrides)
     server = EmbeddedRedis(port=settings.port, appendonly=settings.appendonly, data_dir=settings.data_dir)
+    if settings.password is not None:
+        server.password = settings.password
     server.start()
     print(f"redis listening: {server.url}  (Ctrl-C to stop)", flush=True)
 

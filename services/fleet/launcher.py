@@ -2,13 +2,13 @@
 
 Redis (embedded unless a URL is given), the engines, the LLM proxy, the sandbox broker (local
 backend), the rollout API and the workers. Every process logs to ``<work_dir>/logs``; ``stop()``
-ends them in reverse order.
+ends them in reverse order. Every secret (admin and service tokens, the Redis password) is
+generated for the run and handed over in the environment, never on a command line.
 """
 
 from __future__ import annotations
 
 import logging
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +16,7 @@ import httpx
 
 from services.runtime.processes import ServiceProcess, start_service
 from services.runtime.redis_server import EmbeddedRedis
+from services.runtime.secrets import FleetSecrets
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class FleetConfig:
 @dataclass
 class Fleet:
     config: FleetConfig
-    admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(16))
+    secrets: FleetSecrets = field(default_factory=FleetSecrets.generate)
     redis: EmbeddedRedis | None = None
     redis_url: str = ""
     services: dict[str, ServiceProcess] = field(default_factory=dict)
@@ -58,9 +59,11 @@ class Fleet:
         if cfg.redis_url:
             self.redis_url = cfg.redis_url
         else:
-            self.redis = EmbeddedRedis(data_dir=cfg.work_dir / "redis")
+            self.redis = EmbeddedRedis(data_dir=cfg.work_dir / "redis", password=self.secrets.redis_password)
             self.redis_url = self.redis.start()
-        env = {"ROLLOUT_REDIS_URL": self.redis_url}
+        url = self.redis_url
+        env = {**self.secrets.env(), "ROLLOUT_REDIS_URL": url, "ROLLOUT_BROKER_REDIS_URL": url,
+               "ROLLOUT_API_REDIS_URL": url, "ROLLOUT_WORKER_REDIS_URL": url}  # fmt: skip
         for i in range(cfg.engines):
             self._start(f"engine-{i}", [
                 "engine", "--mode", cfg.engine_mode, "--model-path", str(cfg.model_dir), "--port", "{port}",
@@ -73,14 +76,14 @@ class Fleet:
             "--context-cap", "2048", "--max-new-tokens-cap", "512",
         ], env)  # fmt: skip
         self._start("broker", [
-            "broker", "--port", "{port}", "--backend", "local", "--redis-url", self.redis_url,
+            "broker", "--port", "{port}", "--backend", "local",
             "--state-dir", str(cfg.work_dir / "sandboxes"), "--warm-pool", "8",
         ], env)  # fmt: skip
         self._start("api", [
-            "api", "--port", "{port}", "--redis-url", self.redis_url, "--broker-url", self.url("broker"),
-        ], {**env, "ROLLOUT_API_ADMIN_TOKEN": self.admin_token})  # fmt: skip
+            "api", "--port", "{port}", "--broker-url", self.url("broker"),
+        ], env)  # fmt: skip
         self._start("worker", [
-            "worker", "--port", "{port}", "--redis-url", self.redis_url, "--proxy-url", self.url("proxy"),
+            "worker", "--port", "{port}", "--proxy-url", self.url("proxy"),
             "--broker-url", self.url("broker"), "--model-path", str(cfg.model_dir),
             "--concurrency", str(cfg.worker_concurrency),
         ], env)  # fmt: skip
@@ -97,7 +100,7 @@ class Fleet:
         response = httpx.post(
             self.url("api") + "/jobs",
             json={"job": job, "pool": pool},
-            headers={"Authorization": f"Bearer {self.admin_token}"},
+            headers={"Authorization": f"Bearer {self.secrets.admin_token}"},
             timeout=30,
         )
         response.raise_for_status()

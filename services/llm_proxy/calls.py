@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import random
 import secrets
 import time
@@ -27,6 +28,7 @@ from services.llm_proxy.metrics import ProxyMetrics
 from services.llm_proxy.responses import error_frame, error_response, json_response, platform_error, read_json
 from services.llm_proxy.routing import Router
 from services.llm_proxy.settings import ProxySettings
+from services.llm_proxy.shapes import MAX_DEADLINE_S, check_shape, session_of
 from services.llm_proxy.upstream import JSON_HEADERS, NOT_ANSWERED, BackgroundTasks, EngineClient
 from services.protocol import ErrorCode, PlatformError
 from services.protocol import llm as h
@@ -96,15 +98,15 @@ class Forwarder:
     async def _prepare(self, request: web.Request, rid: str, started: float) -> Call:
         route = request.path
         body = await read_json(request)
+        check_shape(route, body)
         pool = self._pool_of(request, body, route)
         if route == GENERATE:
             self.guard.guard_generate(body)
         else:
             self.guard.guard_openai(body)
         body["rid"] = rid
-        session = request.headers.get(h.HEADER_SESSION) or body.pop(h.BODY_SESSION, None)
         return Call(
-            route=route, pool=pool, body=body, rid=rid, session=None if session is None else str(session),
+            route=route, pool=pool, body=body, rid=rid, session=session_of(request, body),
             deadline_s=_deadline(request, self.settings.default_deadline_s), stream=bool(body.get("stream")),
             started=started,
         )  # fmt: skip
@@ -342,11 +344,12 @@ def _deadline(request: web.Request, default: float | None) -> float | None:
     try:
         value = float(raw)
     except ValueError:
+        value = math.nan
+    if not (0 < value <= MAX_DEADLINE_S):  # also refuses nan and inf
         raise platform_error(
-            ErrorCode.VALIDATION_ERROR, f"{h.HEADER_DEADLINE} must be seconds", field="deadline"
-        ) from None
-    if value <= 0:
-        raise platform_error(ErrorCode.VALIDATION_ERROR, f"{h.HEADER_DEADLINE} must be positive", field="deadline")
+            ErrorCode.VALIDATION_ERROR, f"{h.HEADER_DEADLINE} must be seconds in (0, {MAX_DEADLINE_S:g}]",
+            field=h.HEADER_DEADLINE,
+        )  # fmt: skip
     return value
 
 

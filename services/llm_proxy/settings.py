@@ -21,6 +21,11 @@ class ProxySettings(BaseSettings):
     engines: str = ""  # "url,url,...": engines of ``pool``
     pool: str = DEFAULT_POOL  # the pool ``engines`` join
     pools: str = ""  # "pool=url,url;pool2=url": more pools
+    # authentication (docs/security.md): comma-separated tokens or ``sha256:<hex>``; several = rotation
+    admin_tokens: str = Field("", repr=False)  # /admin/*
+    service_tokens: str = Field("", repr=False)  # data plane for the workers (X-Rollout-Job attributes a call)
+    require_token: bool = False  # data plane (/generate, /v1/*) needs a service, job or admin token
+    allow_anonymous: bool = False  # UNSAFE, development only: a call without a token acts as admin
     # context guard
     context_cap: int = Field(65_536, gt=1)  # prompt + new tokens, per call
     max_new_tokens_cap: int = Field(8_192, ge=1)  # new tokens per call

@@ -36,6 +36,11 @@ def work_stream(job: str) -> str:
     return f"{_job(job)}:work"
 
 
+def dead_letters(job: str) -> str:
+    """Stream of work entries no worker could decode: the original fields, the reason, the entry id."""
+    return f"{_job(job)}:dead"
+
+
 def trajectory_stream(job: str) -> str:
     """Stream of finished trajectories for the job (see ``trajectory.to_stream_fields``)."""
     return f"{_job(job)}:traj"

@@ -16,32 +16,34 @@ Routes (all JSON; errors are ``ErrorBody`` with a code from ``ErrorCode``):
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from services.protocol.tasks import Name
+from services.protocol.tasks import MAX_DISK_MB, MAX_MEMORY_MB, MAX_TIMEOUT_S, EnvKey, Name, Text
+
+Label = Annotated[str, StringConstraints(max_length=256, pattern=r"^[^\x00]*$")]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # bounds: see services/protocol/tasks.py
 
 
 class Resources(_Model):
     cpus: float = Field(1.0, gt=0, le=64)
-    memory_mb: int = Field(2048, gt=0)
-    disk_mb: int = Field(10_240, gt=0)
+    memory_mb: int = Field(2048, gt=0, le=MAX_MEMORY_MB)
+    disk_mb: int = Field(10_240, gt=0, le=MAX_DISK_MB)
 
 
 class Template(_Model):
     """A sandbox image: written by an operator, read by the broker."""
 
     name: Name
-    image: str | None = None  # container image (docker/e2b backends)
-    rootfs: str | None = None  # host directory used as the lower layer (local backend)
-    setup: list[str] = Field(default_factory=list)  # run once when a sandbox is created, before pooling
+    image: Text | None = None  # container image (docker/e2b backends), from template_images when set
+    rootfs: Text | None = None  # host directory used as the lower layer (local), inside template_roots
+    setup: list[Text] = Field(default_factory=list)  # run once when a sandbox is created, before pooling
     resources: Resources = Field(default_factory=Resources)
-    warm_pool: int = Field(0, ge=0)  # sandboxes kept started and ready
+    warm_pool: int = Field(0, ge=0, le=10_000)  # sandboxes kept started and ready
 
 
 class LeaseRequest(_Model):
@@ -49,9 +51,9 @@ class LeaseRequest(_Model):
 
     template: Name = "default"
     resources: Resources = Field(default_factory=Resources)
-    ttl_s: float = Field(600.0, gt=0, le=86_400)  # the lease dies unless renewed within this
-    job: Name = "default"
-    labels: dict[str, str] = Field(default_factory=dict)
+    ttl_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)  # the lease dies unless renewed within this
+    job: Name = "default"  # a job token's own job when left out
+    labels: dict[Label, Label] = Field(default_factory=dict, max_length=64)
     network: Literal["none", "egress"] = "none"
     wait_s: float = Field(30.0, ge=0, le=3_600)  # how long to queue for capacity before 429/503
 
@@ -72,19 +74,19 @@ class Lease(_Model):
 
 
 class RenewRequest(_Model):
-    ttl_s: float = Field(600.0, gt=0, le=86_400)
+    ttl_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)
 
 
 class ExecRequest(_Model):
     """Exactly one of ``argv`` and ``shell``."""
 
-    argv: list[str] | None = None
-    shell: str | None = None  # run with ``bash -lc`` (or ``sh -c`` where there is no bash)
-    timeout_s: float = Field(60.0, gt=0, le=86_400)
-    env: dict[str, str] = Field(default_factory=dict)
-    cwd: str | None = None  # default: the lease's workdir
+    argv: list[Text] | None = Field(None, min_length=1)
+    shell: Text | None = None  # run with ``bash -lc`` (or ``sh -c`` where there is no bash)
+    timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S)
+    env: dict[EnvKey, Text] = Field(default_factory=dict)
+    cwd: Text | None = None  # default: the lease's workdir
     stdin: str | None = None
-    max_output_bytes: int = Field(1_000_000, ge=0)  # per stream; the rest is cut and flagged
+    max_output_bytes: int = Field(1_000_000, ge=0, le=64_000_000)  # per stream; the rest is cut and flagged
 
 
 class ExecResult(_Model):

@@ -2,16 +2,29 @@
 work item a worker takes from a job's work stream.
 
 Pydantic models: these cross the HTTP boundary, where validation errors must name the field.
+Every number is finite (NaN and infinities are refused) and bounded by the maximum written
+beside it; strings that reach a process (commands, paths, env) carry no NUL byte, and env keys
+are shell names (docs/security.md, "Input validation").
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 # Job, pool, task and template names end up inside Redis keys and URLs: keep them tame.
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")]
+
+# Reaches a process (argv, shell, env value, path): no NUL byte, which no exec or open() can carry.
+Text = Annotated[str, StringConstraints(pattern=r"^[^\x00]*$")]
+EnvKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")]
+FilePath = Annotated[str, StringConstraints(min_length=1, max_length=4096, pattern=r"^[^\x00]*[^\x00/]$")]
+
+MAX_MEMORY_MB = 1_048_576  # 1 TiB
+MAX_DISK_MB = 1_048_576
+MAX_TIMEOUT_S = 86_400.0  # one day, for any single timeout or TTL
+MAX_TOKENS = 4_194_304  # per turn or per trajectory
 
 DEFAULT_MAX_TURNS = 80
 DEFAULT_MAX_TOKENS_PER_TURN = 8_192
@@ -21,7 +34,7 @@ DEFAULT_GROUP_SIZE = 8
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class SandboxSpec(_Model):
@@ -29,22 +42,22 @@ class SandboxSpec(_Model):
 
     template: Name = "default"  # a template registered with the broker
     cpus: float = Field(1.0, gt=0, le=64)
-    memory_mb: int = Field(2048, gt=0)
-    disk_mb: int = Field(10_240, gt=0)
+    memory_mb: int = Field(2048, gt=0, le=MAX_MEMORY_MB)
+    disk_mb: int = Field(10_240, gt=0, le=MAX_DISK_MB)
     network: Literal["none", "egress"] = "none"  # no network unless asked for
-    setup: list[str] = Field(default_factory=list)  # shell commands run before the agent's first turn
-    files: dict[str, str] = Field(default_factory=dict)  # path -> content written before setup
-    env: dict[str, str] = Field(default_factory=dict)
-    workdir: str = "/workspace"
+    setup: list[Text] = Field(default_factory=list, max_length=1_000)  # shell commands before the first turn
+    files: dict[FilePath, str] = Field(default_factory=dict)  # path -> content written before setup
+    env: dict[EnvKey, Text] = Field(default_factory=dict)
+    workdir: FilePath = "/workspace"
 
 
 class RewardSpec(_Model):
     """How the episode is scored once the agent stops."""
 
-    command: str  # run in the sandbox; exit 0 -> 1.0 else 0.0, unless ``parse_float``
+    command: Text  # run in the sandbox; exit 0 -> 1.0 else 0.0, unless ``parse_float``
     parse_float: bool = False  # the last line of stdout is the reward (a float)
-    timeout_s: float = Field(600.0, gt=0)
-    files: dict[str, str] = Field(default_factory=dict)  # fresh test files written before the command
+    timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)
+    files: dict[FilePath, str] = Field(default_factory=dict)  # fresh test files written before the command
 
 
 class Task(_Model):
@@ -56,27 +69,36 @@ class Task(_Model):
     reward: RewardSpec
     metadata: dict[str, Any] = Field(default_factory=dict)  # carried to the trajectory untouched
 
+    @model_validator(mode="after")
+    def _no_path_climbs_out(self) -> Task:
+        """A file path the broker would refuse is the user's error now (400), not an infra error later."""
+        for field, files in (("sandbox.files", self.sandbox.files), ("reward.files", self.reward.files)):
+            for path in files:
+                if ".." in path.split("/"):
+                    raise ValueError(f"{field}: {path!r} must not contain '..'")
+        return self
+
 
 class AgentLimits(_Model):
     """Caps of one episode; every one that stops a trajectory is named in it."""
 
     max_turns: int = Field(DEFAULT_MAX_TURNS, ge=1, le=10_000)
-    max_tokens_per_turn: int = Field(DEFAULT_MAX_TOKENS_PER_TURN, ge=1)
-    max_trajectory_tokens: int = Field(DEFAULT_MAX_TRAJECTORY_TOKENS, ge=16)
-    wall_clock_s: float = Field(3_600.0, gt=0)
-    command_timeout_s: float = Field(120.0, gt=0)
-    observation_max_bytes: int = Field(10_000, ge=256)  # command output shown to the model (head + tail)
+    max_tokens_per_turn: int = Field(DEFAULT_MAX_TOKENS_PER_TURN, ge=1, le=MAX_TOKENS)
+    max_trajectory_tokens: int = Field(DEFAULT_MAX_TRAJECTORY_TOKENS, ge=16, le=MAX_TOKENS)
+    wall_clock_s: float = Field(3_600.0, gt=0, le=7 * MAX_TIMEOUT_S)
+    command_timeout_s: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S)
+    observation_max_bytes: int = Field(10_000, ge=256, le=16_000_000)  # command output shown (head + tail)
 
 
 class SamplingParams(BaseModel):
     """SGLang sampling parameters. Unknown keys are passed to the engine untouched."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
 
-    temperature: float = Field(1.0, ge=0)
+    temperature: float = Field(1.0, ge=0, le=100)
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = -1
-    stop: list[str] = Field(default_factory=list)
+    top_k: int = Field(-1, ge=-1, le=1_000_000)
+    stop: list[str] = Field(default_factory=list, max_length=64)
 
 
 class RolloutRequest(_Model):

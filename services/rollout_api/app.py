@@ -27,7 +27,8 @@ def create_app(settings: ApiSettings, redis_url: str) -> FastAPI:
         async with httpx.AsyncClient() as http:
             app.state.ctx = ApiContext(
                 settings=settings, redis=redis, scripts=Scripts(redis), http=http,
-                templates=TemplateCatalog(settings.broker_url, settings.template_cache_s), metrics=ApiMetrics(),
+                templates=TemplateCatalog(settings.broker_url, settings.template_cache_s, settings.broker_token),
+                metrics=ApiMetrics(),
             )  # fmt: skip
             try:
                 yield

@@ -16,8 +16,9 @@ class ApiSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     redis_url: str | None = None  # None: an embedded Redis (single-machine use only)
-    admin_token: str = Field("", repr=False)  # required to create jobs; empty: job creation is refused
+    admin_token: str = Field("", repr=False)  # creates jobs; comma-separated tokens or sha256:<hex> (rotation)
     broker_url: str | None = None  # when set, templates are checked at submission (400 unknown_template)
+    broker_token: str = Field("", repr=False)  # the broker's service token, for that check
     max_body_bytes: int = 32 * 1024 * 1024  # POST bodies above this get 413
     idempotency_ttl_s: int = 7 * 24 * 3600  # how long a submitted idempotency key is remembered
     template_cache_s: float = 5.0  # how long the broker's template list is reused
@@ -33,6 +34,8 @@ class WorkerSettings(BaseSettings):
     redis_url: str | None = None
     proxy_url: str = "http://127.0.0.1:8100"
     broker_url: str = "http://127.0.0.1:8200"
+    broker_token: str = Field("", repr=False)  # the broker's service token (docs/security.md)
+    proxy_token: str = Field("", repr=False)  # the proxy's service token; "" when the proxy asks for none
     model_path: Path | None = None  # HF tokenizer directory (tokenizer.json + tokenizer_config.json)
     worker_id: str = ""  # consumer name; default: hostname-pid
     concurrency: int = Field(64, ge=1)  # episodes at once in this process

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -16,3 +17,4 @@ class RedisSettings(BaseSettings):
     port: int = 0  # for the embedded server; 0 picks a free one
     appendonly: bool = False  # AOF persistence for the embedded server
     data_dir: Path | None = None  # where the embedded server keeps its AOF
+    password: str | None = Field(None, repr=False)  # the embedded server's requirepass; None: a random one

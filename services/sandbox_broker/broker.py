@@ -223,4 +223,5 @@ class Broker:
             raise
         except (OSError, ConnectionError, TimeoutError) as exc:
             log.exception("%s backend call failed", self.backend.name)
-            raise PlatformError(ErrorCode.TRANSPORT_ERROR, f"{self.backend.name} backend: {exc}", status=502) from exc
+            message = f"{self.backend.name} backend: {type(exc).__name__}"  # details (host paths) only in the log
+            raise PlatformError(ErrorCode.TRANSPORT_ERROR, message, status=502) from exc

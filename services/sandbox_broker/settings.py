@@ -25,6 +25,13 @@ class BrokerSettings(BaseSettings):
     instance: str = ""  # replica name, stable across restarts; default "<hostname>:<port>"
     allow_unisolated: bool = False  # UNSAFE: run local sandboxes without namespaces if bwrap fails
 
+    # authentication (docs/security.md): comma-separated tokens or ``sha256:<hex>`` of them; several = rotation
+    admin_tokens: str = Field("", repr=False)  # operators: templates, every lease
+    service_tokens: str = Field("", repr=False)  # workers and the API: leases of every job, no templates
+    allow_anonymous: bool = False  # UNSAFE, development only: a call without a token acts as admin
+    template_roots: str = ""  # ":"-separated directories a template's ``rootfs`` may come from
+    template_images: str = ""  # ","-separated image prefixes a template's ``image`` must start with; "" = any
+
     # local backend
     state_dir: Path = Path("/tmp/rollout-broker")  # sandboxes' workspaces (shared by replicas on a host)
     sandbox_uid: int = 1000  # the non-root uid commands run as

@@ -19,8 +19,10 @@ from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.tokenizer import write_tokenizer_dir
 from tests.rollout_api.fleet import (
+    ADMIN,
     SUBMIT,
     Fleet,
+    bearer,
     create_job,
     start_fleet,
     submit,
@@ -196,7 +198,7 @@ def test_engine_killed_mid_episode_is_an_infra_error(fleet: Fleet, client: httpx
 
 
 def kill_sandbox_of(fleet: Fleet, job: str) -> None:
-    with httpx.Client(base_url=fleet.broker.url, timeout=10.0) as broker:
+    with httpx.Client(base_url=fleet.broker.url, timeout=10.0, headers=bearer(ADMIN)) as broker:
         leases = wait_for(f"a sandbox of {job}", lambda: broker.get("/leases", params={"job": job}).json())
         assert broker.delete(f"/leases/{leases[0]['id']}").status_code in (200, 204)
 
@@ -243,7 +245,7 @@ def test_cancel_stops_running_and_drops_queued(fleet: Fleet, client: httpx.Clien
     assert (answer["cancelled"], answer["queued"]) == (True, 0)
     wait_finished(client, headers, rollout)
     assert [t.status for t in trajectories(fleet.redis_url, "cancel")] == [Status.CANCELLED] * 6
-    with httpx.Client(base_url=fleet.broker.url, timeout=10.0) as broker:
+    with httpx.Client(base_url=fleet.broker.url, timeout=10.0, headers=bearer(ADMIN)) as broker:
         wait_for("sandboxes released", lambda: broker.get("/leases", params={"job": "cancel"}).json() == [])
 
 
@@ -287,7 +289,7 @@ def test_graceful_shutdown_hands_episodes_back(fleet: Fleet, client: httpx.Clien
     rollout = submit(client, headers, body)
     wait_for("episodes to run", lambda: client.get(f"/rollouts/{rollout}", headers=headers).json()["in_flight"] == 2)
     leaving.stop()
-    with httpx.Client(base_url=fleet.broker.url, timeout=10.0) as broker:
+    with httpx.Client(base_url=fleet.broker.url, timeout=10.0, headers=bearer(ADMIN)) as broker:
         assert broker.get("/leases", params={"job": "drain"}).json() == []
     status = client.get(f"/rollouts/{rollout}", headers=headers).json()
     assert (status["queued"], status["in_flight"], status["finished"]) == (2, 0, 0)

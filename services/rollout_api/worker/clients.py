@@ -15,7 +15,7 @@ import aiohttp
 import orjson
 
 from services.protocol import ErrorCode, InfraStage, SamplingParams
-from services.protocol.llm import HEADER_DEADLINE, HEADER_POOL, HEADER_SESSION, META_ENGINE
+from services.protocol.llm import HEADER_DEADLINE, HEADER_JOB, HEADER_POOL, HEADER_SESSION, META_ENGINE
 from services.protocol.sandboxes import ExecRequest, ExecResult, Lease, LeaseRequest
 
 log = logging.getLogger(__name__)
@@ -98,9 +98,17 @@ class ProxyClient:
     session: aiohttp.ClientSession
     url: str
     timeout_s: float
+    token: str = ""  # the proxy's service token
 
     async def generate(
-        self, input_ids: list[int], sampling: SamplingParams, max_new_tokens: int, *, pool: str, session_id: str
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        max_new_tokens: int,
+        *,
+        pool: str,
+        session_id: str,
+        job: str = "",
     ) -> Generation:
         params = sampling.model_dump(exclude_defaults=False)
         if not params.get("stop"):
@@ -109,7 +117,7 @@ class ProxyClient:
         payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
         headers = {
             HEADER_POOL: pool, HEADER_SESSION: session_id, HEADER_DEADLINE: f"{self.timeout_s:g}",
-            "Content-Type": "application/json",
+            "Content-Type": "application/json", **_bearer(self.token), **({HEADER_JOB: job} if job else {}),
         }  # fmt: skip
         try:
             async with self.session.post(
@@ -135,17 +143,22 @@ class BrokerClient:
     session: aiohttp.ClientSession
     url: str
     overhead_s: float  # HTTP time allowed beyond a command's own timeout
+    token: str = ""  # the broker's service token
     _timeout: aiohttp.ClientTimeout = field(init=False)
+    _headers: dict[str, str] = field(init=False)
 
     def __post_init__(self) -> None:
         self._timeout = aiohttp.ClientTimeout(total=self.overhead_s)
+        self._headers = _bearer(self.token)
 
     async def _call(
         self, stage: InfraStage, method: str, path: str, *, timeout_s: float | None = None, **kwargs: Any
     ) -> Any:
         timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else self._timeout
         try:
-            async with self.session.request(method, f"{self.url}{path}", timeout=timeout, **kwargs) as response:
+            async with self.session.request(
+                method, f"{self.url}{path}", timeout=timeout, headers=self._headers, **kwargs
+            ) as response:
                 body = await _json_body(response)
                 if response.status < 300:
                     return body
@@ -183,6 +196,10 @@ class BrokerClient:
         await self._call(
             InfraStage.SANDBOX_EXEC, "PUT", f"/leases/{lease_id}/files", params={"path": path}, data=content.encode()
         )
+
+
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def new_session() -> aiohttp.ClientSession:

@@ -47,8 +47,10 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
     redis = Redis.from_url(redis_url, decode_responses=False)
     async with new_session() as session:
         deps = AgentDeps(
-            proxy=ProxyClient(session, settings.proxy_url.rstrip("/"), settings.llm_timeout_s),
-            broker=BrokerClient(session, settings.broker_url.rstrip("/"), settings.broker_timeout_s),
+            proxy=ProxyClient(session, settings.proxy_url.rstrip("/"), settings.llm_timeout_s, settings.proxy_token),
+            broker=BrokerClient(
+                session, settings.broker_url.rstrip("/"), settings.broker_timeout_s, settings.broker_token
+            ),
             tokenizer=tokenizer, settings=settings, worker_id=worker_id, metrics=metrics,
         )  # fmt: skip
         worker = Worker(redis, deps, metrics)

@@ -13,6 +13,9 @@ class WorkerMetrics:
         self.slots.set(concurrency)
         self.running = Gauge("rollout_worker_episodes_running", "episodes running now", registry=r)
         self.taken = Counter("rollout_worker_items_taken_total", "work items taken, by job", ["job"], registry=r)
+        self.dead_letters = Counter(
+            "rollout_worker_dead_letters_total", "work entries that could not be decoded, by job", ["job"], registry=r
+        )
         self.reclaimed = Counter(
             "rollout_worker_items_reclaimed_total", "items reclaimed from dead workers", ["job"], registry=r
         )

@@ -133,8 +133,7 @@ class Worker:
                 self.fair.mark_idle(job)
                 continue
             self.fair.charge(job)
-            self._start(job, entry, reclaimed=False)
-            took += 1
+            took += await self._start(job, entry, reclaimed=False)
         return took
 
     async def _read_one(self, job: str) -> Entry | None:
@@ -149,15 +148,33 @@ class Worker:
         entry: Entry = reply[0][1][0]
         return entry
 
-    def _start(self, job: str, entry: Entry, *, reclaimed: bool) -> None:
+    async def _start(self, job: str, entry: Entry, *, reclaimed: bool) -> int:
+        """Run the entry's item (1), or move an entry that cannot be decoded to the dead letters (0)."""
         entry_id, fields = entry
-        item = WorkItem.model_validate_json(fields[b"item"])
+        try:
+            item = WorkItem.model_validate_json(fields.get(b"item", b""))
+        except ValueError as exc:  # pydantic's ValidationError, or bytes that are no JSON at all
+            await self._dead_letter(job, entry_id, fields, str(exc).splitlines()[0][:500])
+            return 0
         delivery = Delivery(job=job, entry_id=entry_id.decode(), item=item)
         task = asyncio.create_task(self.runner.run(delivery), name=item.trajectory_id)
         self.running[task] = delivery
         task.add_done_callback(self._done)
         (self.metrics.reclaimed if reclaimed else self.metrics.taken).labels(job).inc()
         self.metrics.running.set(len(self.running))
+        return 1
+
+    async def _dead_letter(self, job: str, entry_id: bytes, fields: dict[bytes, bytes], reason: str) -> None:
+        """Never retried, never blocking: copied with its reason, then acknowledged and deleted."""
+        log.warning("work entry %s of job %s cannot be decoded (%s): moved to the dead letters", entry_id, job, reason)
+        stream = keys.work_stream(job)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            mapping: dict[Any, Any] = {**fields, b"dead_reason": reason.encode(), b"dead_entry": entry_id}
+            pipe.xadd(keys.dead_letters(job), mapping, maxlen=10_000, approximate=True)
+            pipe.xack(stream, WORKERS_GROUP, entry_id)
+            pipe.xdel(stream, entry_id)
+            await pipe.execute()
+        self.metrics.dead_letters.labels(job).inc()
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.running.pop(task, None)
@@ -196,7 +213,7 @@ class Worker:
             for entry_id, fields in reply[1]:
                 if fields:
                     log.info("reclaimed %s from a dead worker (job %s)", entry_id.decode(), job)
-                    self._start(job, (entry_id, fields), reclaimed=True)
+                    await self._start(job, (entry_id, fields), reclaimed=True)
             cursor = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
             if cursor == "0-0":  # the whole pending list was scanned
                 return
