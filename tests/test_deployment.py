@@ -1,127 +1,133 @@
-"""The deployment files are loaded into the services' settings classes: every ``ROLLOUT_*``
-variable they set must be a real setting, ports must agree, and every service must find Redis
-and its peers."""
+"""The deployment files are loaded into the services' settings classes and validated: every
+``ROLLOUT_*`` variable they set must be a real setting, ports must agree, every service must find
+Redis and its peers, and every rendered Kubernetes object must match the Kubernetes schemas."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+import copy
+from functools import cache
 
 import pytest
-import yaml
 from pydantic_settings import BaseSettings
 
+from services.deploy.check import (
+    K8S_VERSION,
+    check,
+    environment,
+    load_settings,
+    schema_errors,
+    settings_classes,
+    settings_errors,
+    unknown_variables,
+)
+from services.deploy.manifests import Container, Obj, compose_containers, k8s_containers, load_compose, overlays, render
 from services.engines.settings import EngineSettings
 from services.llm_proxy.settings import ProxySettings
 from services.rollout_api.settings import ApiSettings, WorkerSettings
-from services.runtime.settings import RedisSettings
 from services.sandbox_broker.settings import BrokerSettings
 
-ROOT = Path(__file__).resolve().parents[1]
-IMAGE = "rollout-platform:latest"
-SETTINGS: dict[str, type[BaseSettings]] = {
-    "engine": EngineSettings,
-    "proxy": ProxySettings,
-    "broker": BrokerSettings,
-    "api": ApiSettings,
-    "worker": WorkerSettings,
-}
-SHARED_PREFIXES = ("ROLLOUT_REDIS_", "ROLLOUT_LOG_")  # read by runtime.settings / runtime.logs
+CLASSES: dict[str, type[BaseSettings]] = settings_classes()
 
 
-def compose_containers() -> Iterator[tuple[str, str, dict[str, str], list[int]]]:
-    doc = yaml.safe_load((ROOT / "compose.yaml").read_text())
-    for name, svc in doc["services"].items():
-        if svc.get("image") != IMAGE:
-            continue
-        env = {k: _expand(str(v)) for k, v in (svc.get("environment") or {}).items()}
-        ports = [int(p.split(":")[-1]) for p in svc.get("ports", [])]
-        yield name, svc["command"][0], env, ports
+@cache
+def rendered(overlay: str) -> list[Obj]:
+    return render(next(p for p in overlays() if p.name == overlay))
 
 
-def _expand(value: str) -> str:
-    """``${VAR:?message}`` as compose would expand it when VAR is set (to a test value)."""
-    return re.sub(r"\$\{([A-Z_]+)(:[?-][^}]*)?\}", lambda m: f"test-{m.group(1).lower()}", value)
+def all_containers() -> list[Container]:
+    found = list(compose_containers(load_compose()))
+    for overlay in overlays():
+        found += k8s_containers(f"k8s/{overlay.name}", rendered(overlay.name))
+    return found
 
 
-def k8s_containers() -> Iterator[tuple[str, str, dict[str, str], list[int]]]:
-    docs = [d for f in sorted((ROOT / "k8s").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
-    maps = {(d["kind"], d["metadata"]["name"]): d.get("data") or d.get("stringData") or {} for d in docs}
-    for d in docs:
-        if d["kind"] not in ("Deployment", "StatefulSet"):
-            continue
-        for c in d["spec"]["template"]["spec"]["containers"]:
-            if c["image"] != IMAGE:
-                continue
-            env: dict[str, str] = {}
-            for ref in c.get("envFrom", []):
-                kind, key = ("ConfigMap", "configMapRef") if "configMapRef" in ref else ("Secret", "secretRef")
-                env.update(maps[(kind, ref[key]["name"])])
-            env.update({e["name"]: str(e["value"]) for e in c.get("env", [])})
-            probe = c.get("readinessProbe", {}).get("httpGet", {}).get("port")
-            ports = [p["containerPort"] for p in c.get("ports", [])] + ([probe] if probe else [])
-            yield d["metadata"]["name"], c["args"][0], env, ports
+ALL = all_containers()
 
 
-ALL = [("compose", *c) for c in compose_containers()] + [("k8s", *c) for c in k8s_containers()]
+def test_there_is_a_dev_and_a_prod_overlay() -> None:
+    assert {p.name for p in overlays()} >= {"dev", "prod"}
 
 
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    import os
-
-    for key in list(os.environ):
-        if key.startswith("ROLLOUT_"):
-            monkeypatch.delenv(key)
-    return monkeypatch
-
-
-def load(cls: type[BaseSettings], env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Any:
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    return cls()
-
-
-@pytest.mark.parametrize(("source", "name", "command", "env", "ports"), ALL, ids=[f"{a[0]}-{a[1]}" for a in ALL])
-def test_settings_load_from_the_deployment(
-    source: str, name: str, command: str, env: dict[str, str], ports: list[int], clean_env: pytest.MonkeyPatch
-) -> None:
-    cls = SETTINGS[command]
-    prefix = str(cls.model_config.get("env_prefix", ""))
-    for key in env:
-        if key.startswith(SHARED_PREFIXES):
-            continue
-        assert key.startswith(prefix), f"{source}/{name}: {key} is not a {cls.__name__} variable ({prefix}*)"
-        assert key[len(prefix) :].lower() in cls.model_fields, f"{source}/{name}: {key} is not a setting"
-    settings = load(cls, env, clean_env)
-    assert all(p == settings.port for p in ports), f"{source}/{name}: ports {ports} vs setting {settings.port}"
-    if command != "engine":  # every other service talks to Redis
-        url = getattr(settings, "redis_url", None) or RedisSettings().url
-        assert url and url.startswith("redis://"), f"{source}/{name} has no Redis URL"
-    if command == "proxy":
-        assert settings.pool_map()["default"], "the proxy has no engines"
-    if command == "worker":
+@pytest.mark.parametrize("container", ALL, ids=[c.name for c in ALL])
+def test_settings_load_from_the_deployment(container: Container) -> None:
+    assert settings_errors(container, CLASSES) == []
+    settings = load_settings(container, CLASSES)
+    if container.command not in ("engine", "train"):  # every other service talks to Redis
+        url = settings.redis_url
+        assert url and url.startswith(("redis://", "rediss://")), f"{container.name} has no Redis URL"
+    if container.command == "worker":
         assert settings.proxy_url.startswith("http://") and settings.broker_url.startswith("http://")
 
 
-def test_every_service_is_deployed() -> None:
-    for source in ("compose", "k8s"):
-        commands = {a[2] for a in ALL if a[0] == source}
-        assert {"proxy", "broker", "api", "worker"} <= commands, source
+@pytest.mark.parametrize("source", ["compose", "k8s/dev", "k8s/prod"])
+def test_every_service_is_deployed_and_has_engines(source: str) -> None:
+    here = [c for c in ALL if c.source == source]
+    assert {"proxy", "broker", "api", "worker", "engine"} <= {c.command for c in here}, source
+    proxy = next(c for c in here if c.command == "proxy")
+    listed = load_settings(proxy, CLASSES).pool_map().get("default")
+    joining = [c for c in here if c.command == "engine" and "ROLLOUT_ENGINE_PROXY_URL" in c.env]
+    assert listed or joining, f"{source}: the proxy has no engines and no engine joins its pool"
 
 
-def test_a_misspelt_variable_would_be_caught(clean_env: pytest.MonkeyPatch) -> None:
-    assert "concurency" not in WorkerSettings.model_fields  # what the check above relies on
-    assert load(WorkerSettings, {"ROLLOUT_WORKER_CONCURENCY": "9"}, clean_env).concurrency != 9
+def test_prod_runs_sglang_on_gpus_and_the_trainer_under_torchrun() -> None:
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in rendered("prod")}
+    engine = objects[("StatefulSet", "rollout-engine")]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "ROLLOUT_ENGINE_MODE", "value": "sglang"} in engine["env"]
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == 1
+    trainer = objects[("Job", "rollout-trainer")]["spec"]["template"]["spec"]["containers"][0]
+    assert trainer["command"][0] == "torchrun"
+    assert ("StatefulSet", "rollout-redis") not in objects  # external Redis in prod
 
 
-def test_defaults_fit_together(clean_env: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("overlay", ["dev", "prod"])
+def test_every_object_matches_the_kubernetes_schemas(overlay: str) -> None:
+    objects = rendered(overlay)
+    kinds = {o["kind"] for o in objects}
+    assert {"NetworkPolicy", "PodDisruptionBudget", "HorizontalPodAutoscaler", "StatefulSet"} <= kinds
+    assert schema_errors(objects) == []
+
+
+def test_schema_validation_catches_a_misspelt_field() -> None:
+    deployment = copy.deepcopy(next(o for o in rendered("dev") if o["kind"] == "Deployment"))
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbes"] = {}
+    assert len(schema_errors([deployment], K8S_VERSION)) == 1
+
+
+def test_a_misspelt_variable_would_be_caught() -> None:
+    assert unknown_variables({"ROLLOUT_WORKER_CONCURENCY": "9"}, CLASSES) == [
+        "ROLLOUT_WORKER_CONCURENCY is not a WorkerSettings setting"
+    ]
+    assert len(unknown_variables({"ROLLOUT_WROKER_PORT": "1"}, CLASSES)) == 1
+    assert unknown_variables({"ROLLOUT_TRAIN_PARALLEL__TENSOR_PARALLEL": "2", "HOME": "/"}, CLASSES) == []
+
+
+def test_deploy_check_reports_no_error() -> None:
+    report = check()
+    assert report.errors == 0, report.messages
+    assert report.compose_ok and set(report.overlays_ok) == {"k8s/dev", "k8s/prod"}
+    assert report.objects_validated >= 50
+
+
+def test_defaults_fit_together() -> None:
     """Started with no settings on one host, the worker finds the proxy and the broker."""
     from urllib.parse import urlparse
 
-    worker = WorkerSettings()
-    assert urlparse(worker.proxy_url).port == ProxySettings().port
-    assert urlparse(worker.broker_url).port == BrokerSettings().port
-    assert len({ApiSettings().port, ProxySettings().port, BrokerSettings().port}) == 3
+    with environment({}):
+        worker = WorkerSettings()
+        assert urlparse(worker.proxy_url).port == ProxySettings().port
+        assert urlparse(worker.broker_url).port == BrokerSettings().port
+        assert len({ApiSettings().port, ProxySettings().port, BrokerSettings().port, EngineSettings().port}) == 4
+
+
+@pytest.mark.parametrize("container", ALL, ids=[c.name for c in ALL])
+def test_every_service_gets_its_secrets(container: Container) -> None:
+    """Tokens and the Redis password reach every service from the env file or the Secret (issue 9)."""
+    if container.command not in ("proxy", "broker", "api", "worker"):
+        return
+    settings = load_settings(container, CLASSES)
+    assert settings.service_token, f"{container.name} has no service token"
+    if container.command != "worker":
+        assert settings.admin_token, f"{container.name} has no admin token"
+    if container.command == "proxy":
+        assert settings.require_token, "the proxy's data plane must require a token"
+    assert "@" in str(settings.redis_url), f"{container.name}'s Redis URL carries no password"

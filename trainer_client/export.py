@@ -1,15 +1,15 @@
-"""Hugging Face export of the Megatron policy: Llama naming, safetensors, config, tokenizer, checksum.
+"""Hugging Face export of the Megatron policy: Llama/Qwen naming, safetensors, config, tokenizer, checksum.
 
 Layout of one export (``<root>/v<version>/``)::
 
-    model.safetensors   weights in LlamaForCausalLM naming (float32)
-    config.json         LlamaConfig fields plus "architectures" (SGLang needs it)
+    model.safetensors   weights in the family's naming (:mod:`trainer_client.hf_map`, float32)
+    config.json         the family's config fields plus "architectures" (SGLang needs it)
     tokenizer files     copied from the trainer's tokenizer directory
     CHECKSUM            "sha256:<hex>" (also returned and posted in the WeightUpdate)
 
 The checksum is sha256 over the other files in name order, each as ``name \\0 bytes \\0``; an
-export is written under a temporary name and renamed when complete. Only tensor- and
-pipeline-parallel size 1 are handled (larger sizes would need a gather first).
+export is written under a temporary name and renamed when complete. The state given is whole
+(tensor-parallel shards gathered first by :func:`trainer_client.shards.full_state_dict`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from trainer_client import hf_map
 from trainer_client.model import ModelConfig
 
 CHECKSUM_FILE = "CHECKSUM"
@@ -39,41 +40,16 @@ class Export:
 
 
 def hf_state_dict(megatron_state: dict[str, Any], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Rename (and split) Megatron GPTModel tensors into LlamaForCausalLM tensors."""
+    """Megatron GPTModel tensors (full, unsharded) in the HF naming of ``cfg.family``."""
     sd = {k: v for k, v in megatron_state.items() if isinstance(v, torch.Tensor) and "_extra_state" not in k}
-    out = {
-        "model.embed_tokens.weight": sd["embedding.word_embeddings.weight"],
-        "model.norm.weight": sd["decoder.final_layernorm.weight"],
-    }
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = sd["output_layer.weight"]
-    for i in range(cfg.num_layers):
-        out.update(_layer(sd, cfg, i))
-    return {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in out.items()}
-
-
-def _layer(sd: dict[str, torch.Tensor], cfg: ModelConfig, i: int) -> dict[str, torch.Tensor]:
-    src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
-    groups, per_group, head_dim = cfg.num_query_groups, cfg.num_attention_heads // cfg.num_query_groups, cfg.head_dim
-    qkv = sd[src + "self_attention.linear_qkv.weight"].view(groups, per_group + 2, head_dim, cfg.hidden_size)
-    gate, up = sd[src + "mlp.linear_fc1.weight"].chunk(2, dim=0)
-    return {
-        dst + "self_attn.q_proj.weight": qkv[:, :per_group].reshape(-1, cfg.hidden_size),
-        dst + "self_attn.k_proj.weight": qkv[:, per_group].reshape(-1, cfg.hidden_size),
-        dst + "self_attn.v_proj.weight": qkv[:, per_group + 1].reshape(-1, cfg.hidden_size),
-        dst + "self_attn.o_proj.weight": sd[src + "self_attention.linear_proj.weight"],
-        dst + "mlp.gate_proj.weight": gate,
-        dst + "mlp.up_proj.weight": up,
-        dst + "mlp.down_proj.weight": sd[src + "mlp.linear_fc2.weight"],
-        dst + "input_layernorm.weight": sd[src + "input_layernorm.weight"],
-        dst + "post_attention_layernorm.weight": sd[src + "pre_mlp_layernorm.weight"],
-    }
+    return {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in hf_map.to_hf(sd, cfg).items()}
 
 
 def hf_config(cfg: ModelConfig, eos_token_id: int | None = None) -> dict[str, Any]:
+    """``config.json`` of the family (with "architectures": SGLang needs it)."""
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [hf_map.ARCHITECTURES[cfg.family]],
+        "model_type": cfg.family,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.ffn_hidden_size,
@@ -86,8 +62,9 @@ def hf_config(cfg: ModelConfig, eos_token_id: int | None = None) -> dict[str, An
         "rope_theta": cfg.rope_theta,
         "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
         "hidden_act": "silu",
-        "attention_bias": False,
+        "attention_bias": cfg.family == "qwen2",
         "mlp_bias": False,
+        "use_sliding_window": False,
         "tie_word_embeddings": cfg.tie_embeddings,
         "torch_dtype": "float32",
         "eos_token_id": eos_token_id,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -21,16 +21,22 @@ from trainer_client.cpu_shims import apply_cpu_shims, megatron_on_cpu
 logger = logging.getLogger(__name__)
 
 
+Family = Literal["llama", "qwen2", "qwen3"]
+
+
 class ModelConfig(BaseModel):
-    """Architecture of the policy (Llama naming on export)."""
+    """Architecture of the policy; ``family`` picks the HF naming and the small differences
+    (Qwen2: q/k/v biases; Qwen3: q/k RMSNorm per head), see :mod:`trainer_client.hf_map`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    family: Family = "llama"
     vocab_size: int = Field(259, ge=2)
     hidden_size: int = Field(64, ge=8)
     num_layers: int = Field(2, ge=1)
     num_attention_heads: int = Field(4, ge=1)
     num_query_groups: int = Field(2, ge=1)  # GQA: key/value heads
+    kv_channels: int | None = Field(None, ge=1)  # head dimension when not hidden / heads (Qwen3)
     ffn_hidden_size: int = Field(128, ge=8)
     max_position_embeddings: int = Field(512, ge=8)
     rope_theta: float = Field(10_000.0, gt=0)
@@ -41,7 +47,7 @@ class ModelConfig(BaseModel):
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
 
 
 class ParallelConfig(BaseModel):
@@ -121,12 +127,14 @@ def transformer_config(cfg: ModelConfig, parallel: ParallelConfig) -> Any:
         ffn_hidden_size=cfg.ffn_hidden_size,
         num_attention_heads=cfg.num_attention_heads,
         num_query_groups=cfg.num_query_groups,
+        kv_channels=cfg.head_dim,
         normalization="RMSNorm",
         layernorm_epsilon=cfg.norm_epsilon,
         gated_linear_unit=True,
         activation_func=F.silu,
         add_bias_linear=False,
-        add_qkv_bias=False,
+        add_qkv_bias=cfg.family == "qwen2",
+        qk_layernorm=cfg.family == "qwen3",
         hidden_dropout=0.0,
         attention_dropout=0.0,
         init_method_std=cfg.init_std,
@@ -144,7 +152,7 @@ def build_gpt(cfg: ModelConfig, parallel: ParallelConfig) -> Any:
 
     model = GPTModel(
         config=transformer_config(cfg, parallel),
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=cfg.family == "qwen3"),
         vocab_size=cfg.vocab_size,
         max_sequence_length=cfg.max_position_embeddings,
         position_embedding_type="rope",

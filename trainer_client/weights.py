@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from services.protocol.tasks import DEFAULT_POOL
 from services.protocol.weights import WeightUpdate, WeightUpdateResult
 from trainer_client.export import Export
 
@@ -20,6 +21,18 @@ class SyncOutcome:
     seconds: float
     result: WeightUpdateResult | None
     error: str | None = None
+
+
+def job_pool(job: str, configured: str | None, from_api: str | None) -> str:
+    """The pool a job's weights go to: the job's own (``JobCreate.pool``, read back from the API).
+
+    The trainer's ``pool`` setting is only needed without the API; when both are known they must agree.
+    """
+    if from_api is None:
+        return configured or DEFAULT_POOL
+    if configured and configured != from_api:
+        raise ValueError(f"ROLLOUT_TRAIN_POOL is {configured!r} but job {job!r} is served by pool {from_api!r}")
+    return from_api
 
 
 class WeightPublisher:

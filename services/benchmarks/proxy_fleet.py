@@ -96,7 +96,7 @@ def start_proxy(engine_urls: Sequence[str], workers: int, log_dir: Path) -> Laun
     argv = [sys.executable, "-m", "services.cli", "proxy", "--port", str(port), "--workers", str(workers),
             "--engines", ",".join(engine_urls)]  # fmt: skip
     env_url = f"http://127.0.0.1:{port}"
-    proxy = launch("proxy", argv, env_url, "/healthz", log_dir, env={"ROLLOUT_PROXY_ADMIN_TOKENS": BENCH_ADMIN})
+    proxy = launch("proxy", argv, env_url, "/healthz", log_dir, env={"ROLLOUT_PROXY_ADMIN_TOKEN": BENCH_ADMIN})
     deadline = time.monotonic() + 30  # every engine routable from the process we ask
     while time.monotonic() < deadline:
         doc = httpx.get(env_url + "/admin/status", timeout=10, headers=ADMIN_HEADERS).json()

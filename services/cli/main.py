@@ -11,10 +11,32 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from services.cli import api_cmd, bench_cmd, broker_cmd, engine_cmd, proxy_cmd, redis_cmd, up_cmd, worker_cmd
+from services.cli import (
+    api_cmd,
+    bench_cmd,
+    broker_cmd,
+    deploy_cmd,
+    engine_cmd,
+    proxy_cmd,
+    redis_cmd,
+    secrets_cmd,
+    up_cmd,
+    worker_cmd,
+)
 from services.runtime.logs import configure_logging
 
-COMMANDS = (up_cmd, redis_cmd, engine_cmd, proxy_cmd, broker_cmd, api_cmd, worker_cmd, bench_cmd)
+COMMANDS = (
+    up_cmd,
+    redis_cmd,
+    engine_cmd,
+    proxy_cmd,
+    broker_cmd,
+    api_cmd,
+    worker_cmd,
+    bench_cmd,
+    deploy_cmd,
+    secrets_cmd,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from services.cli.flags import overrides
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("worker", help="run a rollout worker (agent episodes from the jobs' work streams)")
-    p.add_argument("--redis-url", default=None, help="default: ROLLOUT_WORKER_REDIS_URL (required)")
+    p.add_argument("--redis-url", default=None, help="default: ROLLOUT_WORKER_REDIS_URL, ROLLOUT_REDIS_URL")
     p.add_argument("--proxy-url", default=None)
     p.add_argument("--broker-url", default=None)
     p.add_argument("--model-path", type=Path, default=None, help="tokenizer directory of the policy")
@@ -24,7 +26,4 @@ def run(args: argparse.Namespace) -> int:
     from services.rollout_api.worker.main import run as run_worker
 
     names = ("redis_url", "proxy_url", "broker_url", "model_path", "concurrency", "port", "worker_id", "jobs")
-    settings = WorkerSettings(**{k: getattr(args, k) for k in names if getattr(args, k) is not None})
-    if not settings.redis_url:
-        raise SystemExit("a worker needs a shared Redis: --redis-url or ROLLOUT_WORKER_REDIS_URL")
-    return run_worker(settings, settings.redis_url)
+    return run_worker(WorkerSettings(**overrides(args, names)))

@@ -6,15 +6,20 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from services.runtime.settings import ServiceSettings
 
 
-class EngineSettings(BaseSettings):
+class EngineSettings(ServiceSettings):
     """How the simulated engines behave. Times are seconds, sizes are tokens."""
 
-    model_config = SettingsConfigDict(env_prefix="ROLLOUT_ENGINE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ROLLOUT_ENGINE_")
+    service_name = "engine"
 
-    mode: Literal["sim", "scripted", "torch"] = "sim"  # torch: a real (tiny) HF model from model_path
+    # sim / scripted / torch: stand-ins served by this process; sglang: a real SGLang server started
+    # by this process (`python -m sglang.launch_server`, GPU hosts, the [engine] extra)
+    mode: Literal["sim", "scripted", "torch", "sglang"] = "sim"  # torch: a real (tiny) HF model from model_path
     host: str = "127.0.0.1"
     port: int = 30000
     count: int = Field(1, ge=1)  # engines served by this process, on ports port..port+count-1
@@ -36,3 +41,15 @@ class EngineSettings(BaseSettings):
     weight_load_s: float = Field(0.05, ge=0)  # how long update_weights_from_disk takes
     fail_weight_updates: bool = False  # fault injection: every weight update fails
     prefix_cache_entries: int = Field(4096, ge=0)  # prompts remembered for cached_tokens
+    # Joining a proxy pool: once healthy, each engine registers itself (POST /admin/engines) at the
+    # address the proxy reaches it by, and leaves the pool (/admin/engines/remove) when it stops.
+    proxy_url: str | None = None  # None: the proxy's own engine list names this engine
+    proxy_token: str = Field("", repr=False)  # the proxy's admin token, for registration
+    pool: str = "default"
+    advertise_host: str | None = None  # how the proxy reaches this host (pod IP, DNS name); default: host
+    # sglang mode only (see services/engines/sglang.py for the command line built from these)
+    tp_size: int = Field(1, ge=1)  # GPUs per engine (tensor parallel)
+    mem_fraction_static: float | None = Field(None, gt=0, lt=1)  # weights + KV share of GPU memory
+    return_routed_experts: bool = False  # MoE routing replay: per-token routed experts in meta_info
+    sglang_args: list[str] = []  # extra flags passed through as they are
+    startup_timeout_s: float = Field(1800.0, gt=0)  # model download/load + CUDA graph capture

@@ -7,7 +7,6 @@ import os
 from collections.abc import AsyncIterator
 
 from aiohttp import web
-from redis.asyncio import Redis
 
 from services.llm_proxy.admin import Admin
 from services.llm_proxy.auth import ProxyAuth, authenticator
@@ -22,6 +21,8 @@ from services.llm_proxy.responses import json_response
 from services.llm_proxy.settings import ProxySettings
 from services.llm_proxy.upstream import BackgroundTasks, EngineClient, create_session
 from services.llm_proxy.weights import WeightTransaction
+from services.runtime.redis_pool import open_redis, pool_of
+from services.runtime.settings import RedisSettings
 
 VIEW = web.AppKey("view", FleetView)
 METRICS = web.AppKey("metrics", ProxyMetrics)
@@ -63,7 +64,7 @@ def create_app(settings: ProxySettings, redis_url: str) -> web.Application:
     app.router.add_get("/openapi.json", openapi)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        redis = Redis.from_url(redis_url)
+        redis = open_redis(redis_url, RedisSettings())
         store = MembershipStore(redis)
         view = FleetView(store, settings.sync_interval_s, settings.eject_after_failures)
         await view.refresh()
@@ -77,7 +78,9 @@ def create_app(settings: ProxySettings, redis_url: str) -> web.Application:
         control = EngineClient(session, settings.engine_call_timeout_s)
         transaction = WeightTransaction(redis, store, control, settings.lock_ttl_s, settings.update_settle_s)
         Admin(view, store, control, transaction, proxy_metrics).add_routes(app)
-        checker = HealthChecker(view, EngineClient(session, settings.health_timeout_s), session, proxy_metrics)
+        checker = HealthChecker(
+            view, EngineClient(session, settings.health_timeout_s), session, proxy_metrics, pool_of(redis)
+        )
         await checker.check_all()
         tasks = [
             asyncio.create_task(view.follow(redis), name="membership"),

@@ -33,10 +33,10 @@ CACHE_S = 5.0  # how long a job token's job and a job's pool are reused by one p
 
 
 def authenticator(settings: ProxySettings) -> Authenticator:
-    admin, service = TokenSet.parse(settings.admin_tokens), TokenSet.parse(settings.service_tokens)
+    admin, service = TokenSet.parse(settings.admin_token), TokenSet.parse(settings.service_token)
     if not (admin or settings.allow_anonymous):
         raise ValueError(
-            "the proxy has no admin token: set ROLLOUT_PROXY_ADMIN_TOKENS "
+            "the proxy has no admin token: set ROLLOUT_ADMIN_TOKEN (or ROLLOUT_PROXY_ADMIN_TOKEN) "
             "(or ROLLOUT_PROXY_ALLOW_ANONYMOUS=true on a development machine)"
         )
     return Authenticator(admin, service, settings.allow_anonymous)

@@ -21,11 +21,12 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from services.llm_proxy.body import ParsedBody
 from services.llm_proxy.fleet import EngineRuntime, FleetView
 from services.llm_proxy.guard import ContextGuard, is_engine_length_error
 from services.llm_proxy.membership import MembershipStore
 from services.llm_proxy.metrics import ProxyMetrics
-from services.llm_proxy.responses import error_frame, error_response, json_response, platform_error, read_json
+from services.llm_proxy.responses import error_frame, error_response, json_response, platform_error, read_body
 from services.llm_proxy.routing import Router
 from services.llm_proxy.settings import ProxySettings
 from services.llm_proxy.shapes import MAX_DEADLINE_S, check_shape, session_of
@@ -40,16 +41,22 @@ class NotAnswered(Exception):
     """The engine gave no answer (refused, reset, disconnected): the call may go elsewhere."""
 
 
+class SlowConnect(Exception):
+    """Opening the connection took longer than ``connect_timeout_s``: the engine is busy, not down.
+    The call is tried again (another engine or the same) within its own deadline, never failed."""
+
+
 @dataclass(slots=True)
 class Call:
     route: str
     pool: str
-    body: dict[str, Any]
+    body: ParsedBody
     rid: str
     session: str | None
     deadline_s: float | None
     stream: bool
     started: float
+    deadline_at: float | None = None  # loop time; the same for every engine the call is tried on
     upstream_s: float = 0.0
 
 
@@ -97,18 +104,21 @@ class Forwarder:
 
     async def _prepare(self, request: web.Request, rid: str, started: float) -> Call:
         route = request.path
-        body = await read_json(request)
-        check_shape(route, body)
+        parsed = await read_body(request)
+        body = parsed.doc
+        check_shape(route, parsed)
         pool = self._pool_of(request, body, route)
         if route == GENERATE:
-            self.guard.guard_generate(body)
+            self.guard.guard_generate(body, parsed.prompt_len)
         else:
             self.guard.guard_openai(body)
         body["rid"] = rid
+        session = session_of(request, body)
+        deadline_s = _deadline(request, self.settings.default_deadline_s)
+        deadline_at = None if deadline_s is None else asyncio.get_running_loop().time() + deadline_s
         return Call(
-            route=route, pool=pool, body=body, rid=rid, session=session_of(request, body),
-            deadline_s=_deadline(request, self.settings.default_deadline_s), stream=bool(body.get("stream")),
-            started=started,
+            route=route, pool=pool, body=parsed, rid=rid, session=session,
+            deadline_s=deadline_s, stream=bool(body.get("stream")), started=started, deadline_at=deadline_at,
         )  # fmt: skip
 
     def _pool_of(self, request: web.Request, body: dict[str, Any], route: str) -> str:
@@ -147,17 +157,22 @@ class Forwarder:
             self.metrics.held.labels(pool).dec()
 
     async def _dispatch(self, request: web.Request, call: Call) -> web.StreamResponse:
-        payload = orjson.dumps(call.body)
-        tried: set[str] = set()
-        for _attempt in range(self.settings.retries + 1):
-            engines = [e for e in self.view.routable(call.pool) if e.url not in tried]
+        payload = call.body.encode()
+        tried: set[str] = set()  # engines that refused or reset: not tried again for this call
+        slow: set[str] = set()  # engines slow to connect: others first, then these again
+        while len(tried) <= self.settings.retries:
+            routable = [e for e in self.view.routable(call.pool) if e.url not in tried]
+            engines = [e for e in routable if e.url not in slow] or routable
             if not engines:
                 break
             rt = self.router.choose(engines, call.session, self.rng)
-            tried.add(rt.url)
             try:
                 return await self._forward(request, call, rt, payload)
+            except SlowConnect:  # busy, not down: try again (the call's deadline still bounds it)
+                slow.add(rt.url)
+                self.metrics.connect_retries.labels(rt.engine_id).inc()
             except NotAnswered as exc:
+                tried.add(rt.url)
                 self.view.mark_failed(rt, str(exc))
                 self.metrics.retries.labels(rt.engine_id).inc()
                 self.background.spawn(self.engines.abort(rt.url, call.rid))  # in case it did arrive
@@ -170,8 +185,7 @@ class Forwarder:
         series = self.metrics.engine(rt.engine_id)
         series.in_flight.inc()
         sent = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        deadline_at = None if call.deadline_s is None else loop.time() + call.deadline_s
+        deadline_at = call.deadline_at
         try:
             async with asyncio.timeout_at(deadline_at):
                 resp = await self._send(rt, call, payload)
@@ -200,6 +214,8 @@ class Forwarder:
     async def _send(self, rt: EngineRuntime, call: Call, payload: bytes) -> aiohttp.ClientResponse:
         try:
             return await self.session.post(rt.endpoint(call.route), data=payload, headers=JSON_HEADERS)
+        except aiohttp.ConnectionTimeoutError as exc:  # a TimeoutError too: must not look like the deadline
+            raise SlowConnect(str(exc)) from exc
         except NOT_ANSWERED as exc:
             raise NotAnswered(f"{type(exc).__name__}: {exc}") from exc
 

@@ -23,8 +23,9 @@ class ContextGuard:
     context_cap: int
     max_new_tokens_cap: int
 
-    def guard_generate(self, body: dict[str, Any]) -> int | None:
-        """Clamp a native ``/generate`` body in place; returns the prompt length when known."""
+    def guard_generate(self, body: dict[str, Any], prompt_len: int | None = None) -> int | None:
+        """Clamp a native ``/generate`` body in place; returns the prompt length when known.
+        ``prompt_len`` is given when ``input_ids`` was counted without being decoded."""
         sampling = body.get("sampling_params")
         if sampling is None:
             sampling = body["sampling_params"] = {}
@@ -32,8 +33,9 @@ class ContextGuard:
             raise PlatformError(
                 ErrorCode.VALIDATION_ERROR, "sampling_params must be an object", field="sampling_params"
             )
-        ids = body.get("input_ids")
-        prompt_len = len(ids) if isinstance(ids, list) else None
+        if prompt_len is None:
+            ids = body.get("input_ids")
+            prompt_len = len(ids) if isinstance(ids, list) else None
         sampling["max_new_tokens"] = self._clamp(sampling.get("max_new_tokens"), prompt_len)
         return prompt_len
 

@@ -20,6 +20,7 @@ import aiohttp
 from services.llm_proxy.fleet import EngineRuntime, FleetView
 from services.llm_proxy.metrics import ProxyMetrics
 from services.llm_proxy.upstream import EngineClient, open_connections
+from services.runtime.redis_pool import ObservedPool
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +29,18 @@ LOAD_REFRESH_INTERVALS = 5
 
 class HealthChecker:
     def __init__(
-        self, view: FleetView, client: EngineClient, session: aiohttp.ClientSession, metrics: ProxyMetrics
+        self,
+        view: FleetView,
+        client: EngineClient,
+        session: aiohttp.ClientSession,
+        metrics: ProxyMetrics,
+        redis_pool: ObservedPool | None = None,
     ) -> None:
         self.view = view
         self.client = client
         self.session = session
         self.metrics = metrics
+        self.redis_pool = redis_pool
 
     async def run(self, interval_s: float) -> None:
         while True:
@@ -49,6 +56,7 @@ class HealthChecker:
         ]
         await asyncio.gather(*(self.check(rt) for rt in due))
         self.metrics.upstream_connections.set(open_connections(self.session))
+        self.metrics.saturation(self.redis_pool)
 
     async def check(self, rt: EngineRuntime) -> None:
         rt.probed_at = time.monotonic()

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
+from services.runtime.limits import fd_usage
+from services.runtime.redis_pool import ObservedPool
+
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 300, 600, 1800)
 OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
@@ -45,12 +48,34 @@ class ProxyMetrics:
             "rollout_proxy_overhead_seconds", "Proxy-added time (call minus upstream)", buckets=OVERHEAD_BUCKETS,
             registry=r,
         )  # fmt: skip
+        self.connect_retries = Counter(
+            "rollout_proxy_connect_retries", "Calls tried again because a connect was slow (not failed)", ["engine"],
+            registry=r,
+        )  # fmt: skip
         self.retries = Counter("rollout_proxy_retries", "Calls retried on another engine", ["engine"], registry=r)
         self.aborts = Counter("rollout_proxy_aborts", "Aborts sent to engines", ["reason"], registry=r)
         # job names are admin-chosen, few and not secret (docs/security.md): fine as a label
         self.job_calls = Counter("rollout_proxy_job_calls", "Data-plane calls by job", ["job"], registry=r)
         self.upstream_connections = Gauge(
             "rollout_proxy_upstream_connections", "Open upstream connections", registry=r, multiprocess_mode="livesum"
+        )
+        self.redis_pool = Gauge(
+            "rollout_redis_pool_connections", "Redis connections held, by state", ["service", "pool", "state"],
+            registry=r, multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.redis_pool_limit = Gauge(
+            "rollout_redis_pool_limit", "Most connections a pool opens", ["service", "pool"], registry=r,
+            multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.redis_pool_waits = Gauge(
+            "rollout_redis_pool_waits", "Callers that waited for a connection (or whose wait ran out)",
+            ["service", "pool", "outcome"], registry=r, multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.open_fds = Gauge(
+            "rollout_proxy_open_fds", "Open file descriptors", registry=r, multiprocess_mode="livesum"
+        )
+        self.max_fds = Gauge(
+            "rollout_proxy_max_fds", "Open-file limit of each process", registry=r, multiprocess_mode="min"
         )
         self.held = Gauge(
             "rollout_proxy_calls_held", "Calls held during a weight update", ["pool"], registry=r,
@@ -65,6 +90,19 @@ class ProxyMetrics:
             "rollout_proxy_weight_update_seconds", "Weight-update transaction time", ["pool"], buckets=LATENCY_BUCKETS,
             registry=r,
         )  # fmt: skip
+
+    def saturation(self, pool: ObservedPool | None) -> None:
+        """Sample the limits that do not count themselves: the Redis pool and open files."""
+        used, limit = fd_usage()
+        self.open_fds.set(used)
+        self.max_fds.set(limit)
+        if pool is not None:
+            f = pool.figures()
+            self.redis_pool.labels("proxy", "commands", "in_use").set(f["in_use"])
+            self.redis_pool.labels("proxy", "commands", "idle").set(f["idle"])
+            self.redis_pool_limit.labels("proxy", "commands").set(f["limit"])
+            self.redis_pool_waits.labels("proxy", "commands", "waited").set(f["waits"])
+            self.redis_pool_waits.labels("proxy", "commands", "timed_out").set(f["wait_timeouts"])
 
     def engine(self, engine_id: str) -> EngineSeries:
         series = self._engines.get(engine_id)

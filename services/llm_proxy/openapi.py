@@ -1,4 +1,4 @@
-"""``GET /openapi.json``: the proxy's routes as an OpenAPI 3.0 document (for clients and fuzzing).
+"""``GET /openapi.json``: the proxy's routes as an OpenAPI 3.1 document (for clients and fuzzing).
 
 Admin bodies come from their pydantic models; the data-plane bodies describe what the proxy
 itself checks (``shapes.py``): everything else in them is the engine's SGLang/OpenAI API.
@@ -80,7 +80,7 @@ def document() -> dict[str, Any]:
         "/admin/lora": {"post": _op("load or unload a LoRA adapter", ref["AdapterChange"])},
     }
     return {
-        "openapi": "3.0.3",
+        "openapi": "3.1.0",
         "info": {"title": "rollout LLM proxy", "version": "1"},
         "paths": paths,
         "components": {"schemas": schemas, "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},

@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from services.llm_proxy.body import ParsedBody, parse_body
 from services.protocol import ErrorCode, PlatformError
 from services.protocol.errors import ErrorBody
 
@@ -43,10 +44,15 @@ def error_frame(exc: PlatformError) -> bytes:
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:
+    """The whole body decoded."""
+    return (await read_body(request, whole=True)).doc
+
+
+async def read_body(request: web.Request, *, whole: bool = False) -> ParsedBody:
+    """The body; unless ``whole``, a flat ``input_ids`` array is counted but not decoded (``body.py``)."""
     try:
-        doc = orjson.loads(await request.read())
+        return parse_body(await request.read(), whole=whole)
     except orjson.JSONDecodeError as exc:
         raise platform_error(ErrorCode.BAD_REQUEST, f"the body is not JSON: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise platform_error(ErrorCode.BAD_REQUEST, "the body must be a JSON object")
-    return doc
+    except TypeError:
+        raise platform_error(ErrorCode.BAD_REQUEST, "the body must be a JSON object") from None

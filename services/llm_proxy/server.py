@@ -14,12 +14,12 @@ from multiprocessing.process import BaseProcess
 
 from aiohttp import web
 from prometheus_client import multiprocess
-from redis.asyncio import Redis
 
 from services.llm_proxy.app import create_app
 from services.llm_proxy.membership import MembershipStore
 from services.llm_proxy.settings import ProxySettings
 from services.runtime.logs import configure_logging
+from services.runtime.redis_pool import open_redis
 from services.runtime.redis_server import redis_url_or_embedded
 from services.runtime.settings import RedisSettings
 
@@ -41,24 +41,25 @@ async def serve_worker(settings: ProxySettings, redis_url: str) -> None:
     await runner.cleanup()
 
 
-def worker_main(settings: ProxySettings, redis_url: str, log_level: str | None) -> None:
+def worker_main(settings: ProxySettings, redis_url: str) -> None:
     """Entry point of one child process."""
     import uvloop  # comes with uvicorn[standard]
 
-    configure_logging(log_level)
+    configure_logging(settings.log_level)
     uvloop.run(serve_worker(settings, redis_url))
 
 
 async def seed_membership(settings: ProxySettings, redis_url: str) -> None:
-    redis = Redis.from_url(redis_url)
+    redis = open_redis(redis_url, RedisSettings())
     try:
         await MembershipStore(redis).seed(settings.pool_map())
     finally:
         await redis.aclose()
 
 
-def run(settings: ProxySettings, redis_settings: RedisSettings) -> int:
+def run(settings: ProxySettings) -> int:
     """Run the parent until SIGTERM/SIGINT; returns the exit code."""
+    configure_logging(settings.log_level)
     stopping = False
 
     def _stop(signum: int, frame: object) -> None:
@@ -68,16 +69,15 @@ def run(settings: ProxySettings, redis_settings: RedisSettings) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     with (
-        redis_url_or_embedded(redis_settings.url) as redis_url,
+        redis_url_or_embedded(settings.redis_url) as redis_url,
         tempfile.TemporaryDirectory(prefix="proxy-prom-") as prom,
     ):
         asyncio.run(seed_membership(settings, redis_url))
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = prom  # children aggregate /metrics across processes
         ctx = multiprocessing.get_context("spawn")
-        level = os.environ.get("ROLLOUT_LOG_LEVEL")
 
         def start() -> BaseProcess:
-            proc = ctx.Process(target=worker_main, args=(settings, redis_url, level), daemon=True)
+            proc = ctx.Process(target=worker_main, args=(settings, redis_url), daemon=True)
             proc.start()
             return proc
 

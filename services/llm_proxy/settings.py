@@ -5,15 +5,17 @@ from __future__ import annotations
 import os
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-DEFAULT_POOL = "default"
+from services.protocol.tasks import DEFAULT_POOL
+from services.runtime.settings import UsesAdminToken, UsesRedis, UsesServiceToken
 
 
-class ProxySettings(BaseSettings):
+class ProxySettings(UsesRedis, UsesAdminToken, UsesServiceToken):
     """Times are seconds, sizes tokens. ``engines``/``pools`` seed membership; the admin API changes it."""
 
-    model_config = SettingsConfigDict(env_prefix="ROLLOUT_PROXY_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ROLLOUT_PROXY_")
+    service_name = "proxy"
 
     host: str = "127.0.0.1"
     port: int = 8100  # the workers' default proxy URL
@@ -21,9 +23,8 @@ class ProxySettings(BaseSettings):
     engines: str = ""  # "url,url,...": engines of ``pool``
     pool: str = DEFAULT_POOL  # the pool ``engines`` join
     pools: str = ""  # "pool=url,url;pool2=url": more pools
-    # authentication (docs/security.md): comma-separated tokens or ``sha256:<hex>``; several = rotation
-    admin_tokens: str = Field("", repr=False)  # /admin/*
-    service_tokens: str = Field("", repr=False)  # data plane for the workers (X-Rollout-Job attributes a call)
+    # authentication (docs/security.md): admin_token for /admin/*, service_token (the workers) and job tokens
+    # for the data plane, each a comma-separated list of tokens or ``sha256:<hex>`` (rotation)
     require_token: bool = False  # data plane (/generate, /v1/*) needs a service, job or admin token
     allow_anonymous: bool = False  # UNSAFE, development only: a call without a token acts as admin
     # context guard

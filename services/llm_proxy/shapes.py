@@ -2,7 +2,9 @@
 caller's 400, never an engine's 502 reported as infrastructure).
 
 Bounds, documented in docs/llm_proxy.md: ``X-Deadline-S`` in (0, 86,400]; a session id is
-printable ASCII of at most 256 characters; ``input_ids`` are integers in [0, 2^31); a chat
+printable ASCII of at most 256 characters; ``input_ids`` are non-negative integers (below 2^31
+when the body is decoded; on the fast path, where the array is only counted, digits, commas and
+spaces only: the engine refuses ids past its vocabulary); a chat
 call has a non-empty list of message objects; a completion prompt is a string, a list of
 strings or a list of token ids. JSON itself is parsed by orjson, which refuses NaN, Infinity
 and numbers past the double range.
@@ -15,11 +17,13 @@ from typing import Any
 
 from aiohttp import web
 
+from services.llm_proxy.body import ParsedBody
 from services.protocol import ErrorCode, PlatformError
 from services.protocol import llm as h
 
 MAX_DEADLINE_S = 86_400.0
 MAX_TOKEN_ID = 2**31 - 1
+_ID_BYTES = b"0123456789, \t\r\n"
 SESSION = re.compile(r"^[\x21-\x7e]{1,256}$")  # printable ASCII, no spaces: it is forwarded as a header
 
 
@@ -37,8 +41,13 @@ def session_of(request: web.Request, body: dict[str, Any]) -> str | None:
     return value
 
 
-def check_shape(route: str, body: dict[str, Any]) -> None:
+def check_shape(route: str, parsed: ParsedBody) -> None:
+    body = parsed.doc
     if route == "/generate":
+        if parsed.ids is not None:  # the fast path: the array was counted, not decoded
+            if parsed.ids.translate(None, _ID_BYTES):
+                raise _bad("input_ids must be a list of non-negative integers", "input_ids")
+            return
         _check_generate(body)
     elif route == "/v1/chat/completions":
         messages = body.get("messages")

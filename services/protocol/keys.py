@@ -51,6 +51,11 @@ def rollout_record(job: str, rollout_id: str) -> str:
     return f"{_job(job)}:rollout:{rollout_id}"
 
 
+def rollout_tasks(job: str, rollout_id: str) -> str:
+    """Hash: task id -> :class:`~services.protocol.tasks.Task` JSON, once per rollout (work items name it)."""
+    return f"{_job(job)}:rollout:{rollout_id}:tasks"
+
+
 def rollout_index(job: str) -> str:
     """Sorted set of the job's rollout ids by submission time."""
     return f"{_job(job)}:rollouts"

@@ -39,8 +39,12 @@ class Template(_Model):
     """A sandbox image: written by an operator, read by the broker."""
 
     name: Name
-    image: Text | None = None  # container image (docker/e2b backends), from template_images when set
-    rootfs: Text | None = None  # host directory used as the lower layer (local), inside template_roots
+    # the sandbox's root filesystem. docker: an image in the engine; e2b: a template id; local: a
+    # name in the broker's image store (``rollout images import``) or an absolute path to an OCI
+    # image layout, a ``docker save``/OCI tar, or a root directory (a path: inside template_roots)
+    image: Text | None = None
+    host_usr: bool = False  # local + image: also bind the host's /usr read-only over the image's
+    rootfs: Text | None = None  # local, no image: a host directory seeding /workspace, inside template_roots
     setup: list[Text] = Field(default_factory=list)  # run once when a sandbox is created, before pooling
     resources: Resources = Field(default_factory=Resources)
     warm_pool: int = Field(0, ge=0, le=10_000)  # sandboxes kept started and ready

@@ -81,6 +81,7 @@ class ErrorCode(StrEnum):
     TRANSPORT_ERROR = "transport_error"
     BACKEND_UNAVAILABLE = "backend_unavailable"
     CAPACITY_EXHAUSTED = "capacity_exhausted"
+    STORE_UNAVAILABLE = "store_unavailable"  # Redis unreachable: nothing was done, retry (503 + Retry-After)
     INTERNAL_ERROR = "internal_error"
 
     @property
@@ -101,6 +102,7 @@ INFRA_CODES: frozenset[ErrorCode] = frozenset(
         ErrorCode.TRANSPORT_ERROR,
         ErrorCode.BACKEND_UNAVAILABLE,
         ErrorCode.CAPACITY_EXHAUSTED,
+        ErrorCode.STORE_UNAVAILABLE,
         ErrorCode.INTERNAL_ERROR,
     }
 )

@@ -9,12 +9,15 @@ are shell names (docs/security.md, "Input validation").
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 # Job, pool, task and template names end up inside Redis keys and URLs: keep them tame.
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")]
+
+DEFAULT_POOL = "default"  # the proxy pool of a job that names none, and of engines seeded without one
 
 # Reaches a process (argv, shell, env value, path): no NUL byte, which no exec or open() can carry.
 Text = Annotated[str, StringConstraints(pattern=r"^[^\x00]*$")]
@@ -47,17 +50,31 @@ class SandboxSpec(_Model):
     network: Literal["none", "egress"] = "none"  # no network unless asked for
     setup: list[Text] = Field(default_factory=list, max_length=1_000)  # shell commands before the first turn
     files: dict[FilePath, str] = Field(default_factory=dict)  # path -> content written before setup
-    env: dict[EnvKey, Text] = Field(default_factory=dict)
-    workdir: FilePath = "/workspace"
+    env: dict[EnvKey, Text] = Field(default_factory=dict)  # every command, the agent's and the reward's
+    workdir: FilePath | None = None  # where every command starts; None: the sandbox's (the image's WorkingDir)
+
+
+class ScoredTests(_Model):
+    """Per-test scoring (SWE-bench style): the reward is 1 only if every FAIL_TO_PASS test passes and
+    no PASS_TO_PASS test fails, as parsed from the reward command's output."""
+
+    fail_to_pass: list[str] = Field(min_length=1)
+    pass_to_pass: list[str] = Field(default_factory=list)
+    log_parser: Literal["auto", "pytest", "unittest", "django"] = "auto"  # auto: every format found
 
 
 class RewardSpec(_Model):
     """How the episode is scored once the agent stops."""
 
-    command: Text  # run in the sandbox; exit 0 -> 1.0 else 0.0, unless ``parse_float``
+    command: Text  # run in the sandbox; exit 0 -> 1.0 else 0.0, unless ``parse_float`` or ``tests``
     parse_float: bool = False  # the last line of stdout is the reward (a float)
     timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)
     files: dict[FilePath, str] = Field(default_factory=dict)  # fresh test files written before the command
+    # files read after the task's setup, before the agent's first turn, and put back (or removed, if
+    # they did not exist) before scoring: the agent's changes to them never count
+    restore: list[FilePath] = Field(default_factory=list, max_length=1_000)
+    setup: list[Text] = Field(default_factory=list)  # run before ``command``; a failure is an infra error
+    tests: ScoredTests | None = None  # per-test scoring instead of the exit code
 
 
 class Task(_Model):
@@ -72,8 +89,9 @@ class Task(_Model):
     @model_validator(mode="after")
     def _no_path_climbs_out(self) -> Task:
         """A file path the broker would refuse is the user's error now (400), not an infra error later."""
-        for field, files in (("sandbox.files", self.sandbox.files), ("reward.files", self.reward.files)):
-            for path in files:
+        files = (("sandbox.files", self.sandbox.files), ("reward.files", self.reward.files))
+        for field, paths in (*files, ("reward.restore", self.reward.restore)):
+            for path in paths:
                 if ".." in path.split("/"):
                     raise ValueError(f"{field}: {path!r} must not contain '..'")
         return self
@@ -132,9 +150,32 @@ class WorkItem(_Model):
     max_attempts: int = Field(3, ge=1)
     limits: AgentLimits = Field(default_factory=AgentLimits)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
-    pool: Name = "default"  # the proxy pool that serves this job's policy
+    pool: Name = DEFAULT_POOL  # the proxy pool that serves this job's policy
     priority: int = 0
     enqueued_at: float = 0.0  # unix seconds
+
+    def encode(self) -> bytes:
+        """The work stream's ``item`` field: everything but the task, named by ``task_id``. The task
+        is stored once per rollout (``keys.rollout_tasks``), so ``group_size`` copies cost no more
+        than their ids: a request's size in Redis stays a small multiple of its body."""
+        doc = self.model_dump(mode="json", exclude={"task"})
+        doc["task_id"] = self.task.id
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @staticmethod
+    def task_ref(raw: bytes) -> tuple[str, str]:
+        """``(rollout_id, task_id)`` of an encoded item; ValueError when it names none."""
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or not isinstance(doc.get("task_id"), str):
+            raise ValueError("the work item names no task")
+        return str(doc.get("rollout_id")), doc["task_id"]
+
+    @classmethod
+    def decode(cls, raw: bytes, task: Task) -> WorkItem:
+        """An encoded item with its task put back; pydantic's ValidationError (a ValueError) if invalid."""
+        doc = json.loads(raw)
+        doc.pop("task_id", None)
+        return cls.model_validate({**doc, "task": task})
 
     @staticmethod
     def make_trajectory_id(rollout_id: str, task_id: str, sample_index: int) -> str:

@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 import httpx
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from redis.asyncio import Redis
 
 from services.rollout_api import jobs, rollouts, sse
 from services.rollout_api.context import ApiContext, Ctx
@@ -18,22 +17,28 @@ from services.rollout_api.metrics import ApiMetrics
 from services.rollout_api.scripts import Scripts
 from services.rollout_api.settings import ApiSettings
 from services.rollout_api.templates import TemplateCatalog
+from services.runtime.redis_pool import observe_pools, open_redis
+from services.runtime.settings import RedisSettings
 
 
-def create_app(settings: ApiSettings, redis_url: str) -> FastAPI:
+def create_app(settings: ApiSettings, redis_url: str, redis_settings: RedisSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        redis = Redis.from_url(redis_url, decode_responses=False)
+        redis = open_redis(redis_url, redis_settings)
+        streams = open_redis(redis_url, redis_settings, size=settings.sse_connections)
+        metrics = ApiMetrics()
+        observe_pools(metrics.registry, "api", {"commands": redis, "streams": streams})
         async with httpx.AsyncClient() as http:
             app.state.ctx = ApiContext(
-                settings=settings, redis=redis, scripts=Scripts(redis), http=http,
-                templates=TemplateCatalog(settings.broker_url, settings.template_cache_s, settings.broker_token),
-                metrics=ApiMetrics(),
+                settings=settings, redis=redis, streams=streams, scripts=Scripts(redis), http=http,
+                templates=TemplateCatalog(settings.broker_url, settings.template_cache_s, settings.client_token()),
+                metrics=metrics,
             )  # fmt: skip
             try:
                 yield
             finally:
-                await redis.aclose()
+                await streams.aclose(close_connection_pool=True)
+                await redis.aclose(close_connection_pool=True)
 
     app = FastAPI(title="rollout API", lifespan=lifespan)
     install_error_handlers(app)

@@ -20,6 +20,7 @@ from services.rollout_api.templates import TemplateCatalog
 class ApiContext:
     settings: ApiSettings
     redis: Redis  # bytes in, bytes out (decode_responses=False)
+    streams: Redis  # a separate pool for blocking reads (SSE): subscribers never starve other routes
     scripts: Scripts
     http: httpx.AsyncClient
     templates: TemplateCatalog

@@ -8,12 +8,15 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException
 
 from services.protocol import ErrorBody, ErrorCode, PlatformError
 
 log = logging.getLogger(__name__)
 
+REDIS_RETRY_S = 2.0  # Retry-After while Redis is unreachable
 _HTTP_CODES = {401: ErrorCode.UNAUTHORIZED, 403: ErrorCode.FORBIDDEN, 404: ErrorCode.NOT_FOUND}
 
 
@@ -46,6 +49,14 @@ def install_error_handlers(app: FastAPI) -> None:
         code = _HTTP_CODES.get(exc.status_code, ErrorCode.BAD_REQUEST)
         return JSONResponse(ErrorBody.of(code, str(exc.detail)).model_dump(mode="json"), status_code=exc.status_code)
 
+    async def redis_away(_: Request, exc: Exception) -> JSONResponse:
+        """Redis unreachable (or no pooled connection within the wait): nothing was done; try again."""
+        log.warning("Redis unavailable: %r", exc)
+        message = "the platform's state store is unavailable; retry shortly"
+        return error_response(
+            PlatformError(ErrorCode.STORE_UNAVAILABLE, message, status=503, retry_after_s=REDIS_RETRY_S)
+        )
+
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
         body = ErrorBody.of(ErrorCode.INTERNAL_ERROR, "internal error")
@@ -54,4 +65,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(PlatformError, platform)
     app.add_exception_handler(RequestValidationError, request_validation)
     app.add_exception_handler(HTTPException, http)
+    app.add_exception_handler(RedisConnectionError, redis_away)
+    app.add_exception_handler(RedisTimeoutError, redis_away)
     app.add_exception_handler(Exception, unexpected)

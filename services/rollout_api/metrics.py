@@ -22,6 +22,9 @@ class ApiMetrics:
         self.rejected = Counter(
             "rollout_api_rejected_total", "submissions rejected, by error code", ["code"], registry=self.registry
         )
+        self.sse_redis_errors = Counter(
+            "rollout_api_sse_redis_errors_total", "SSE reads that found Redis away (retried)", registry=self.registry
+        )
         self.sse_events = Counter(
             "rollout_api_sse_events_total", "trajectories sent over SSE", ["job"], registry=self.registry
         )

@@ -5,37 +5,38 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from services.runtime.settings import UsesAdminToken, UsesRedis, UsesServiceToken
 
 
-class ApiSettings(BaseSettings):
+class ApiSettings(UsesRedis, UsesAdminToken, UsesServiceToken):
     """``ROLLOUT_API_*``: the rollout API process."""
 
-    model_config = SettingsConfigDict(env_prefix="ROLLOUT_API_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ROLLOUT_API_")
+    service_name = "api"
 
     host: str = "127.0.0.1"
     port: int = 8000
-    redis_url: str | None = None  # None: an embedded Redis (single-machine use only)
-    admin_token: str = Field("", repr=False)  # creates jobs; comma-separated tokens or sha256:<hex> (rotation)
     broker_url: str | None = None  # when set, templates are checked at submission (400 unknown_template)
-    broker_token: str = Field("", repr=False)  # the broker's service token, for that check
     max_body_bytes: int = 32 * 1024 * 1024  # POST bodies above this get 413
     idempotency_ttl_s: int = 7 * 24 * 3600  # how long a submitted idempotency key is remembered
     template_cache_s: float = 5.0  # how long the broker's template list is reused
-    sse_block_ms: int = 5_000  # XREAD BLOCK of the trajectory stream; a keep-alive comment follows each empty wait
+    sse_block_ms: int = Field(
+        5_000, ge=1, le=30_000
+    )  # XREAD BLOCK of a trajectory stream; a keep-alive follows each empty wait
+    sse_connections: int = Field(4096, ge=1)  # Redis pool of the SSE readers (one connection per blocked reader)
     trajectory_stream_maxlen: int = 100_000  # MAXLEN ~ of trajectory streams (cancellations published here)
 
 
-class WorkerSettings(BaseSettings):
+class WorkerSettings(UsesRedis, UsesServiceToken):
     """``ROLLOUT_WORKER_*``: one rollout worker process."""
 
-    model_config = SettingsConfigDict(env_prefix="ROLLOUT_WORKER_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ROLLOUT_WORKER_")
+    service_name = "worker"
 
-    redis_url: str | None = None
     proxy_url: str = "http://127.0.0.1:8100"
     broker_url: str = "http://127.0.0.1:8200"
-    broker_token: str = Field("", repr=False)  # the broker's service token (docs/security.md)
-    proxy_token: str = Field("", repr=False)  # the proxy's service token; "" when the proxy asks for none
     model_path: Path | None = None  # HF tokenizer directory (tokenizer.json + tokenizer_config.json)
     worker_id: str = ""  # consumer name; default: hostname-pid
     concurrency: int = Field(64, ge=1)  # episodes at once in this process

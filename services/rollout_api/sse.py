@@ -7,6 +7,8 @@ with XREAD (no consumer group): SSE readers never take trajectories away from a 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,12 +16,15 @@ from typing import Any
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import StreamingResponse
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.protocol import ErrorCode, PlatformError, from_stream_fields, keys, trajectory_to_json
 from services.rollout_api.context import AuthCaller, Ctx
 from services.rollout_api.jobs import job_or_404
 from services.rollout_api.metrics import ApiMetrics
 
+log = logging.getLogger(__name__)
 router = APIRouter()
 _ENTRY_ID = re.compile(r"^\d+(-\d+)?$")
 
@@ -39,7 +44,14 @@ async def events(
     yield b"retry: 1000\n\n"
     while limit is None or sent < limit:
         count = 100 if limit is None else min(100, limit - sent)
-        reply: Any = await redis.xread({stream: last}, count=count, block=block_ms)
+        try:
+            reply: Any = await redis.xread({stream: last}, count=count, block=block_ms)
+        except (RedisConnectionError, RedisTimeoutError) as exc:  # Redis is away: keep the stream, try again
+            log.warning("SSE of job %s: Redis unavailable (%s); retrying", job, exc)
+            metrics.sse_redis_errors.inc()
+            yield b": redis unavailable, retrying\n\n"
+            await asyncio.sleep(min(1.0, block_ms / 1000))
+            continue
         if not reply:
             yield b": keep-alive\n\n"
             continue
@@ -63,6 +75,6 @@ async def stream_trajectories(
     caller.require_job(job)
     await job_or_404(ctx, job)
     start = _start_id(last_event_id, after)
-    body = events(ctx.redis, ctx.metrics, job, start, limit, ctx.settings.sse_block_ms)
+    body = events(ctx.streams, ctx.metrics, job, start, limit, ctx.settings.sse_block_ms)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(body, media_type="text/event-stream", headers=headers)

@@ -22,15 +22,9 @@ class FleetSecrets:
         return cls(new_secret("rat_"), new_secret("rst_"), new_secret())
 
     def env(self) -> dict[str, str]:
-        """Every service's token settings; the Redis password travels inside ``ROLLOUT_REDIS_URL``."""
-        admin, service = self.admin_token, self.service_token
-        return {
-            "ROLLOUT_API_ADMIN_TOKEN": admin, "ROLLOUT_API_BROKER_TOKEN": service,
-            "ROLLOUT_BROKER_ADMIN_TOKENS": admin, "ROLLOUT_BROKER_SERVICE_TOKENS": service,
-            "ROLLOUT_PROXY_ADMIN_TOKENS": admin, "ROLLOUT_PROXY_SERVICE_TOKENS": service,
-            "ROLLOUT_PROXY_REQUIRE_TOKEN": "true",
-            "ROLLOUT_WORKER_BROKER_TOKEN": service, "ROLLOUT_WORKER_PROXY_TOKEN": service,
-        }  # fmt: skip
+        """The shared token settings every service reads; the Redis password travels inside ``ROLLOUT_REDIS_URL``."""
+        return {"ROLLOUT_ADMIN_TOKEN": self.admin_token, "ROLLOUT_SERVICE_TOKEN": self.service_token,
+                "ROLLOUT_PROXY_REQUIRE_TOKEN": "true"}  # fmt: skip
 
     def env_file(self) -> str:
         lines = [f"{name}={value}" for name, value in sorted(self.env().items())]

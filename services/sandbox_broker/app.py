@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 import redis
-import redis.asyncio as aioredis
 from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -18,6 +17,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from services.protocol.errors import ErrorBody, PlatformError
 from services.protocol.sandboxes import ExecChunk, ExecRequest, ExecResult, Lease, LeaseRequest, RenewRequest, Template
 from services.protocol.status import ErrorCode
+from services.runtime.redis_pool import observe_pools, open_redis
+from services.runtime.settings import RedisSettings
 from services.sandbox_broker.auth import Caller, authenticator, hide_others, listed_job, own_request
 from services.sandbox_broker.backends import make_backend
 from services.sandbox_broker.broker import Broker
@@ -25,7 +26,7 @@ from services.sandbox_broker.leases import LeaseStore
 from services.sandbox_broker.metrics import BrokerMetrics
 from services.sandbox_broker.reaper import Reaper
 from services.sandbox_broker.settings import BrokerSettings
-from services.sandbox_broker.sources import checked_template
+from services.sandbox_broker.template_sources import checked_template
 from services.sandbox_broker.templates import Templates, default_template
 
 log = logging.getLogger(__name__)
@@ -38,10 +39,8 @@ def create_app(settings: BrokerSettings, redis_url: str) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # redis-py's default pool fails past 100 connections in use: a hidden cap. Wait for one instead.
-        pool = aioredis.BlockingConnectionPool.from_url(
-            redis_url, max_connections=settings.redis_connections, timeout=30
-        )
-        client = aioredis.Redis(connection_pool=pool)
+        client = open_redis(redis_url, RedisSettings(), size=settings.redis_connections)
+        observe_pools(metrics.registry, "broker", {"commands": client})
         store = LeaseStore(client, settings.ttl_grace_s)
         templates = Templates(client, default_template(settings), settings.backend)
         broker = Broker(settings, make_backend(settings), store, templates, metrics)
@@ -148,7 +147,7 @@ def _install_routes(app: FastAPI, settings: BrokerSettings, metrics: BrokerMetri
     @app.post("/templates", status_code=201)
     async def register_template(body: Template, broker: BrokerDep, caller: Caller) -> Template:
         caller.require_admin()
-        body = checked_template(body, settings.template_roots, settings.template_images)
+        body = checked_template(body, settings.backend, settings.template_roots, settings.template_images)
         await broker.templates.put(body)
         broker.pools.ensure(body)
         return body

@@ -21,10 +21,10 @@ from services.sandbox_broker.settings import BrokerSettings
 
 
 def authenticator(settings: BrokerSettings) -> Authenticator:
-    admin, service = TokenSet.parse(settings.admin_tokens), TokenSet.parse(settings.service_tokens)
+    admin, service = TokenSet.parse(settings.admin_token), TokenSet.parse(settings.service_token)
     if not (admin or service or settings.allow_anonymous):
         raise ValueError(
-            "the broker has no tokens: set ROLLOUT_BROKER_ADMIN_TOKENS and ROLLOUT_BROKER_SERVICE_TOKENS "
+            "the broker has no tokens: set ROLLOUT_ADMIN_TOKEN and ROLLOUT_SERVICE_TOKEN (or ROLLOUT_BROKER_...) "
             "(or ROLLOUT_BROKER_ALLOW_ANONYMOUS=true on a development machine)"
         )
     return Authenticator(admin, service, settings.allow_anonymous)

@@ -7,27 +7,29 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from services.runtime.settings import UsesAdminToken, UsesRedis, UsesServiceToken
 
 BackendName = Literal["local", "docker", "e2b"]
 
 
-class BrokerSettings(BaseSettings):
+class BrokerSettings(UsesRedis, UsesAdminToken, UsesServiceToken):
     """Built once in ``main()`` and passed down."""
 
-    model_config = SettingsConfigDict(env_prefix="ROLLOUT_BROKER_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ROLLOUT_BROKER_")
+    service_name = "broker"
 
     host: str = "127.0.0.1"
     port: int = 8200  # the workers' default broker URL
     backend: BackendName = "local"
-    redis_url: str | None = None  # None: ROLLOUT_REDIS_URL, else an embedded server
     redis_connections: int = Field(1024, gt=0)  # pool size; requests wait for a free connection past it
     instance: str = ""  # replica name, stable across restarts; default "<hostname>:<port>"
     allow_unisolated: bool = False  # UNSAFE: run local sandboxes without namespaces if bwrap fails
 
-    # authentication (docs/security.md): comma-separated tokens or ``sha256:<hex>`` of them; several = rotation
-    admin_tokens: str = Field("", repr=False)  # operators: templates, every lease
-    service_tokens: str = Field("", repr=False)  # workers and the API: leases of every job, no templates
+    # authentication (docs/security.md): admin_token (operators: templates, every lease), service_token
+    # (workers and the API: every job's leases, no templates), job tokens from Redis (their own leases);
+    # each setting a comma-separated list of tokens or ``sha256:<hex>`` of them (rotation)
     allow_anonymous: bool = False  # UNSAFE, development only: a call without a token acts as admin
     template_roots: str = ""  # ":"-separated directories a template's ``rootfs`` may come from
     template_images: str = ""  # ","-separated image prefixes a template's ``image`` must start with; "" = any
@@ -37,6 +39,7 @@ class BrokerSettings(BaseSettings):
     sandbox_uid: int = 1000  # the non-root uid commands run as
     pids_max: int = Field(512, gt=0)  # cgroup pids limit per sandbox
     nofile: int = Field(4096, gt=0)  # RLIMIT_NOFILE per command
+    image_store_mb: int = Field(20_480, gt=0)  # unpacked images kept (LRU beyond it, never one in use)
 
     # docker backend
     docker_host: str | None = None  # e.g. unix:///run/docker.sock; None: DOCKER_HOST

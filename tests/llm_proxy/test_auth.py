@@ -37,8 +37,8 @@ def proxy(tmp_path_factory: pytest.TempPathFactory, redis_server: EmbeddedRedis)
     client.hset(keys.job_record("b"), mapping={"job": "b", "pool": "other"})
     client.close()
     engines, urls = start_engines(logs, 2)
-    env = {"ROLLOUT_REDIS_URL": redis_server.url, "ROLLOUT_PROXY_ADMIN_TOKENS": ADMIN,
-           "ROLLOUT_PROXY_SERVICE_TOKENS": SERVICE, "ROLLOUT_PROXY_REQUIRE_TOKEN": "true"}  # fmt: skip
+    env = {"ROLLOUT_REDIS_URL": redis_server.url, "ROLLOUT_PROXY_ADMIN_TOKEN": ADMIN,
+           "ROLLOUT_PROXY_SERVICE_TOKEN": SERVICE, "ROLLOUT_PROXY_REQUIRE_TOKEN": "true"}  # fmt: skip
     argv = ["-m", "services.cli", "proxy", "--port", "{port}", "--workers", "1", "--engines", urls[0],
             "--pools", f"other={urls[1]}"]  # fmt: skip
     service = start_service(argv, log_dir=logs, env=env, name="proxy")
@@ -84,7 +84,8 @@ def test_data_plane_needs_a_token_and_is_attributed(proxy: str) -> None:
         for who in ("none", "wrong"):
             assert http.post("/generate", json=CALL, headers=_headers(who)).status_code == 401
         assert http.get("/v1/models").status_code == 401
-        assert http.post("/generate", json=CALL, headers=_headers("job-a")).status_code == 200
+        owner = http.post("/generate", json=CALL, headers=_headers("job-a"))
+        assert owner.status_code == 200, owner.text
         served = http.post("/generate", json=CALL, headers=_headers("service", **{h.HEADER_JOB: "b"}))
         assert served.status_code == 200
         metrics = http.get("/metrics").text  # anonymous, like /healthz

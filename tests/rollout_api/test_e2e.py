@@ -13,8 +13,9 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
-from services.protocol import Cap, Status, Trajectory, trajectory_from_json
+from services.protocol import Cap, Status, Trajectory, keys, trajectory_from_json
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.tokenizer import write_tokenizer_dir
@@ -299,3 +300,19 @@ def test_graceful_shutdown_hands_episodes_back(fleet: Fleet, client: httpx.Clien
     assert {(t.status, t.truncation, t.attempt) for t in found} == {(Status.TRUNCATED, Cap.TURNS, 1)}
     job = client.get("/jobs/drain", headers=headers).json()
     assert (job["queue_depth"], job["in_flight"], job["finished"]) == (0, 0, 2)
+
+
+def test_an_undecodable_item_goes_to_the_dead_letters(fleet: Fleet, client: httpx.Client) -> None:
+    """Never retried forever, never blocking: the rollout queued after it finishes (issue 9)."""
+    headers = create_job(client, "dead")
+    raw = redis.Redis.from_url(fleet.redis_url)
+    try:
+        raw.xadd(keys.work_stream("dead"), {"item": b'{"limits": {"wall_clock_s": null}}', "rollout": b"x"})
+        fleet.start_worker(jobs=["dead"], concurrency=2)
+        rollout = submit(client, headers, {"job": "dead", "tasks": [task("q", "TASK-QUICK")], "group_size": 1})
+        wait_finished(client, headers, rollout)
+        dead: Any = raw.xrange(keys.dead_letters("dead"))
+    finally:
+        raw.close()
+    assert len(dead) == 1 and b"task" in dead[0][1][b"dead_reason"]
+    assert [t.status for t in trajectories(fleet.redis_url, "dead")] == [Status.COMPLETED]

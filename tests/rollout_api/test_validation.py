@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from services.runtime.redis_server import EmbeddedRedis
 from tests.support.processes import ServiceProcess, start_service
@@ -90,3 +91,47 @@ def test_unknown_routes_and_methods_answer_an_error_body(job: tuple[httpx.Client
     missing, wrong = http.get("/nope", headers=headers), http.put("/rollouts", headers=headers)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
     assert wrong.status_code == 405 and "error" in wrong.json()
+
+
+def test_a_group_of_1024_stores_its_task_once(job: tuple[httpx.Client, dict[str, str]], redis_url: str) -> None:
+    """0.1 MB with group_size 1024 once added ~100 MB to Redis (every item copied the task)."""
+    http, headers = job
+    body = json.dumps({"job": "v", "tasks": [_task(prompt="x" * 100_000)], "group_size": 1024}).encode()
+    client = redis.Redis.from_url(redis_url)
+    try:
+        before = int(client.info("memory")["used_memory"])
+        got = http.post("/rollouts", content=body, headers=headers)
+        assert got.status_code == 202 and got.json()["trajectories"] == 1024, got.text
+        added = int(client.info("memory")["used_memory"]) - before
+    finally:
+        client.close()
+    assert added < 10 * len(body), f"{added} bytes in Redis for a {len(body)}-byte request"
+
+
+def test_cross_job_matrix_over_every_route(api: ServiceProcess, redis_url: str) -> None:
+    """No token 401, a wrong token 401, another job's token 403, the owner's token 2xx, on every route."""
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    with httpx.Client(base_url=api.url, timeout=30.0) as http:
+        tokens = {job: http.post("/jobs", json={"job": job}, headers=admin).json()["token"] for job in ("a", "b")}
+        rollout = http.post("/rollouts", json={"job": "a", "tasks": [_task()], "group_size": 1},
+                            headers={"Authorization": f"Bearer {tokens['a']}"}).json()["rollout_id"]  # fmt: skip
+        swe = {"instance_id": "i1", "repo": "r/r", "base_commit": "abc", "problem_statement": "p",
+               "FAIL_TO_PASS": ["t"], "PASS_TO_PASS": []}  # fmt: skip
+        routes: list[tuple[str, str, Any]] = [
+            ("POST", "/rollouts", {"job": "a", "tasks": [_task()], "group_size": 1}),
+            ("POST", "/rollouts/swebench", {"job": "a", "instances": [swe]}),
+            ("GET", f"/rollouts/{rollout}", None),
+            ("GET", "/jobs/a", None),
+            ("GET", "/jobs/a/trajectories", None),
+            ("DELETE", f"/rollouts/{rollout}", None),  # last: it cancels the rollout
+        ]
+        for method, path, body in routes:
+            for who, token, expected in (("none", None, 401), ("wrong", "nope", 401), ("other", tokens["b"], 403)):
+                headers = {"Authorization": f"Bearer {token}"} if token else {}
+                got = http.request(method, path, json=body, headers=headers)
+                assert got.status_code == expected and "error" in got.json(), (who, method, path, got.text)
+            with http.stream(method, path, json=body, headers={"Authorization": f"Bearer {tokens['a']}"}) as owner:
+                assert owner.status_code < 300, (method, path, owner.read())
+        for token in (None, tokens["a"]):  # creating a job is the admin's
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            assert http.post("/jobs", json={"job": "c"}, headers=headers).status_code in (401, 403)

@@ -25,9 +25,9 @@ pytestmark = needs_bwrap
 ADMIN, SERVICE, OLD_ADMIN = "adm-new", "svc-1", "adm-old"
 TOKENS = {"none": None, "wrong": "not-a-token", "job-b": "tok-b", "job-a": "tok-a", "service": SERVICE,
           "admin": ADMIN, "old-admin": OLD_ADMIN}  # fmt: skip
-ENV = {"ROLLOUT_BROKER_ALLOW_ANONYMOUS": "false", "ROLLOUT_BROKER_SERVICE_TOKENS": SERVICE,
+ENV = {"ROLLOUT_BROKER_ALLOW_ANONYMOUS": "false", "ROLLOUT_SERVICE_TOKEN": SERVICE,
        # a rotation in progress: the new admin token in plain, the old one only as its hash
-       "ROLLOUT_BROKER_ADMIN_TOKENS": f"{ADMIN},sha256:{hash_token(OLD_ADMIN)}"}  # fmt: skip
+       "ROLLOUT_ADMIN_TOKEN": f"{ADMIN},sha256:{hash_token(OLD_ADMIN)}"}  # fmt: skip
 
 
 def _headers(who: str) -> dict[str, str]:

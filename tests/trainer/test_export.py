@@ -14,16 +14,24 @@ from services.runtime.net import free_port
 from tests.support.processes import REPO_ROOT, python_env
 from tests.trainer.conftest import TINY
 from trainer_client.export import CHECKSUM_FILE, directory_checksum, export_hf
-from trainer_client.model import ModelConfig, ParallelConfig, build_gpt, init_parallel, logits
+from trainer_client.hf_map import ARCHITECTURES
+from trainer_client.model import Family, ModelConfig, ParallelConfig, build_gpt, init_parallel, logits
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
 
-@pytest.mark.parametrize("tied", [False, True])
-def test_export_matches_transformers_logits(tmp_path: Path, tokenizer_dir: Path, tied: bool) -> None:
+FAMILIES = [  # (family, tied, head dimension): Qwen3 with a head_dim that is not hidden / heads
+    ("llama", False, None), ("llama", True, None), ("qwen2", True, None), ("qwen2", False, None), ("qwen3", False, 16),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("family", "tied", "head_dim"), FAMILIES)
+def test_export_matches_transformers_logits(
+    tmp_path: Path, tokenizer_dir: Path, family: Family, tied: bool, head_dim: int | None
+) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    cfg = ModelConfig(**TINY, tie_embeddings=tied, seed=3)
+    cfg = ModelConfig(**TINY, family=family, tie_embeddings=tied, kv_channels=head_dim, seed=3)
     init_parallel(ParallelConfig(), cfg.seed)
     model = build_gpt(cfg, ParallelConfig())
     with torch.no_grad():  # move weights off their init so a swapped tensor cannot hide
@@ -32,13 +40,13 @@ def test_export_matches_transformers_logits(tmp_path: Path, tokenizer_dir: Path,
     export = export_hf(model.state_dict(), cfg, "7", tmp_path / "exports", tokenizer_dir)
 
     assert export.path.name == "v7"
-    assert json.loads((export.path / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert json.loads((export.path / "config.json").read_text())["architectures"] == [ARCHITECTURES[family]]
     assert (export.path / CHECKSUM_FILE).read_text().strip() == export.checksum == directory_checksum(export.path)
     tokenizer = AutoTokenizer.from_pretrained(export.path)
     ids = torch.tensor([[*tokenizer.encode("hello, megatron!"), tokenizer.eos_token_id]])
     hf = AutoModelForCausalLM.from_pretrained(export.path, dtype=torch.float32)
     hf.eval()  # type: ignore[no-untyped-call]
-    assert hf.config.tie_word_embeddings == tied
+    assert hf.config.tie_word_embeddings == tied and type(hf).__name__ == ARCHITECTURES[family]
     with torch.no_grad():
         expected = logits(model.eval(), ids)
         got = hf(ids).logits
@@ -46,13 +54,17 @@ def test_export_matches_transformers_logits(tmp_path: Path, tokenizer_dir: Path,
     assert (got - expected).abs().max().item() < 1e-4
 
 
-def test_hf_import_round_trip(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("family", "tied", "head_dim"), FAMILIES[1:])
+def test_hf_import_round_trip(tmp_path: Path, family: Family, tied: bool, head_dim: int | None) -> None:
     """Export, read the config back, load into a differently seeded model: same logits."""
     from trainer_client.hf_import import load_hf_weights, model_config_from_hf
 
-    cfg = ModelConfig(**TINY, seed=21)
+    cfg = ModelConfig(**TINY, family=family, tie_embeddings=tied, kv_channels=head_dim, seed=21)
     init_parallel(ParallelConfig(), cfg.seed)
     source = build_gpt(cfg, ParallelConfig())
+    with torch.no_grad():  # norms and biases off their init (ones, zeros) so that a swap shows
+        for p in source.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
     export = export_hf(source.state_dict(), cfg, "0", tmp_path / "exports", None)
     imported_cfg = model_config_from_hf(export.path, seed=99)
     assert imported_cfg.model_dump(exclude={"seed"}) == cfg.model_dump(exclude={"seed"})
@@ -73,7 +85,8 @@ def test_checksum_changes_with_content(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_tensor_parallel_export_matches_transformers(tmp_path: Path, tokenizer_dir: Path) -> None:
-    """Two real ranks (TP=2 over gloo) gather their shards; the export equals the TP model's logits."""
+    """Two real ranks (TP=2 over gloo) gather their shards; the export equals the TP model's logits
+    (Llama, Qwen2 with its sharded q/k/v biases, Qwen3 with its replicated q/k norms)."""
     from transformers import AutoModelForCausalLM
 
     port = free_port()
@@ -93,15 +106,18 @@ def test_tensor_parallel_export_matches_transformers(tmp_path: Path, tokenizer_d
                 p.kill()
                 p.wait()
     assert codes == [0, 0], log.read_text()[-3000:]
-    meta = json.loads((tmp_path / "export.json").read_text())
-    hf = AutoModelForCausalLM.from_pretrained(meta["path"], dtype=torch.float32)
-    with torch.no_grad():
-        got = hf(torch.tensor(meta["ids"])).logits
-    expected = torch.load(tmp_path / "megatron_logits.pt")
-    assert got.shape == expected.shape == (1, len(meta["ids"][0]), 260)
-    assert (got - expected).abs().max().item() < 1e-4
-    # and back: a fresh TP=2 model loading the export slices it per rank into the same function
-    assert torch.equal(torch.load(tmp_path / "reloaded_logits.pt"), expected)
+    for family in ("llama", "qwen2", "qwen3"):
+        run = tmp_path / family
+        meta = json.loads((run / "export.json").read_text())
+        hf = AutoModelForCausalLM.from_pretrained(meta["path"], dtype=torch.float32)
+        assert type(hf).__name__ == ARCHITECTURES[family]
+        with torch.no_grad():
+            got = hf(torch.tensor(meta["ids"])).logits
+        expected = torch.load(run / "megatron_logits.pt")
+        assert got.shape == expected.shape == (1, len(meta["ids"][0]), 260)
+        assert (got - expected).abs().max().item() < 1e-4, family
+        # and back: a fresh TP=2 model loading the export slices it per rank into the same function
+        assert torch.equal(torch.load(run / "reloaded_logits.pt"), expected), family
 
 
 def test_tokenizer_dir_that_is_a_model_dir_does_not_overwrite_the_weights(tmp_path: Path, tokenizer_dir: Path) -> None:

@@ -1,5 +1,5 @@
 """One rank of a tensor-parallel (TP=2, gloo, CPU) model: gathers logits and weights, rank 0 exports,
-then a fresh TP model loads the export back (each rank its slice).
+then a fresh TP model loads the export back (each rank its slice); for each model family.
 
 Run by ``test_export.py`` as two real processes (``RANK``/``WORLD_SIZE``/``MASTER_*`` set):
 ``python -m tests.trainer.tp_worker OUT_DIR TOKENIZER_DIR``.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,13 +23,22 @@ from trainer_client.shards import full_state_dict
 IDS = [[72, 101, 108, 108, 111, 44, 32, 84, 80, 33, 258]]
 
 
+FAMILIES: list[dict[str, Any]] = [{"family": "llama"}, {"family": "qwen2"}, {"family": "qwen3", "kv_channels": 16}]
+
+
 def main(out: Path, tokenizer_dir: Path) -> None:
+    init_parallel(ParallelConfig(tensor_parallel=2), 5)
+    for extra in FAMILIES:
+        cfg = ModelConfig(**{**TINY, "vocab_size": 260}, **extra, seed=5)  # the vocabulary splits evenly over 2 ranks
+        one_family(cfg, out / cfg.family, tokenizer_dir)
+
+
+def one_family(cfg: ModelConfig, out: Path, tokenizer_dir: Path) -> None:
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
-    cfg = ModelConfig(**{**TINY, "vocab_size": 260}, seed=5)  # the vocabulary splits evenly over 2 ranks
     parallel = ParallelConfig(tensor_parallel=2)
-    init_parallel(parallel, cfg.seed)
+    out.mkdir(parents=True, exist_ok=True)
     model = build_gpt(cfg, parallel)
     rank = parallel_state.get_tensor_model_parallel_rank()
     torch.manual_seed(100)  # same on both ranks: replicated norms must stay identical

@@ -10,7 +10,6 @@ import socket
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from redis.asyncio import Redis
 
 from services.rollout_api.settings import WorkerSettings
 from services.rollout_api.worker.agent import AgentDeps
@@ -18,7 +17,11 @@ from services.rollout_api.worker.clients import BrokerClient, ProxyClient, new_s
 from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.worker import Worker
+from services.runtime.limits import raise_fd_limit
+from services.runtime.logs import configure_logging
 from services.runtime.net import free_port
+from services.runtime.redis_pool import observe_pools, open_redis
+from services.runtime.settings import RedisSettings
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +47,14 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
     tokenizer = ChatTokenizer.from_dir(settings.model_path)
     worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     metrics = WorkerMetrics(settings.concurrency)
-    redis = Redis.from_url(redis_url, decode_responses=False)
+    raise_fd_limit()
+    redis = open_redis(redis_url, RedisSettings())
+    observe_pools(metrics.registry, "worker", {"commands": redis})
     async with new_session() as session:
         deps = AgentDeps(
-            proxy=ProxyClient(session, settings.proxy_url.rstrip("/"), settings.llm_timeout_s, settings.proxy_token),
+            proxy=ProxyClient(session, settings.proxy_url.rstrip("/"), settings.llm_timeout_s, settings.client_token()),
             broker=BrokerClient(
-                session, settings.broker_url.rstrip("/"), settings.broker_timeout_s, settings.broker_token
+                session, settings.broker_url.rstrip("/"), settings.broker_timeout_s, settings.client_token()
             ),
             tokenizer=tokenizer, settings=settings, worker_id=worker_id, metrics=metrics,
         )  # fmt: skip
@@ -70,6 +75,7 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
     log.info("worker %s stopped", worker_id)
 
 
-def run(settings: WorkerSettings, redis_url: str) -> int:
-    asyncio.run(serve(settings, redis_url))
+def run(settings: WorkerSettings) -> int:
+    configure_logging(settings.log_level)
+    asyncio.run(serve(settings, settings.require_redis_url()))
     return 0

@@ -13,7 +13,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from services.protocol import WorkItem, keys
+from services.protocol import Task, WorkItem, keys
 from services.protocol.keys import WORKERS_GROUP
 from services.rollout_api.records import read_jobs
 from services.rollout_api.scripts import Scripts
@@ -23,6 +23,7 @@ from services.rollout_api.worker.runner import STOP_CANCELLED, STOP_SHUTDOWN, De
 from services.rollout_api.worker.scheduler import FairShare
 
 log = logging.getLogger(__name__)
+TASK_CACHE = 1024  # parsed tasks kept per worker (a rollout's items share one)
 
 Entry = tuple[bytes, dict[bytes, bytes]]
 
@@ -40,6 +41,7 @@ class Worker:
         self.running: dict[asyncio.Task[None], Delivery] = {}
         self.slot_freed = asyncio.Event()
         self.stopping = asyncio.Event()
+        self._tasks: dict[tuple[str, str, str], Task] = {}  # (job, rollout, task id) -> the rollout's task
 
     @property
     def free(self) -> int:
@@ -152,8 +154,9 @@ class Worker:
         """Run the entry's item (1), or move an entry that cannot be decoded to the dead letters (0)."""
         entry_id, fields = entry
         try:
-            item = WorkItem.model_validate_json(fields.get(b"item", b""))
-        except ValueError as exc:  # pydantic's ValidationError, or bytes that are no JSON at all
+            raw = fields.get(b"item", b"")
+            item = WorkItem.decode(raw, await self._task(job, raw))
+        except (KeyError, ValueError) as exc:  # no such task, pydantic's ValidationError, bytes that are no JSON
             await self._dead_letter(job, entry_id, fields, str(exc).splitlines()[0][:500])
             return 0
         delivery = Delivery(job=job, entry_id=entry_id.decode(), item=item)
@@ -163,6 +166,20 @@ class Worker:
         (self.metrics.reclaimed if reclaimed else self.metrics.taken).labels(job).inc()
         self.metrics.running.set(len(self.running))
         return 1
+
+    async def _task(self, job: str, raw: bytes) -> Task:
+        """The item's task, stored once per rollout; the last few are kept parsed."""
+        rollout_id, task_id = WorkItem.task_ref(raw)
+        key = (job, rollout_id, task_id)
+        task = self._tasks.get(key)
+        if task is None:
+            stored: Any = await self.redis.hget(keys.rollout_tasks(job, rollout_id), task_id)
+            if stored is None:
+                raise KeyError(f"rollout {rollout_id} has no task {task_id!r}")
+            if len(self._tasks) >= TASK_CACHE:
+                self._tasks.clear()
+            task = self._tasks[key] = Task.model_validate_json(stored)
+        return task
 
     async def _dead_letter(self, job: str, entry_id: bytes, fields: dict[bytes, bytes], reason: str) -> None:
         """Never retried, never blocking: copied with its reason, then acknowledged and deleted."""

@@ -60,10 +60,7 @@ def bwrap_argv(
 
     As root, bwrap itself is started as ``uid`` (setpriv), so the sandbox user is that unprivileged
     host uid, not root mapped into a user namespace."""
-    argv: list[str] = []
-    if os.geteuid() == 0:
-        argv += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
-                 "--bounding-set=-all"]  # fmt: skip
+    argv = privilege_drop(uid)
     argv += [bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if not network:
         argv.append("--unshare-net")
@@ -81,6 +78,14 @@ def bwrap_argv(
     argv += ["--bind", str(paths.workspace), "/workspace", "--bind", str(paths.tmp), "/tmp"]
     argv += ["--remount-ro", "/", "--chdir", cwd]
     return argv
+
+
+def privilege_drop(uid: int) -> list[str]:
+    """As root, bwrap itself is started as ``uid`` with no capabilities (setpriv)."""
+    if os.geteuid() != 0:
+        return []
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+            "--bounding-set=-all"]  # fmt: skip
 
 
 def limits_prefix(rlimits: dict[str, int], cgroup_procs: list[Path]) -> list[str]:

@@ -1,6 +1,8 @@
 """The ``local`` backend: each sandbox is a directory on this host, each command a fresh bubblewrap
-process in new namespaces over it (read-only host /usr, private /workspace and /tmp, no network
-unless asked, no capabilities, a non-root uid), limited by cgroup v1 or rlimits.
+process in new namespaces over it (no network unless asked, no capabilities, a non-root uid),
+limited by cgroup v1 or rlimits. A template with an ``image`` gets that image as its root
+filesystem (``imageroot``); one without sees the host's /usr read-only and a private /workspace
+and /tmp.
 
 A sandbox lives on disk (``<state_dir>/sandboxes/<id>``), so another replica on the same host, or
 this one after a restart, finds it again by id; nothing runs between commands.
@@ -24,7 +26,7 @@ from typing import Any
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import ExecRequest, ExecResult
 from services.protocol.status import ErrorCode
-from services.sandbox_broker.backends import overlay
+from services.sandbox_broker.backends import imageroot, overlay
 from services.sandbox_broker.backends.base import OutputSink, Sandbox, SandboxSpec, bad_path, sandbox_gone
 from services.sandbox_broker.backends.bwrap import (
     BASE_PATH,
@@ -35,6 +37,7 @@ from services.sandbox_broker.backends.bwrap import (
     probe_bwrap,
 )
 from services.sandbox_broker.backends.cgroups import Cgroups
+from services.sandbox_broker.backends.local_images import LocalImages, image_of, read_meta, shell_argv, workdir_of
 from services.sandbox_broker.backends.process import run_process, watch_children_with_pidfds
 from services.sandbox_broker.settings import BrokerSettings
 
@@ -48,7 +51,9 @@ class LocalBackend:
     name = "local"
 
     def __init__(self, settings: BrokerSettings) -> None:
-        self.root = settings.state_dir / "sandboxes"
+        state_dir = settings.state_dir.resolve()  # mount points are absolute: a relative dir left them mounted
+        self.root = state_dir / "sandboxes"
+        self.images = LocalImages(state_dir, self.root, settings.sandbox_uid, settings.image_store_mb * 2**20)
         self.uid = settings.sandbox_uid
         self.nofile = settings.nofile
         self.pids_max = settings.pids_max
@@ -67,6 +72,7 @@ class LocalBackend:
         self.root.mkdir(parents=True, exist_ok=True)
         for directory in (self.root.parent, self.root):
             directory.chmod(0o711)  # the sandbox uid passes through, lists nothing
+        await asyncio.to_thread(self.images.clean_leftovers)
         self.cgroups = await asyncio.to_thread(Cgroups.probe, self.pids_max, Cgroups.scope_of(self.root))
         paths = SandboxPaths(self.root.parent / "probe")
         self._layout(paths)
@@ -85,6 +91,7 @@ class LocalBackend:
 
     async def close(self) -> None:
         await asyncio.to_thread(self.cgroups.remove_scope)
+        await asyncio.to_thread(self.images.clean_leftovers)
 
     # -- sandboxes -----------------------------------------------------------------------------
 
@@ -106,24 +113,11 @@ class LocalBackend:
         except BaseException:
             await self.destroy(sandbox_id)
             raise
-        return Sandbox(sandbox_id, spec.labels, WORKDIR, float(str(meta["created_at"])))
+        return Sandbox(sandbox_id, spec.labels, workdir_of(meta), float(str(meta["created_at"])))
 
     def _prepare(self, paths: SandboxPaths, spec: SandboxSpec, meta: dict[str, object]) -> None:
         self._layout(paths)
-        if spec.template.rootfs:
-            rootfs = Path(spec.template.rootfs)
-            if not rootfs.is_dir():
-                raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"template rootfs {rootfs} is not a directory")
-            if self.overlay:
-                lower = overlay.layer(self.root.parent / "layers", rootfs, self.uid)
-                upper, work = paths.root / "upper", paths.root / "work"
-                for d in (upper, work):
-                    d.mkdir()
-                self._own(upper)
-                overlay.mount(lower, upper, work, paths.workspace)
-            else:
-                shutil.copytree(rootfs, paths.workspace, symlinks=True, dirs_exist_ok=True)
-                overlay.chown_tree(paths.workspace, self.uid)
+        self.images.prepare(paths, spec.template, self.overlay, meta)
         self.cgroups.create(paths.root.name, spec.resources)
         rlimits = {"n": self.nofile, "f": spec.resources.disk_mb * 2048}  # dash counts 512-byte blocks
         if self.cgroups.mode == "none":
@@ -153,7 +147,7 @@ class LocalBackend:
         paths = self._paths(sandbox_id)
         paths.meta.unlink(missing_ok=True)  # first: a command cut short now reports the sandbox gone
         await asyncio.to_thread(self.cgroups.remove, sandbox_id)
-        await asyncio.to_thread(overlay.unmount, paths.workspace)
+        await asyncio.to_thread(overlay.unmount_under, paths.root)
         await asyncio.to_thread(shutil.rmtree, paths.root, True)
 
     async def list_sandboxes(self) -> list[Sandbox]:
@@ -166,7 +160,8 @@ class LocalBackend:
                 meta = json.loads(meta_path.read_text())
             except (OSError, ValueError):
                 continue
-            found.append(Sandbox(meta_path.parent.name, meta.get("labels", {}), WORKDIR, meta.get("created_at", 0.0)))
+            found.append(Sandbox(meta_path.parent.name, meta.get("labels", {}), workdir_of(meta),
+                                 meta.get("created_at", 0.0)))  # fmt: skip
         known = {s.sandbox_id for s in found}
         # half-created sandboxes (no meta yet) and leftover cgroups still count as ours; their age is
         # their directory's, so that the reaper's grace spares one that is being created right now
@@ -190,14 +185,20 @@ class LocalBackend:
             meta = json.loads(paths.meta.read_text())
         except FileNotFoundError:
             raise sandbox_gone(sandbox_id) from None
-        command = request.argv if request.argv is not None else ["/bin/bash", "-lc", request.shell or ""]
-        cwd = request.cwd or WORKDIR
-        env = {"PATH": BASE_PATH, "HOME": WORKDIR, "USER": "sandbox", "LANG": "C.UTF-8", "TERM": "dumb"}
+        command = request.argv if request.argv is not None else shell_argv(request.shell or "", meta)
+        cwd = request.cwd or workdir_of(meta)
+        image = image_of(meta)
+        env = image.base_env() if image else {"PATH": BASE_PATH, "HOME": WORKDIR, "USER": "sandbox",
+                                              "LANG": "C.UTF-8", "TERM": "dumb"}  # fmt: skip
         env.update(request.env)
+        network = meta.get("network") == "egress"
         if self._bwrap is None:  # --allow-unisolated on a host without bwrap: UNSAFE
             argv, host_cwd = command, str(self._unisolated_cwd(paths, cwd))
+        elif image is not None:
+            argv = [*imageroot.bwrap_image_argv(self._bwrap, paths, image, uid=self.uid, network=network, cwd=cwd),
+                    *command]  # fmt: skip
+            host_cwd = None
         else:
-            network = meta.get("network") == "egress"
             argv = [*bwrap_argv(self._bwrap, paths, uid=self.uid, network=network, cwd=cwd), *command]
             host_cwd = None
         argv = [*limits_prefix(meta.get("rlimits", {}), self.cgroups.procs_files(sandbox_id)), *argv]
@@ -276,7 +277,11 @@ class LocalBackend:
         return paths
 
     def _host_path(self, paths: SandboxPaths, path: str) -> Path:
-        """The host path behind a sandbox path under /workspace or /tmp, refusing links that leave it."""
+        """The host path behind a sandbox path under /workspace or /tmp (anywhere in an image root),
+        refusing links that leave it."""
+        image = image_of(read_meta(paths))
+        if image is not None:
+            return imageroot.host_path(paths, image, path)
         inside = posixpath.normpath(posixpath.join(WORKDIR, path))
         for top, base in zip(WRITABLE, (paths.workspace, paths.tmp), strict=True):
             if inside == top or inside.startswith(top + "/"):

@@ -1,23 +1,22 @@
-"""Template root filesystems as a shared read-only layer under each sandbox's private workspace
-(kernel overlayfs, where the host lets the broker mount), else copied into the workspace."""
+"""Kernel overlay mounts: an image tree as the shared read-only layer under a sandbox's private
+upper layer (where the host lets the broker mount), and finding the mounts a dead broker left."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import shutil
 import subprocess
-import threading
 from pathlib import Path
+
+from services.sandbox_broker.images.unpack import chown_tree
+
+__all__ = ["chown_tree", "mount", "mounted", "mounts_under", "probe", "unmount", "unmount_under"]
 
 log = logging.getLogger(__name__)
 
-_lock = threading.Lock()  # one layer preparation at a time in this process
-
 
 def mounted(path: Path) -> bool:
-    target = str(path)
+    target = str(path.absolute())
     with open("/proc/self/mountinfo") as mountinfo:
         return any(line.split()[4] == target for line in mountinfo)
 
@@ -28,6 +27,23 @@ def mount(lower: Path, upper: Path, work: Path, merged: Path) -> None:
                           capture_output=True, text=True, check=False)  # fmt: skip
     if done.returncode != 0:
         raise OSError(f"overlay mount on {merged} failed: {done.stderr.strip()}")
+
+
+def mounts_under(path: Path) -> list[Path]:
+    """Mount points at or below ``path`` (absolute), deepest first."""
+    top = str(path.absolute())
+    with open("/proc/self/mountinfo") as mountinfo:
+        points = [line.split()[4].replace("\\040", " ") for line in mountinfo]
+    inside = {p for p in points if p == top or p.startswith(top + "/")}
+    return [Path(p) for p in sorted(inside, key=len, reverse=True)]
+
+
+def unmount_under(path: Path) -> int:
+    """Detach every mount at or below ``path``; how many there were."""
+    found = mounts_under(path)
+    for point in found:
+        subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
+    return len(found)
 
 
 def unmount(merged: Path) -> None:
@@ -49,31 +65,3 @@ def probe(scratch: Path) -> bool:
         return False
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def layer(layers: Path, rootfs: Path, uid: int) -> Path:
-    """A copy of ``rootfs`` owned by the sandbox uid, made once per rootfs version and shared by its
-    sandboxes as their lower layer (so the sandbox user can change any file, in its own upper layer)."""
-    stamp = f"{rootfs.resolve()}:{rootfs.stat().st_mtime_ns}"
-    path = layers / hashlib.sha256(stamp.encode()).hexdigest()[:16]
-    with _lock:
-        if path.is_dir():
-            return path
-        staging = layers / f".{path.name}.{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(rootfs, staging, symlinks=True)
-        chown_tree(staging, uid)
-        try:
-            staging.rename(path)
-        except OSError:  # another replica made it first
-            shutil.rmtree(staging, ignore_errors=True)
-    return path
-
-
-def chown_tree(root: Path, uid: int) -> None:
-    if os.geteuid() != 0:
-        return
-    os.chown(root, uid, uid, follow_symlinks=False)
-    for directory, dirs, files in os.walk(root):
-        for name in dirs + files:
-            os.chown(Path(directory) / name, uid, uid, follow_symlinks=False)

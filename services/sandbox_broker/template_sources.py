@@ -24,23 +24,31 @@ def split_list(text: str, sep: str) -> list[str]:
     return [part.strip() for part in text.split(sep) if part.strip()]
 
 
-def checked_rootfs(rootfs: str, roots: list[str]) -> str:
-    """The resolved directory, when it lies inside a configured root; else a 400 naming ``rootfs``."""
-    if "\0" in rootfs or not os.path.isabs(rootfs):
-        raise _refuse("rootfs", "rootfs must be an absolute path")
+def checked_source(field: str, path: str, roots: list[str], *, directory: bool) -> str:
+    """The resolved path, when it lies inside a configured root; else a 400 naming ``field``."""
+    if "\0" in path or not os.path.isabs(path):
+        raise _refuse(field, f"{field} must be an absolute path")
     if not roots:
-        raise _refuse("rootfs", "this broker accepts no rootfs templates (ROLLOUT_BROKER_TEMPLATE_ROOTS is empty)")
-    real = Path(os.path.realpath(rootfs))
+        raise _refuse(field, f"this broker accepts no host paths as {field} (ROLLOUT_BROKER_TEMPLATE_ROOTS is empty)")
+    real = Path(os.path.realpath(path))
     if not any(real.is_relative_to(os.path.realpath(root)) for root in roots):
-        raise _refuse("rootfs", "rootfs must be inside one of the template roots (symlinks resolved)")
-    if not real.is_dir():
-        raise _refuse("rootfs", f"rootfs {rootfs} is not an existing directory")
+        raise _refuse(field, f"{field} must be inside one of the template roots (symlinks resolved)")
+    if not (real.is_dir() if directory else real.exists()):
+        raise _refuse(field, f"{field} {path} does not exist" + (" as a directory" if directory else ""))
     return str(real)
 
 
-def checked_template(template: Template, roots: str, images: str) -> Template:
+def checked_template(template: Template, backend: str, roots: str, images: str) -> Template:
+    """``rootfs``, and a local ``image`` given as a host path (an OCI layout, a tar, a directory)."""
+    allowed = split_list(roots, ":")
     if template.rootfs is not None:
-        template = template.model_copy(update={"rootfs": checked_rootfs(template.rootfs, split_list(roots, ":"))})
+        template = template.model_copy(
+            update={"rootfs": checked_source("rootfs", template.rootfs, allowed, directory=True)}
+        )
+    if backend == "local" and template.image is not None and template.image.startswith("/"):
+        template = template.model_copy(
+            update={"image": checked_source("image", template.image, allowed, directory=False)}
+        )
     prefixes = split_list(images, ",")
     if template.image is not None and prefixes and not any(template.image.startswith(p) for p in prefixes):
         raise _refuse("image", "image must come from one of the configured image stores (template_images)")

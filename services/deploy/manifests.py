@@ -1,0 +1,115 @@
+"""The deployment files read as data: Compose services and rendered Kubernetes overlays, and the
+platform containers in them with the environment each one gets."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "k8s"
+COMPOSE = ROOT / "compose.yaml"
+IMAGE_PREFIX = "rollout-platform"  # the platform's images: -platform, -platform-trainer, -platform-engine
+Obj = dict[str, Any]
+
+
+class DeployError(Exception):
+    """A deployment file cannot be read or rendered; the message says what to fix."""
+
+
+@dataclass
+class Container:
+    """One platform container: where it is declared, the service it runs, its environment and ports."""
+
+    source: str  # "compose" or "k8s/<overlay>"
+    workload: str
+    command: str  # the rollout subcommand (api, worker, ...) or "train"
+    env: dict[str, str]
+    ports: list[int] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.source}/{self.workload}"
+
+
+def overlays() -> list[Path]:
+    """Every overlay directory under ``k8s/overlays``."""
+    return sorted(p.parent for p in (K8S / "overlays").glob("*/kustomization.yaml"))
+
+
+def render(directory: Path) -> list[Obj]:
+    """``kubectl kustomize DIRECTORY``, parsed."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        raise DeployError("kubectl is not installed: install kubectl (or Debian's kubernetes-client) to render k8s/")
+    done = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise DeployError(f"kubectl kustomize {directory} failed: {done.stderr.strip()[-2000:]}")
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def _command_of(args: list[str]) -> str:
+    if any(a in ("trainer_client.main", "rollout-train") for a in args):
+        return "train"
+    return args[0]
+
+
+def k8s_containers(source: str, objects: list[Obj]) -> Iterator[Container]:
+    """The platform containers of rendered objects, with ConfigMap/Secret ``envFrom`` resolved."""
+    maps = {(d["kind"], d["metadata"]["name"]): d.get("data") or d.get("stringData") or {} for d in objects}
+    for d in objects:
+        spec = d.get("spec", {})
+        if d["kind"] == "Job" or d["kind"] in ("Deployment", "StatefulSet"):
+            pod = spec["template"]["spec"]
+        else:
+            continue
+        for c in pod["containers"]:
+            if not c["image"].startswith(IMAGE_PREFIX):
+                continue
+            env: dict[str, str] = {}
+            for ref in c.get("envFrom", []):
+                kind, key = ("ConfigMap", "configMapRef") if "configMapRef" in ref else ("Secret", "secretRef")
+                env.update({k: str(v) for k, v in maps.get((kind, ref[key]["name"]), {}).items() if v is not None})
+            env.update({e["name"]: str(e["value"]) for e in c.get("env", []) if "value" in e})
+            ports = [p["containerPort"] for p in c.get("ports", [])]
+            for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+                port = c.get(probe, {}).get("httpGet", {}).get("port")
+                ports += [port] if port else []
+            args = c.get("args") or c.get("command") or []
+            yield Container(source, d["metadata"]["name"], _command_of(args), env, ports)
+
+
+def load_compose(path: Path = COMPOSE) -> Obj:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise DeployError(f"{path}: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("services"), dict):
+        raise DeployError(f"{path}: no services")
+    return doc
+
+
+def compose_containers(doc: Obj, expand: dict[str, str] | None = None) -> Iterator[Container]:
+    """The platform services of a Compose file; ``${VAR...}`` is replaced by ``expand[VAR]`` or a test value."""
+    import re
+
+    def sub(value: str) -> str:
+        return re.sub(
+            r"\$\{([A-Z0-9_]+)(:?[?-][^}]*)?\}",
+            lambda m: (expand or {}).get(m.group(1), f"test-{m.group(1).lower()}"),
+            value,
+        )
+
+    for name, svc in doc["services"].items():
+        if not str(svc.get("image", "")).startswith(IMAGE_PREFIX):
+            continue
+        env = {k: sub(str(v)) for k, v in (svc.get("environment") or {}).items()}
+        ports = [int(str(p).split(":")[-1]) for p in svc.get("ports", [])]
+        command = svc.get("command") or []
+        yield Container("compose", name, _command_of(command), env, ports)

@@ -1,0 +1,50 @@
+"""An engine joins its proxy pool once it is healthy and leaves it when it stops.
+
+With ``proxy_url`` set, every engine this process serves (stand-in or SGLang) is added to
+``pool`` through the proxy's admin API, at the address the proxy reaches it by. Membership is
+kept in Redis by the proxy, so registering with any proxy replica reaches all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+
+from services.engines.settings import EngineSettings
+
+log = logging.getLogger(__name__)
+
+
+def engine_urls(settings: EngineSettings) -> list[str]:
+    """The URLs the proxy calls this process's engines at."""
+    host = settings.advertise_host or settings.host
+    return [f"http://{host}:{settings.port + i}" for i in range(settings.count)]
+
+
+def _post(settings: EngineSettings, path: str, body: dict[str, str]) -> None:
+    assert settings.proxy_url is not None
+    headers = {"Authorization": f"Bearer {settings.proxy_token}"} if settings.proxy_token else {}
+    response = httpx.post(settings.proxy_url.rstrip("/") + path, json=body, headers=headers, timeout=30.0)
+    if response.status_code >= 400:
+        raise RuntimeError(f"proxy {path} answered {response.status_code}: {response.text[:500]}")
+
+
+def join_pool(settings: EngineSettings) -> None:
+    """Add every engine of this process to its pool (a no-op without ``proxy_url``)."""
+    if settings.proxy_url is None:
+        return
+    for url in engine_urls(settings):
+        _post(settings, "/admin/engines", {"url": url, "pool": settings.pool})
+        log.info("joined pool %s of %s as %s", settings.pool, settings.proxy_url, url)
+
+
+def leave_pool(settings: EngineSettings) -> None:
+    """Remove this process's engines from the proxy; failures are logged, never raised (shutdown)."""
+    if settings.proxy_url is None:
+        return
+    for url in engine_urls(settings):
+        try:
+            _post(settings, "/admin/engines/remove", {"url": url})
+        except (httpx.HTTPError, RuntimeError) as exc:
+            log.warning("could not leave pool %s as %s: %s", settings.pool, url, exc)

@@ -1,0 +1,95 @@
+"""``rollout engine --mode sglang``: start a real SGLang server with the flags the platform relies
+on, wait until it is healthy, join the proxy pool, and stop it with the process.
+
+The flags (SGLang's ``launch_server``): ``--context-length`` from the platform's cap (the proxy's
+guard and the engine agree on the longest prompt + reply), ``--enable-metrics`` (the dashboard and
+the saturation metrics read ``sglang:*``), ``--weight-version`` (every answer's provenance),
+``--served-model-name``, ``--max-running-requests``, ``--tp-size``, optionally
+``--mem-fraction-static`` and ``--enable-return-routed-experts`` (routing replay for MoE). The
+weight-update endpoints (``/update_weights_from_disk``, ``/pause_generation``, ...) are always
+served. SGLang binds ``host``: keep it a private address the proxy reaches; the proxy is the only
+client.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from types import FrameType
+
+import httpx
+
+from services.engines.registration import join_pool, leave_pool
+from services.engines.settings import EngineSettings
+
+log = logging.getLogger(__name__)
+
+
+def sglang_argv(settings: EngineSettings, python: str = sys.executable) -> list[str]:
+    """The command line of one SGLang server for these settings."""
+    if settings.model_path is None:
+        raise ValueError(
+            "sglang mode needs model_path (ROLLOUT_ENGINE_MODEL_PATH / --model-path): an HF model directory"
+        )
+    if settings.count != 1:
+        raise ValueError("sglang mode serves one engine per process (count=1); run one process per engine")
+    argv = [
+        python, "-m", "sglang.launch_server",
+        "--model-path", str(settings.model_path),
+        "--host", settings.host,
+        "--port", str(settings.port),
+        "--served-model-name", settings.served_model_name,
+        "--context-length", str(settings.context_length),
+        "--max-running-requests", str(settings.max_running_requests),
+        "--tp-size", str(settings.tp_size),
+        "--weight-version", settings.weight_version,
+        "--random-seed", str(settings.seed),
+        "--enable-metrics",
+    ]  # fmt: skip
+    if settings.mem_fraction_static is not None:
+        argv += ["--mem-fraction-static", str(settings.mem_fraction_static)]
+    if settings.return_routed_experts:
+        argv.append("--enable-return-routed-experts")
+    return argv + list(settings.sglang_args)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Poll SGLang's ``/health`` until it answers 200; fail early if the server exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the SGLang server exited with {proc.returncode} before it was healthy")
+        try:
+            if httpx.get(url + "/health", timeout=5.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    raise TimeoutError(f"the SGLang server at {url} was not healthy within {timeout_s:.0f} s")
+
+
+def run(settings: EngineSettings) -> int:
+    """Run the server until it exits or this process is told to stop; returns its exit code."""
+    argv = sglang_argv(settings)
+    log.info("starting SGLang: %s", " ".join(argv))
+    proc = subprocess.Popen(argv, start_new_session=True)
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    try:
+        wait_healthy(f"http://{settings.host}:{settings.port}", proc, settings.startup_timeout_s)
+        join_pool(settings)
+        return proc.wait()
+    finally:
+        leave_pool(settings)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)

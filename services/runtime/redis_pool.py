@@ -1,0 +1,108 @@
+"""Redis clients whose connection pool is sized on purpose, waits instead of failing, and shows
+itself in ``/metrics``.
+
+redis-py's defaults are two hidden caps: a pool of 100 connections that raises
+``MaxConnectionsError`` past that (an API with 200 SSE subscribers answered 500), and a 5 s socket
+timeout that kills every blocking read of 5 s or more (an idle SSE stream closed after 5 s). Here
+the pool blocks up to ``pool_wait_s`` for a free connection, counting the waits and the waits that
+timed out, and the socket timeout is longer than any blocking read the platform issues.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from services.runtime.settings import RedisSettings
+
+MAX_BLOCK_S = 30.0  # no blocking read (XREAD BLOCK ...) may ask for longer than this
+
+
+class ObservedPool(BlockingConnectionPool):
+    """A blocking pool that counts how often a caller had to wait and how often the wait ran out."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.waits = 0
+        self.wait_timeouts = 0
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.can_get_connection():
+            self.waits += 1
+        try:
+            return await super().get_connection()  # type: ignore[no-untyped-call]
+        except RedisConnectionError as exc:
+            if "No connection available" in str(exc):
+                self.wait_timeouts += 1
+            raise
+
+    def figures(self) -> dict[str, int]:
+        in_use = len(self._in_use_connections)
+        return {
+            "in_use": in_use,
+            "idle": len(self._available_connections),
+            "limit": self.max_connections,
+            "waits": self.waits,
+            "wait_timeouts": self.wait_timeouts,
+        }
+
+
+def open_redis(url: str, settings: RedisSettings | None = None, *, size: int | None = None) -> Redis:
+    """A client on its own :class:`ObservedPool` (``size`` overrides ``settings.pool_size``)."""
+    s = settings or RedisSettings()
+    if s.socket_timeout_s <= MAX_BLOCK_S:
+        raise ValueError(f"socket_timeout_s must exceed the longest blocking read ({MAX_BLOCK_S:g} s)")
+    pool = ObservedPool.from_url(
+        url, max_connections=size or s.pool_size, timeout=s.pool_wait_s, socket_timeout=s.socket_timeout_s,
+        socket_connect_timeout=s.connect_timeout_s, health_check_interval=30,
+    )  # fmt: skip
+    return Redis(connection_pool=pool)
+
+
+def pool_of(client: Redis) -> ObservedPool | None:
+    pool = client.connection_pool
+    return pool if isinstance(pool, ObservedPool) else None
+
+
+class SaturationCollector(Collector):
+    """``/metrics`` families for every named Redis pool (used, idle, limit, waits, wait timeouts)."""
+
+    def __init__(self, service: str, clients: dict[str, Redis]) -> None:
+        self.service = service
+        self.clients = clients
+
+    def collect(self) -> Iterator[Any]:
+        labels = ["service", "pool"]
+        used = GaugeMetricFamily(
+            "rollout_redis_pool_connections", "Connections held, by state", labels=[*labels, "state"]
+        )
+        limit = GaugeMetricFamily("rollout_redis_pool_limit", "Most connections the pool opens", labels=labels)
+        waits = CounterMetricFamily("rollout_redis_pool_waits", "Callers that waited for a connection", labels=labels)
+        timeouts = CounterMetricFamily(
+            "rollout_redis_pool_wait_timeouts", "Waits for a connection that ran out", labels=labels
+        )
+        for name, client in self.clients.items():
+            pool = pool_of(client)
+            if pool is None:
+                continue
+            f = pool.figures()
+            used.add_metric([self.service, name, "in_use"], f["in_use"])
+            used.add_metric([self.service, name, "idle"], f["idle"])
+            limit.add_metric([self.service, name], f["limit"])
+            waits.add_metric([self.service, name], f["waits"])
+            timeouts.add_metric([self.service, name], f["wait_timeouts"])
+        yield from (used, limit, waits, timeouts)
+
+
+def observe_pools(registry: CollectorRegistry, service: str, clients: dict[str, Redis]) -> None:
+    """Export the pools of ``clients`` (and the process's open files / limit) in ``registry``."""
+    registry.register(SaturationCollector(service, clients))
+    with contextlib.suppress(ValueError):  # already there (an app started twice in one process)
+        ProcessCollector(registry=registry)  # process_open_fds / process_max_fds: file-descriptor saturation
