@@ -13,6 +13,7 @@ from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.protocol.errors import ErrorBody, PlatformError
 from services.protocol.sandboxes import ExecChunk, ExecRequest, ExecResult, Lease, LeaseRequest, RenewRequest, Template
@@ -203,6 +204,13 @@ def _install_errors(app: FastAPI, metrics: BrokerMetrics) -> None:
         metrics.errors.labels(exc.code.value).inc()
         headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))} if exc.retry_after_s else None
         return JSONResponse(exc.body().model_dump(mode="json"), status_code=exc.status, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Starlette's own 404 (no route) and 405 (wrong method), as an ErrorBody."""
+        code = ErrorCode.NOT_FOUND if exc.status_code == 404 else ErrorCode.BAD_REQUEST
+        body = ErrorBody.of(code, str(exc.detail))
+        return JSONResponse(body.model_dump(mode="json"), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

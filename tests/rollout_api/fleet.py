@@ -4,6 +4,7 @@ LLM proxy, the sandbox broker (local backend), the rollout API, workers."""
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -151,7 +152,7 @@ def start_fleet(redis_url: str, script: Path, model_path: Path, logs: Path, stat
                 "-m", "services.cli", "broker", "--port", "{port}", "--backend", "local",
                 "--redis-url", redis_url, "--state-dir", str(state_dir),
             ],
-            log_dir=logs, env=SECRETS.env(), name="broker",
+            log_dir=logs, env={**SECRETS.env(), "ROLLOUT_BROKER_TEMPLATE_ROOTS": tempfile.gettempdir()}, name="broker",
         )  # fmt: skip
         started.append(broker)
         api = start_service(

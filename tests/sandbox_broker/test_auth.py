@@ -175,5 +175,8 @@ def test_bad_input_is_a_4xx_and_never_infra(broker_url: str) -> None:
                 nul = http.request(verb, f"/leases/{lid}/files", params={"path": "a\u0000b"}, content=b"")
                 assert nul.status_code == 422 and nul.json()["error"]["field"] == "path", nul.text
             assert http.get("/healthz").status_code == 200
+            missing, wrong = http.get("/nope"), http.put("/leases")
+            assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+            assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "bad_request"
         finally:
             http.delete(f"/leases/{lid}")
