@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from services.protocol.trajectory import Segment
 from trainer_client.groups import Group, key_of
 from trainer_client.grpo import group_advantages
 
@@ -52,28 +53,33 @@ def as_tensor(values: array, dtype: torch.dtype) -> torch.Tensor:  # type: ignor
 
 
 def samples_from_groups(groups: list[Group], version: int, normalize_std: bool, max_len: int) -> list[Sample]:
-    """One sample per valid member; advantages normalised within each group."""
+    """One sample per token-exact segment of each valid member (one for most agents; more when a
+    gateway agent rewrote its history); advantages normalised within each group, per trajectory."""
     samples = []
     for group in groups:
         advantages = group_advantages(group.rewards(), normalize_std=normalize_std)
         for member, adv in zip(group.members, advantages.tolist(), strict=True):
             traj = member.trajectory
-            prompt = as_tensor(traj.prompt_ids, torch.int64)
-            response = as_tensor(traj.response_ids, torch.int64)
-            keep = max(0, min(len(response), max_len + 1 - len(prompt)))
-            samples.append(
-                Sample(
-                    key=key_of(traj),
-                    tokens=torch.cat([prompt, response[:keep]]),
-                    prompt_len=len(prompt),
-                    loss_mask=as_tensor(traj.loss_mask, torch.float32)[:keep],
-                    engine_logprobs=as_tensor(traj.response_logprobs, torch.float32)[:keep],
-                    advantage=adv,
-                    reward=traj.reward,
-                    staleness=version - member.version,
-                )
-            )
+            for index, segment in enumerate(traj.all_segments()):
+                key = key_of(traj) if index == 0 else f"{key_of(traj)}#{index}"
+                samples.append(_sample(key, segment, max_len, adv, traj.reward, version - member.version))
     return samples
+
+
+def _sample(key: str, segment: Segment, max_len: int, advantage: float, reward: float, staleness: int) -> Sample:
+    prompt = as_tensor(segment.prompt_ids, torch.int64)
+    response = as_tensor(segment.response_ids, torch.int64)
+    keep = max(0, min(len(response), max_len + 1 - len(prompt)))
+    return Sample(
+        key=key,
+        tokens=torch.cat([prompt, response[:keep]]),
+        prompt_len=len(prompt),
+        loss_mask=as_tensor(segment.loss_mask, torch.float32)[:keep],
+        engine_logprobs=as_tensor(segment.response_logprobs, torch.float32)[:keep],
+        advantage=advantage,
+        reward=reward,
+        staleness=staleness,
+    )
 
 
 def collate(samples: list[Sample], device: torch.device) -> MicroBatch:

@@ -38,6 +38,7 @@ class TrainSettings(UsesRedis, UsesAdminToken):
     # the proxy pool to update: None takes the job's pool from the API (GET /jobs/{job}); a value that
     # differs from the job's is refused at start. Without the API: this value, else "default".
     pool: Name | None = None
+    weight_store_url: str | None = None  # None: announce the export path; file:///shared or s3://bucket/prefix
     sync_timeout_s: float = Field(600.0, gt=0)
     # model, optimizer, loss
     model: ModelConfig = Field(default_factory=ModelConfig)

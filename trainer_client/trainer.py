@@ -19,9 +19,9 @@ from trainer_client.hf_import import load_hf_weights
 from trainer_client.learner import Learner, StepStats
 from trainer_client.metrics import StepLog, StepRecord, StepTimer, TrainerMetrics
 from trainer_client.model import Policy, build_gpt, build_policy, device
-from trainer_client.pipeline import Admission, RolloutSupply, load_tasks
 from trainer_client.settings import TrainSettings
 from trainer_client.shards import full_state_dict
+from trainer_client.supply import Admission, RolloutSupply, load_tasks
 from trainer_client.weights import WeightPublisher, job_pool
 
 logger = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ def _publisher(s: TrainSettings, client: RolloutClient | None) -> WeightPublishe
     pool = job_pool(s.job, s.pool, client.job(s.job).pool if client else None)
     # the job's own token may update its own pool (the proxy checks it); an admin token may update any
     token = s.proxy_token or s.api_token or s.admin_token or None
-    return WeightPublisher(s.proxy_url, pool, token, s.sync_timeout_s)
+    return WeightPublisher(s.proxy_url, pool, token, s.sync_timeout_s, s.weight_store_url)
 
 
 def _reference(policy: Policy, s: TrainSettings) -> object:

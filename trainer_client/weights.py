@@ -11,6 +11,7 @@ import httpx
 from services.protocol.tasks import DEFAULT_POOL
 from services.protocol.weights import WeightUpdate, WeightUpdateResult
 from trainer_client.export import Export
+from trainer_client.weight_store import publish
 
 logger = logging.getLogger(__name__)
 
@@ -38,16 +39,27 @@ def job_pool(job: str, configured: str | None, from_api: str | None) -> str:
 class WeightPublisher:
     """POSTs a :class:`WeightUpdate` to ``<proxy>/admin/weights``; the answer is the fleet's verdict."""
 
-    def __init__(self, proxy_url: str, pool: str, token: str | None = None, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        proxy_url: str,
+        pool: str,
+        token: str | None = None,
+        timeout_s: float = 600.0,
+        store_url: str | None = None,
+    ) -> None:
         self.pool = pool
+        self.store_url = store_url
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=proxy_url, timeout=timeout_s, headers=headers)
 
     def publish(self, export: Export) -> SyncOutcome:
-        update = WeightUpdate(
-            pool=self.pool, version=export.version, location=str(export.path), checksum=export.checksum
-        )
         start = time.perf_counter()
+        try:
+            location = publish(export.path, self.store_url)
+        except (OSError, ValueError) as exc:  # boto3's errors are OSError or ClientError (logged below)
+            logger.error("weight export %s could not be stored at %s: %s", export.version, self.store_url, exc)
+            return SyncOutcome(False, time.perf_counter() - start, None, str(exc))
+        update = WeightUpdate(pool=self.pool, version=export.version, location=location, checksum=export.checksum)
         try:
             response = self.http.post("/admin/weights", content=update.model_dump_json(),
                                       headers={"Content-Type": "application/json"})  # fmt: skip

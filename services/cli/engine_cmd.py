@@ -35,6 +35,8 @@ FLAGS: dict[str, type] = {
     "tp_size": int,
     "mem_fraction_static": float,
     "startup_timeout_s": float,
+    "weight_cache_dir": Path,
+    "stage_port": int,
 }
 
 

@@ -14,6 +14,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--proxy-url", default=None)
     p.add_argument("--broker-url", default=None)
     p.add_argument("--model-path", type=Path, default=None, help="tokenizer directory of the policy")
+    p.add_argument("--pool-model-path", action="append", default=None, metavar="POOL=DIR", dest="pool_model_paths",
+                   help="the served model's directory of a proxy pool (its tokenizer; repeatable)")  # fmt: skip
     p.add_argument("--concurrency", type=int, default=None, help="episodes at once in this process")
     p.add_argument("--port", type=int, default=None, help="/healthz and /metrics port (default: a free one)")
     p.add_argument("--worker-id", default=None)
@@ -26,4 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from services.rollout_api.worker.main import run as run_worker
 
     names = ("redis_url", "proxy_url", "broker_url", "model_path", "concurrency", "port", "worker_id", "jobs")
-    return run_worker(WorkerSettings(**overrides(args, names)))
+    settings = overrides(args, names)
+    if args.pool_model_paths:
+        settings["pool_model_paths"] = dict(item.split("=", 1) for item in args.pool_model_paths)
+    return run_worker(WorkerSettings(**settings))

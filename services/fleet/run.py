@@ -45,6 +45,7 @@ def run(opts: UpOptions) -> int:
     fleet.start()
     try:
         token = fleet.create_job(JOB)
+        print(f"\ndashboard: {fleet.dashboard_url()}\n", flush=True)
         code = train(fleet, opts, model_dir, token)
     finally:
         fleet.stop()

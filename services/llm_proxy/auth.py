@@ -1,6 +1,7 @@
 """Who may call what on the proxy (docs/security.md).
 
 - ``/healthz``, ``/metrics``, ``/openapi.json``: anyone (no secrets in them);
+- ``/e/{session}/...`` (the agent gateway): the session's own token, checked by the gateway;
 - ``/admin/*``: the admin token; ``/admin/weights`` and ``/admin/lora`` also a job's token, for
   the pool its job is bound to only (the trainer's ``ROLLOUT_TRAIN_PROXY_TOKEN``);
 - data plane (``/generate``, ``/v1/*``): any valid token when ``require_token`` is on (or when a
@@ -27,6 +28,7 @@ from services.protocol.llm import HEADER_JOB
 from services.runtime.auth import Authenticator, Principal, TokenSet
 
 PUBLIC = frozenset({"/healthz", "/metrics", "/openapi.json"})
+GATEWAY = "/e/"  # agent gateway sessions: authenticated by their own session token (gateway/sessions.py)
 POOL_SCOPED = frozenset({"/admin/weights", "/admin/lora"})
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 CACHE_S = 5.0  # how long a job token's job and a job's pool are reused by one process
@@ -52,7 +54,7 @@ class ProxyAuth:
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in PUBLIC:
+        if request.path in PUBLIC or request.path.startswith(GATEWAY):
             return await handler(request)
         try:
             if request.path.startswith("/admin/"):
@@ -99,9 +101,7 @@ class ProxyAuth:
         pool = doc.get("pool") if isinstance(doc, dict) else None
         bound = await self._job_pool(caller.job or "")
         if pool != bound:
-            raise PlatformError(
-                ErrorCode.FORBIDDEN, f"job {caller.job!r} may change only its own pool {bound!r}", status=403
-            )
+            raise PlatformError(ErrorCode.FORBIDDEN, f"job {caller.job!r} may change only its own pool {bound!r}")
 
     async def _job_pool(self, job: str) -> str | None:
         key = ("pool", job)

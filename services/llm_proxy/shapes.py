@@ -28,7 +28,7 @@ SESSION = re.compile(r"^[\x21-\x7e]{1,256}$")  # printable ASCII, no spaces: it 
 
 
 def _bad(message: str, field: str) -> PlatformError:
-    return PlatformError(ErrorCode.VALIDATION_ERROR, message, status=400, field=field)
+    return PlatformError(ErrorCode.VALIDATION_ERROR, message, field=field)
 
 
 def session_of(request: web.Request, body: dict[str, Any]) -> str | None:

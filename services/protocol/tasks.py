@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from services.protocol.agents import AgentSpec, BashAgent
+
 # Job, pool, task and template names end up inside Redis keys and URLs: keep them tame.
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")]
 
@@ -85,6 +87,7 @@ class Task(_Model):
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
     reward: RewardSpec
     metadata: dict[str, Any] = Field(default_factory=dict)  # carried to the trajectory untouched
+    agent: AgentSpec | None = None  # overrides the rollout request's agent for this task
 
     @model_validator(mode="after")
     def _no_path_climbs_out(self) -> Task:
@@ -130,6 +133,7 @@ class RolloutRequest(_Model):
     priority: int = Field(0, ge=-100, le=100)  # higher first within the job
     idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
     max_attempts: int = Field(3, ge=1, le=10)  # infra retries per trajectory, first attempt included
+    agent: AgentSpec = Field(default_factory=BashAgent)  # the agent of every task that names none
 
 
 class WorkItem(_Model):
@@ -153,6 +157,7 @@ class WorkItem(_Model):
     pool: Name = DEFAULT_POOL  # the proxy pool that serves this job's policy
     priority: int = 0
     enqueued_at: float = 0.0  # unix seconds
+    agent: AgentSpec = Field(default_factory=BashAgent)  # the task's agent, else the request's
 
     def encode(self) -> bytes:
         """The work stream's ``item`` field: everything but the task, named by ``task_id``. The task

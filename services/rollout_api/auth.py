@@ -22,11 +22,11 @@ class Caller:
 
     def require_admin(self) -> None:
         if not self.admin:
-            raise PlatformError(ErrorCode.FORBIDDEN, "this route needs the admin token", status=403)
+            raise PlatformError(ErrorCode.FORBIDDEN, "this route needs the admin token")
 
     def require_job(self, job: str) -> None:
         if not self.admin and self.job != job:
-            raise PlatformError(ErrorCode.FORBIDDEN, f"this token does not belong to job {job!r}", status=403)
+            raise PlatformError(ErrorCode.FORBIDDEN, f"this token does not belong to job {job!r}")
 
 
 def new_token() -> str:
@@ -40,5 +40,5 @@ async def resolve_caller(redis: Redis, admin_tokens: str, header: str | None) ->
         return Caller(admin=True, job=None)
     job = await job_of_token(redis, token)
     if job is None:
-        raise PlatformError(ErrorCode.UNAUTHORIZED, "unknown token", status=401)
+        raise PlatformError(ErrorCode.UNAUTHORIZED, "unknown token")
     return Caller(admin=False, job=job)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from services.protocol import Cap, Status, Trajectory, WorkItem, to_stream_fields
-from services.rollout_api.scripts import Outcome, Scripts
+from services.rollout_api.redis_scripts import Outcome, Scripts
 
 
 def trajectory_shell(item: WorkItem, attempt: int, status: Status, *, worker: str = "") -> Trajectory:

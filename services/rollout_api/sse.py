@@ -33,7 +33,7 @@ def _start_id(last_event_id: str | None, after: str | None) -> str:
     chosen = last_event_id or after or "0-0"
     if chosen == "$" or _ENTRY_ID.match(chosen):
         return chosen
-    raise PlatformError(ErrorCode.BAD_REQUEST, f"bad event id {chosen!r}", status=400, field="Last-Event-ID")
+    raise PlatformError(ErrorCode.BAD_REQUEST, f"bad event id {chosen!r}", field="Last-Event-ID")
 
 
 async def events(

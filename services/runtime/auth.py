@@ -73,11 +73,11 @@ class Principal:
 
     def require_admin(self) -> None:
         if self.role != "admin":
-            raise PlatformError(ErrorCode.FORBIDDEN, "this route needs the admin token", status=403)
+            raise PlatformError(ErrorCode.FORBIDDEN, "this route needs the admin token")
 
     def require_service(self) -> None:
         if self.role == "job":
-            raise PlatformError(ErrorCode.FORBIDDEN, "this route needs a service or admin token", status=403)
+            raise PlatformError(ErrorCode.FORBIDDEN, "this route needs a service or admin token")
 
     def sees_job(self, job: str) -> bool:
         return self.role != "job" or self.job == job
@@ -89,7 +89,7 @@ ANONYMOUS_ADMIN = Principal("admin")  # only where the operator allowed anonymou
 def bearer(header: str | None) -> str:
     """The token of an ``Authorization: Bearer <token>`` header; 401 when there is none."""
     if not header or not header[:7].lower() == "bearer " or not header[7:].strip():
-        raise PlatformError(ErrorCode.UNAUTHORIZED, "missing bearer token", status=401)
+        raise PlatformError(ErrorCode.UNAUTHORIZED, "missing bearer token")
     return header[7:].strip()
 
 
@@ -119,5 +119,5 @@ class Authenticator:
             return Principal("service")
         job = await job_of_token(redis, token) if redis is not None else None
         if job is None:
-            raise PlatformError(ErrorCode.UNAUTHORIZED, "unknown token", status=401)
+            raise PlatformError(ErrorCode.UNAUTHORIZED, "unknown token")
         return Principal("job", job)

@@ -42,7 +42,7 @@ Caller = Annotated[Principal, Depends(_caller)]
 def hide_others(caller: Principal, lease: Lease) -> Lease:
     """404 for a lease of another job: a job cannot even learn that it exists."""
     if not caller.sees_job(lease.job):
-        raise PlatformError(ErrorCode.LEASE_NOT_FOUND, f"no lease {lease.id!r}", status=404)
+        raise PlatformError(ErrorCode.LEASE_NOT_FOUND, f"no lease {lease.id!r}")
     return lease
 
 
@@ -51,11 +51,11 @@ def own_request(caller: Principal, request: LeaseRequest) -> LeaseRequest:
     if caller.role != "job" or caller.job == request.job:
         return request
     if "job" in request.model_fields_set:
-        raise PlatformError(ErrorCode.FORBIDDEN, f"this token does not belong to job {request.job!r}", status=403)
+        raise PlatformError(ErrorCode.FORBIDDEN, f"this token does not belong to job {request.job!r}")
     return request.model_copy(update={"job": caller.job})
 
 
 def listed_job(caller: Principal, job: str | None) -> str | None:
     if caller.role != "job" or job in (None, caller.job):
         return caller.job if caller.role == "job" else job
-    raise PlatformError(ErrorCode.FORBIDDEN, f"this token does not belong to job {job!r}", status=403)
+    raise PlatformError(ErrorCode.FORBIDDEN, f"this token does not belong to job {job!r}")

@@ -17,7 +17,7 @@ from services.protocol.status import ErrorCode
 
 
 def _refuse(field: str, message: str) -> PlatformError:
-    return PlatformError(ErrorCode.VALIDATION_ERROR, message, status=400, field=field)
+    return PlatformError(ErrorCode.VALIDATION_ERROR, message, field=field)
 
 
 def split_list(text: str, sep: str) -> list[str]:

@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass, field
 
 from services.protocol import Cap, ErrorCode, InfraStage, Message, Status, Trajectory, Turn, WorkItem
-from services.protocol.sandboxes import ExecRequest, Lease, LeaseRequest, Resources
+from services.protocol.agents import BashAgent
+from services.protocol.sandboxes import ExecRequest, ExecResult, Lease, LeaseRequest, Resources
 from services.rollout_api.publishing import trajectory_shell
 from services.rollout_api.settings import WorkerSettings
 from services.rollout_api.worker.clients import (
@@ -24,10 +25,11 @@ from services.rollout_api.worker.clients import (
     release_quietly,
 )
 from services.rollout_api.worker.conversation import (
-    SYSTEM_PROMPT,
     format_error,
     observation,
     parse_action,
+    submitted_by_output,
+    system_message,
     task_message,
 )
 from services.rollout_api.worker.metrics import WorkerMetrics
@@ -47,6 +49,10 @@ class AgentDeps:
     worker_id: str
     metrics: WorkerMetrics
     leases: set[str] = field(default_factory=set)  # held now; renewed by the worker's heartbeat
+    pool_tokenizers: dict[str, ChatTokenizer] = field(default_factory=dict)  # a pool's served model's
+
+    def tokenizer_for(self, pool: str) -> ChatTokenizer:
+        return self.pool_tokenizers.get(pool, self.tokenizer)
 
 
 class Episode:
@@ -102,9 +108,17 @@ class Episode:
         try:
             async with asyncio.timeout(self.limits.wall_clock_s):
                 await self._setup(lease)
-                return await self._loop(lease)
+                return await self._agent_loop(lease)
         except TimeoutError:
             return Cap.WALL_CLOCK
+
+    async def _agent_loop(self, lease: Lease) -> Cap | None:
+        agent = self.item.agent
+        if isinstance(agent, BashAgent):
+            return await self._loop(lease, agent)
+        raise InfraError(
+            InfraStage.WORKER, ErrorCode.BAD_REQUEST, f"this worker does not run {agent.kind} agents", retryable=False
+        )
 
     async def _setup(self, lease: Lease) -> None:
         spec = self.item.task.sandbox
@@ -123,15 +137,16 @@ class Episode:
         self.saved = await snapshot(self.deps.broker, lease.id, self.item.task.reward, self.workdir)
         self.traj.timings.setup_s = time.monotonic() - started
 
-    async def _loop(self, lease: Lease) -> Cap | None:
-        tok = self.deps.tokenizer
+    async def _loop(self, lease: Lease, agent: BashAgent) -> Cap | None:
+        tok = self.deps.tokenizer_for(self.item.pool)
         self.messages = [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": task_message(self.item.task.prompt)},
+            {"role": "system", "content": system_message(agent)},
+            {"role": "user", "content": task_message(self.item.task.prompt, agent)},
         ]
+        max_turns = min(self.limits.max_turns, agent.step_limit or self.limits.max_turns)
         self.tokens.set_prompt(tok.prompt_ids(self.messages))
         pending: list[int] = []  # the last observation's tokens, sent with the next call
-        for index in range(self.limits.max_turns):
+        for index in range(max_turns):
             budget = self.limits.max_trajectory_tokens - self.tokens.total - len(pending)
             if budget <= 0:
                 return Cap.TRAJECTORY_TOKENS
@@ -147,16 +162,18 @@ class Episode:
                 raise InfraError(InfraStage.LLM, ErrorCode.ENGINE_ERROR, "the engine aborted the generation")
             reply = tok.decode(generation.output_ids)
             self.messages.append({"role": "assistant", "content": reply})
-            action = parse_action(reply)
+            action = parse_action(reply, agent)
             if action.submits:
                 return None
             if action.command is None:
-                content = format_error(action)
+                content = format_error(action, agent)
             else:
                 result = await self._execute(lease, action.command, turn)
                 if result is None:
                     return Cap.COMMAND_TIMEOUT
-                content = result
+                if submitted_by_output(result, agent):
+                    return None
+                content = observation(result, self.limits.observation_max_bytes, agent)
             message = {"role": "user", "content": content}
             self.messages.append(message)
             ended = bool(generation.output_ids) and generation.output_ids[-1] == tok.eos_id
@@ -195,8 +212,8 @@ class Episode:
         self.traj.timings.llm_s += llm_s
         return generation, turn
 
-    async def _execute(self, lease: Lease, command: str, turn: Turn) -> str | None:
-        """Run the agent's command; its observation, or None when it hit the command timeout."""
+    async def _execute(self, lease: Lease, command: str, turn: Turn) -> ExecResult | None:
+        """Run the agent's command; its result, or None when it hit the command timeout."""
         spec = self.item.task.sandbox
         request = ExecRequest(
             shell=command, timeout_s=self.limits.command_timeout_s, env=spec.env, cwd=self.workdir,
@@ -207,7 +224,7 @@ class Episode:
         turn.exec_s = time.monotonic() - started
         turn.exit_code = result.exit_code
         self.traj.timings.exec_s += turn.exec_s
-        return None if result.timed_out else observation(result, self.limits.observation_max_bytes)
+        return None if result.timed_out else result
 
     def _finish(self) -> Trajectory:
         traj = self.traj

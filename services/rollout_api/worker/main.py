@@ -43,8 +43,12 @@ def status_app(worker: Worker, metrics: WorkerMetrics) -> web.Application:
 
 async def serve(settings: WorkerSettings, redis_url: str) -> None:
     if settings.model_path is None:
-        raise SystemExit("ROLLOUT_WORKER_MODEL_PATH (--model-path) is required: the tokenizer directory")
+        raise SystemExit(
+            "ROLLOUT_WORKER_MODEL_PATH (--model-path) is required: the tokenizer directory "
+            "(`rollout tokenizer write DIR` writes the bundled one; or the served model's directory)"
+        )
     tokenizer = ChatTokenizer.from_dir(settings.model_path)
+    by_pool = {pool: ChatTokenizer.from_dir(path) for pool, path in settings.pool_model_paths.items()}
     worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     metrics = WorkerMetrics(settings.concurrency)
     raise_fd_limit()
@@ -56,7 +60,7 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
             broker=BrokerClient(
                 session, settings.broker_url.rstrip("/"), settings.broker_timeout_s, settings.client_token()
             ),
-            tokenizer=tokenizer, settings=settings, worker_id=worker_id, metrics=metrics,
+            tokenizer=tokenizer, settings=settings, worker_id=worker_id, metrics=metrics, pool_tokenizers=by_pool,
         )  # fmt: skip
         worker = Worker(redis, deps, metrics)
         loop = asyncio.get_running_loop()

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from services.protocol import ErrorCode, InfraFailure, InfraStage, Status, Trajectory, WorkItem, keys
 from services.protocol.keys import WORKERS_GROUP
 from services.rollout_api.publishing import publish, trajectory_shell
-from services.rollout_api.scripts import Scripts
+from services.rollout_api.redis_scripts import Scripts
 from services.rollout_api.worker.agent import AgentDeps, Episode
 from services.rollout_api.worker.clients import InfraError
 from services.rollout_api.worker.metrics import WorkerMetrics

@@ -16,7 +16,7 @@ from redis.exceptions import ResponseError
 from services.protocol import Task, WorkItem, keys
 from services.protocol.keys import WORKERS_GROUP
 from services.rollout_api.records import read_jobs
-from services.rollout_api.scripts import Scripts
+from services.rollout_api.redis_scripts import Scripts
 from services.rollout_api.worker.agent import AgentDeps
 from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.runner import STOP_CANCELLED, STOP_SHUTDOWN, Delivery, ItemRunner

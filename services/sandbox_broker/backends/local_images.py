@@ -34,14 +34,15 @@ class LocalImages:
         """Mount the template's image as the sandbox's root, or seed its /workspace from ``rootfs``."""
         try:
             if template.image:
-                image = self.store.prepare(template.image)
+                image = self.store.prepare(template.image, layered=use_overlay)
                 root = imageroot.mount_root(paths, image, self.uid, use_overlay, template.host_usr)
                 meta["image"] = root.as_dict()
+                meta["image_trees"] = list(image.layer_digests)
                 meta["image_prepare_s"] = image.prepare_s
             elif template.rootfs:
                 self._seed_workspace(paths, template.rootfs, use_overlay, meta)
         except (ImageError, ValueError) as exc:
-            raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"template {template.name!r}: {exc}", status=400,
+            raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"template {template.name!r}: {exc}",
                                 field="template") from exc  # fmt: skip
 
     def _seed_workspace(self, paths: SandboxPaths, rootfs: str, use_overlay: bool, meta: dict[str, Any]) -> None:
@@ -68,7 +69,7 @@ class LocalImages:
                 meta = json.loads(meta_path.read_text())
             except (OSError, ValueError):
                 continue
-            used |= {meta.get("image", {}).get("digest"), meta.get("rootfs_digest")} - {None}
+            used |= {*meta.get("image_trees", ()), meta.get("rootfs_digest")} - {None}
         return used
 
     def clean_leftovers(self) -> None:

@@ -15,8 +15,8 @@ from tests.trainer.conftest import TINY
 from tests.trainer.fake_fleet import serve_fleet
 from trainer_client.main import run
 from trainer_client.metrics import StepLog
-from trainer_client.pipeline import Admission
 from trainer_client.settings import TrainSettings
+from trainer_client.supply import Admission
 
 
 def test_admission_cap_is_staleness_plus_one_batches() -> None:
