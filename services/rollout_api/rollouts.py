@@ -12,11 +12,11 @@ from services.protocol.swebench import SweBenchRolloutRequest
 from services.rollout_api.auth import Caller
 from services.rollout_api.cancellation import cancel_rollout
 from services.rollout_api.context import ApiContext, AuthCaller, Ctx
-from services.rollout_api.errors import validation_error
 from services.rollout_api.jobs import job_or_404
 from services.rollout_api.stats import rollout_status
 from services.rollout_api.submission import admit, job_of, parse, read_body
 from services.rollout_api.swebench import to_rollout_request
+from services.runtime.http_errors import validation_error
 
 router = APIRouter()
 

@@ -63,7 +63,9 @@ def broker_url(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFac
     state = Path(tempfile.mkdtemp(prefix="rollout-broker-auth-"))
     state.chmod(0o711)
     argv = broker_args(redis_server.url, state, "auth")
-    service = start_service(argv, log_dir=tmp_path_factory.mktemp("logs"), env={**DEV_ENV, **ENV}, name="broker")
+    service = start_service(
+        argv, log_dir=tmp_path_factory.mktemp("logs"), env={**DEV_ENV, **ENV}, name="broker", timeout_s=120
+    )
     try:
         yield service.url
     finally:
