@@ -72,7 +72,7 @@ def published(job: str) -> str:
 
 
 def job_stats(job: str) -> str:
-    """Hash of the job's counters (status counts, infra errors by stage)."""
+    """Hash of the job's counters: fields in ``services.protocol.counters``."""
     return f"{_job(job)}:stats"
 
 

@@ -122,11 +122,10 @@ class SamplingParams(BaseModel):
     stop: list[str] = Field(default_factory=list, max_length=64)
 
 
-class RolloutRequest(_Model):
-    """``POST /rollouts``: a batch of tasks for one job."""
+class RolloutOptions(_Model):
+    """What every rollout request carries beside its tasks (``RolloutRequest``, ``SweBenchRolloutRequest``)."""
 
     job: Name
-    tasks: list[Task] = Field(min_length=1)
     group_size: int = Field(DEFAULT_GROUP_SIZE, ge=1, le=1024)  # samples per task (a GRPO group)
     limits: AgentLimits = Field(default_factory=AgentLimits)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
@@ -134,6 +133,16 @@ class RolloutRequest(_Model):
     idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
     max_attempts: int = Field(3, ge=1, le=10)  # infra retries per trajectory, first attempt included
     agent: AgentSpec = Field(default_factory=BashAgent)  # the agent of every task that names none
+
+    def options(self) -> dict[str, Any]:
+        """These fields, to build another request kind with the same options."""
+        return {name: getattr(self, name) for name in RolloutOptions.model_fields}
+
+
+class RolloutRequest(RolloutOptions):
+    """``POST /rollouts``: a batch of tasks for one job."""
+
+    tasks: list[Task] = Field(min_length=1)
 
 
 class WorkItem(_Model):

@@ -163,7 +163,7 @@ class Trajectory(msgspec.Struct, kw_only=True):
     status: Status
     truncation: Cap | None = None  # set when status is truncated
     infra: InfraFailure | None = None  # set when status is infra_error
-    reward: float = 0.0  # meaningless unless status is trainable
+    reward: float | None = None  # set exactly when status is trainable; None for infra_error and cancelled
     reward_details: RewardDetails | None = None
     # token data: see the module docstring for the layout
     prompt_ids: array = msgspec.field(default_factory=token_ids)  # type: ignore[type-arg]
@@ -195,6 +195,13 @@ class Trajectory(msgspec.Struct, kw_only=True):
     def total_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
 
+    @property
+    def trainable_reward(self) -> float:
+        """The reward of a trainable trajectory; ValueError for one that has none (never a fake 0)."""
+        if self.reward is None or not self.status.trainable:
+            raise ValueError(f"{self.trajectory_id} ({self.status.value}) has no reward to train on")
+        return self.reward
+
     def all_segments(self) -> list[Segment]:
         """Every token-exact sequence: the top-level one first, then ``segments``."""
         first = Segment(
@@ -220,6 +227,8 @@ class Trajectory(msgspec.Struct, kw_only=True):
             raise ValueError("truncation is set exactly when status is truncated")
         if (self.status is Status.INFRA_ERROR) != (self.infra is not None):
             raise ValueError("infra is set exactly when status is infra_error")
+        if self.status.trainable != (self.reward is not None):
+            raise ValueError("reward is set exactly when status is completed or truncated")
 
 
 # -- codec -----------------------------------------------------------------------------------
@@ -301,7 +310,7 @@ def to_stream_fields(traj: Trajectory) -> dict[str, str | bytes]:
         "trajectory": traj.trajectory_id,
         "attempt": str(traj.attempt),
         "status": traj.status.value,
-        "reward": repr(float(traj.reward)),
+        "reward": "" if traj.reward is None else repr(float(traj.reward)),  # empty: nothing to train on
         ENTRY_BODY: encode_trajectory(traj),
     }
 

@@ -39,6 +39,7 @@ async def publish(scripts: Scripts, traj: Trajectory, *, maxlen: int, ran: bool)
         turn_cap=traj.truncation is Cap.TURNS,
         turns=len(traj.turns),
         ran=ran,
+        infra_stage=traj.infra.stage.value if traj.infra else None,
     )
     return await scripts.publish(
         traj.job, traj.rollout_id, outcome, to_stream_fields(traj), maxlen=maxlen, now=traj.finished_at

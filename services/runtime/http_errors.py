@@ -20,18 +20,15 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
-from redis.exceptions import BusyLoadingError, ReadOnlyError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException
 
 from services.protocol import ErrorBody, ErrorCode, PlatformError
 from services.protocol.status import request_error_code
+from services.runtime.outages import STORE_ERRORS, Outage
 
 log = logging.getLogger(__name__)
 
 STORE_RETRY_S = 2.0  # Retry-After while Redis is unreachable
-STORE_ERRORS = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, BusyLoadingError)
 
 OnError = Callable[[ErrorCode], None]  # e.g. a per-code error counter
 
@@ -56,6 +53,7 @@ def store_unavailable() -> PlatformError:
 def install_error_handlers(app: FastAPI, on_error: OnError | None = None) -> None:
     """Answer every error of ``app`` as an ``ErrorBody``; ``on_error`` sees each code answered."""
     count = on_error or (lambda code: None)
+    redis = Outage("Redis", log)  # logged once per outage, however many requests fail during it
 
     async def platform(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, PlatformError)
@@ -74,7 +72,7 @@ def install_error_handlers(app: FastAPI, on_error: OnError | None = None) -> Non
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     async def store_away(request: Request, exc: Exception) -> JSONResponse:
-        log.warning("Redis unavailable on %s %s: %r", request.method, request.url.path, exc)
+        redis.failed(exc)
         return await platform(request, store_unavailable())
 
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -52,6 +52,7 @@ def metadata(result: TurnResult) -> dict[str, Any]:
         "call_index": result.index,
         "segment": result.plan.segment,
         "merged": result.plan.merged,
+        "tool_parse_errors": result.parsed.errors,
     }
 
 

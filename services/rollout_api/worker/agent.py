@@ -11,6 +11,8 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from redis.asyncio import Redis
+
 from services.protocol import Cap, ErrorCode, InfraStage, Message, Status, Trajectory, Turn, WorkItem
 from services.protocol.agents import BashAgent
 from services.protocol.sandboxes import ExecRequest, ExecResult, Lease, LeaseRequest, Resources
@@ -32,6 +34,7 @@ from services.rollout_api.worker.conversation import (
     system_message,
     task_message,
 )
+from services.rollout_api.worker.gateway_agents import run_gateway_agent
 from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.reward import Snapshot, score, snapshot
 from services.rollout_api.worker.tokenization import ChatTokenizer
@@ -50,6 +53,7 @@ class AgentDeps:
     metrics: WorkerMetrics
     leases: set[str] = field(default_factory=set)  # held now; renewed by the worker's heartbeat
     pool_tokenizers: dict[str, ChatTokenizer] = field(default_factory=dict)  # a pool's served model's
+    redis: Redis | None = None  # gateway sessions of tools/command agents
 
     def tokenizer_for(self, pool: str) -> ChatTokenizer:
         return self.pool_tokenizers.get(pool, self.tokenizer)
@@ -116,9 +120,7 @@ class Episode:
         agent = self.item.agent
         if isinstance(agent, BashAgent):
             return await self._loop(lease, agent)
-        raise InfraError(
-            InfraStage.WORKER, ErrorCode.BAD_REQUEST, f"this worker does not run {agent.kind} agents", retryable=False
-        )
+        return await run_gateway_agent(self, lease)
 
     async def _setup(self, lease: Lease) -> None:
         spec = self.item.task.sandbox
@@ -228,7 +230,8 @@ class Episode:
 
     def _finish(self) -> Trajectory:
         traj = self.traj
-        traj.prompt_ids, traj.response_ids, traj.loss_mask, traj.response_logprobs = self.tokens.arrays()
+        if isinstance(self.item.agent, BashAgent):  # gateway agents' tokens come from their session log
+            traj.prompt_ids, traj.response_ids, traj.loss_mask, traj.response_logprobs = self.tokens.arrays()
         traj.finished_at = time.time()
         traj.timings.total_s = traj.finished_at - traj.started_at
         if self.deps.settings.keep_messages:

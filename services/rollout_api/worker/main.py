@@ -61,6 +61,7 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
                 session, settings.broker_url.rstrip("/"), settings.broker_timeout_s, settings.client_token()
             ),
             tokenizer=tokenizer, settings=settings, worker_id=worker_id, metrics=metrics, pool_tokenizers=by_pool,
+            redis=redis,
         )  # fmt: skip
         worker = Worker(redis, deps, metrics)
         loop = asyncio.get_running_loop()

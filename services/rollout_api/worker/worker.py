@@ -21,6 +21,7 @@ from services.rollout_api.worker.agent import AgentDeps
 from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.runner import STOP_CANCELLED, STOP_SHUTDOWN, Delivery, ItemRunner
 from services.rollout_api.worker.scheduler import FairShare
+from services.runtime.outages import STORE_ERRORS, Outage
 
 log = logging.getLogger(__name__)
 TASK_CACHE = 1024  # parsed tasks kept per worker (a rollout's items share one)
@@ -40,6 +41,7 @@ class Worker:
         self.max_in_flight: dict[str, int] = {}
         self.running: dict[asyncio.Task[None], Delivery] = {}
         self.slot_freed = asyncio.Event()
+        self.outage = Outage("Redis", log)  # every loop of this worker reports to it
         self.stopping = asyncio.Event()
         self._tasks: dict[tuple[str, str, str], Task] = {}  # (job, rollout, task id) -> the rollout's task
 
@@ -77,8 +79,12 @@ class Worker:
                 return
             try:
                 await action()
+            except STORE_ERRORS as exc:
+                self.outage.failed(exc)
             except Exception:
                 log.exception("%s failed; retrying in %.1fs", action.__name__, period_s)
+            else:
+                self.outage.ok()
 
     # -- taking work -------------------------------------------------------------------------
 
@@ -107,6 +113,10 @@ class Worker:
                 continue
             try:
                 took = await self._take_round()
+                self.outage.ok()
+            except STORE_ERRORS as exc:
+                self.outage.failed(exc)
+                took = 0
             except Exception:
                 log.exception("taking work failed")
                 took = 0
@@ -216,9 +226,10 @@ class Worker:
                 log.warning("lease renewal failed: %s", result)
 
     async def reclaim(self) -> None:
-        """Take over items another worker has not heartbeated for ``reclaim_idle_s``."""
+        """Take over items another worker has not heartbeated for ``reclaim_idle_s``; forget dead workers."""
         for job in self.fair.order():
             await self._reclaim_job(job)
+            await remove_dead_consumers(self.redis, keys.work_stream(job), self.name, self.settings.reclaim_idle_s)
 
     async def _reclaim_job(self, job: str) -> None:
         idle_ms = int(self.settings.reclaim_idle_s * 1000)
@@ -263,3 +274,23 @@ class Worker:
             delivery.stop_reason = delivery.stop_reason or STOP_SHUTDOWN
             task.cancel()
         await asyncio.gather(*list(self.running), return_exceptions=True)
+
+
+async def remove_dead_consumers(redis: Redis, stream: str, keep: str, idle_s: float) -> list[str]:
+    """Delete the consumers of the workers' group that hold nothing and were silent for ``idle_s``
+    (workers that are gone; a live one that was merely idle is recreated by its next XREADGROUP)."""
+    removed = []
+    consumers: Any = await redis.xinfo_consumers(stream, WORKERS_GROUP)
+    for consumer in consumers:
+        name = _text(consumer["name"])
+        if name != keep and int(consumer["pending"]) == 0 and int(consumer["idle"]) > idle_s * 1000:
+            await redis.xgroup_delconsumer(stream, WORKERS_GROUP, name)
+            removed.append(name)
+    if removed:
+        log.info("removed %d consumer(s) of %s with nothing pending, silent for %.0fs: %s", len(removed), stream,
+                 idle_s, ", ".join(removed))  # fmt: skip
+    return removed
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
