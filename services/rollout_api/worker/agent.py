@@ -31,6 +31,7 @@ from services.rollout_api.worker.conversation import (
     task_message,
 )
 from services.rollout_api.worker.metrics import WorkerMetrics
+from services.rollout_api.worker.outages import Outages
 from services.rollout_api.worker.reward import score
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.tokens import TokenBuffer
@@ -47,6 +48,7 @@ class AgentDeps:
     worker_id: str
     metrics: WorkerMetrics
     leases: set[str] = field(default_factory=set)  # held now; renewed by the worker's heartbeat
+    outages: Outages | None = None  # the breakers of the proxy and the broker
 
 
 class Episode:

@@ -19,6 +19,7 @@ from services.rollout_api.records import read_jobs
 from services.rollout_api.scripts import Scripts
 from services.rollout_api.worker.agent import AgentDeps
 from services.rollout_api.worker.metrics import WorkerMetrics
+from services.rollout_api.worker.outages import BROKER
 from services.rollout_api.worker.runner import STOP_CANCELLED, STOP_SHUTDOWN, Delivery, ItemRunner
 from services.rollout_api.worker.scheduler import FairShare
 
@@ -40,6 +41,7 @@ class Worker:
         self.running: dict[asyncio.Task[None], Delivery] = {}
         self.slot_freed = asyncio.Event()
         self.stopping = asyncio.Event()
+        self._next_reclaim = 0.0  # monotonic time of the next XAUTOCLAIM scan
 
     @property
     def free(self) -> int:
@@ -50,7 +52,6 @@ class Worker:
         loops = [
             self._every(self.settings.jobs_refresh_s, self.refresh_jobs),
             self._every(self.settings.heartbeat_s, self.heartbeat),
-            self._every(self.settings.reclaim_interval_s, self.reclaim),
             self._every(self.settings.cancel_poll_s, self.watch_cancellations),
         ]
         background = [asyncio.create_task(loop) for loop in loops]
@@ -99,6 +100,10 @@ class Worker:
 
     async def _fill(self) -> None:
         while not self.stopping.is_set():
+            outages = self.deps.outages
+            if outages is not None and not outages.all_up:  # a dependency is down: take nothing new
+                await outages.wait_all_up(self.stopping)
+                continue
             if self.free <= 0:
                 self.slot_freed.clear()
                 await self._wait(self.slot_freed, 1.0)
@@ -119,8 +124,9 @@ class Worker:
             waiter.cancel()
 
     async def _take_round(self) -> int:
-        """Fill free slots one item at a time, each from the job first in fair-share order."""
-        took = 0
+        """Fill free slots one item at a time, each from the job first in fair-share order; items
+        reclaimed from dead workers go first (they have waited longest)."""
+        took = await self._reclaim_due()
         exhausted: set[str] = set()
         while self.free > 0 and not self.stopping.is_set():
             order = [job for job in self.fair.order() if job not in exhausted]
@@ -176,10 +182,29 @@ class Worker:
         for job, ids in by_job.items():
             claim: list[Any] = list(ids)
             await self.redis.xclaim(keys.work_stream(job), WORKERS_GROUP, self.name, 0, claim, justid=True)
+        outages = self.deps.outages
+        if outages is not None and not outages.breakers[BROKER].up.is_set():
+            return  # renewals wait for the broker; the items' idle time above must not
         renewals = [self.deps.broker.renew(lease, self.settings.lease_ttl_s) for lease in list(self.deps.leases)]
-        for result in await asyncio.gather(*renewals, return_exceptions=True):
+        try:  # bounded: a renewal held by a broker outage must not hold the next heartbeat's XCLAIM
+            results = await asyncio.wait_for(
+                asyncio.gather(*renewals, return_exceptions=True), self.settings.heartbeat_s
+            )
+        except TimeoutError:
+            log.warning("lease renewals did not finish within %.1fs", self.settings.heartbeat_s)
+            return
+        for result in results:
             if isinstance(result, Exception):
                 log.warning("lease renewal failed: %s", result)
+
+    async def _reclaim_due(self) -> int:
+        """Reclaim, at most every ``reclaim_interval_s``; how many items were taken over."""
+        if time.monotonic() < self._next_reclaim:
+            return 0
+        self._next_reclaim = time.monotonic() + self.settings.reclaim_interval_s
+        before = len(self.running)
+        await self.reclaim()
+        return len(self.running) - before
 
     async def reclaim(self) -> None:
         """Take over items another worker has not heartbeated for ``reclaim_idle_s``."""
