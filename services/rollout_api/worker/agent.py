@@ -22,6 +22,7 @@ from services.rollout_api.worker.clients import (
     InfraError,
     ProxyClient,
     release_quietly,
+    sampling_params,
 )
 from services.rollout_api.worker.conversation import (
     SYSTEM_PROMPT,
@@ -58,6 +59,7 @@ class Episode:
         self.limits = item.limits
         self.traj = trajectory_shell(item, attempt, Status.COMPLETED, worker=deps.worker_id)
         self.tokens = TokenBuffer()
+        self.sampling = sampling_params(item.sampling)  # once per episode, not per turn
         self.messages: list[dict[str, str]] = []
 
     async def run(self) -> Trajectory:
@@ -169,7 +171,7 @@ class Episode:
     async def _generate(self, index: int, max_new: int) -> tuple[Generation, Turn]:
         started = time.monotonic()
         generation = await self.deps.proxy.generate(
-            self.tokens.context(), self.item.sampling, max_new,
+            self.tokens.context_json(), self.sampling, max_new,
             pool=self.item.pool, session_id=f"{self.item.trajectory_id}#{self.traj.attempt}",
         )  # fmt: skip
         llm_s = time.monotonic() - started

@@ -96,6 +96,14 @@ def parse_generation(body: dict[str, Any], headers: dict[str, str]) -> Generatio
     )
 
 
+def sampling_params(sampling: SamplingParams) -> dict[str, Any]:
+    """SGLang's ``sampling_params`` for a work item (an empty ``stop`` is left out)."""
+    params = sampling.model_dump(exclude_defaults=False)
+    if not params.get("stop"):
+        params.pop("stop", None)
+    return params
+
+
 @dataclass
 class ProxyClient:
     session: aiohttp.ClientSession
@@ -104,18 +112,25 @@ class ProxyClient:
     outages: Outages | None = None  # None: an unreachable proxy is an infra error at once
 
     async def generate(
-        self, input_ids: list[int], sampling: SamplingParams, max_new_tokens: int, *, pool: str, session_id: str
+        self,
+        input_ids: list[int] | bytes,
+        sampling: SamplingParams | dict[str, Any],
+        max_new_tokens: int,
+        *,
+        pool: str,
+        session_id: str,
     ) -> Generation:
-        params = sampling.model_dump(exclude_defaults=False)
-        if not params.get("stop"):
-            params.pop("stop", None)
+        """One ``/generate``. ``input_ids`` may come JSON-encoded (``TokenBuffer.context_json``) and
+        ``sampling`` as :func:`sampling_params` (both once per episode, not once per turn)."""
+        params = dict(sampling_params(sampling) if isinstance(sampling, SamplingParams) else sampling)
         params["max_new_tokens"] = max_new_tokens
-        payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
+        ids = input_ids if isinstance(input_ids, bytes) else orjson.dumps(input_ids)
+        rest = orjson.dumps({"sampling_params": params, "return_logprob": True})
         headers = {
             HEADER_POOL: pool, HEADER_SESSION: session_id, HEADER_DEADLINE: f"{self.timeout_s:g}",
             "Content-Type": "application/json",
         }  # fmt: skip
-        data = orjson.dumps(payload)
+        data = b'{"input_ids":' + ids + b"," + rest[1:]
         status, body, answer_headers = await held(
             self.outages, PROXY, InfraStage.LLM, lambda: self._post(data, headers)
         )
