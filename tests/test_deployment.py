@@ -24,7 +24,6 @@ from services.deploy.manifests import Container, Obj, compose_containers, k8s_co
 from services.engines.settings import EngineSettings
 from services.llm_proxy.settings import ProxySettings
 from services.rollout_api.settings import ApiSettings, WorkerSettings
-from services.runtime.settings import RedisSettings
 from services.sandbox_broker.settings import BrokerSettings
 
 CLASSES: dict[str, type[BaseSettings]] = settings_classes()
@@ -54,8 +53,7 @@ def test_settings_load_from_the_deployment(container: Container) -> None:
     assert settings_errors(container, CLASSES) == []
     settings = load_settings(container, CLASSES)
     if container.command not in ("engine", "train"):  # every other service talks to Redis
-        with environment(container.env):
-            url = getattr(settings, "redis_url", None) or RedisSettings().url
+        url = settings.redis_url
         assert url and url.startswith(("redis://", "rediss://")), f"{container.name} has no Redis URL"
     if container.command == "worker":
         assert settings.proxy_url.startswith("http://") and settings.broker_url.startswith("http://")

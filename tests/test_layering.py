@@ -2,7 +2,9 @@
 
 - the contract (``services.protocol``) imports nothing else from the repository;
 - services never import each other (they may use the contract and ``services.runtime``);
-- the trainer client imports only the contract from the repository.
+- the trainer client imports only the contract from the repository, and the two runtime modules
+  that make it resolve its settings and log like every service (``TRAINER_RUNTIME``: they import
+  only pydantic-settings, the standard library and each other).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ("rollout_api", "llm_proxy", "sandbox_broker", "engines")
 INTERNAL = ("services", "trainer_client")
+TRAINER_RUNTIME = ("services.runtime.settings", "services.runtime.logs")
 
 
 def internal_imports(package_dir: Path) -> dict[str, set[str]]:
@@ -62,7 +65,14 @@ def test_trainer_imports_only_the_contract() -> None:
     path = ROOT / "trainer_client"
     if not path.exists():
         pytest.skip("trainer_client has not landed yet")
-    assert violations(path, ("trainer_client", "services.protocol")) == []
+    assert violations(path, ("trainer_client", "services.protocol", *TRAINER_RUNTIME)) == []
+
+
+def test_the_trainers_runtime_modules_stay_light() -> None:
+    """What the trainer may take from ``services.runtime`` imports nothing else from the repository."""
+    for module in TRAINER_RUNTIME:
+        path = ROOT / (module.replace(".", "/") + ".py")
+        assert internal_imports(path.parent)[str(path.relative_to(ROOT))] <= set(TRAINER_RUNTIME), module
 
 
 def test_checker_catches_a_violation(tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ export is written under a temporary name and renamed when complete. The state gi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import time
@@ -25,10 +24,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from services.protocol.weights import CHECKSUM_FILE, tree_checksum
 from trainer_client import hf_map
 from trainer_client.model import ModelConfig
-
-CHECKSUM_FILE = "CHECKSUM"
 
 
 @dataclass(frozen=True)
@@ -72,11 +70,8 @@ def hf_config(cfg: ModelConfig, eos_token_id: int | None = None) -> dict[str, An
 
 
 def directory_checksum(path: Path) -> str:
-    digest = hashlib.sha256()
-    for file in sorted(p for p in path.iterdir() if p.is_file() and p.name != CHECKSUM_FILE):
-        digest.update(file.name.encode() + b"\0")
-        digest.update(file.read_bytes() + b"\0")
-    return f"sha256:{digest.hexdigest()}"
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.name != CHECKSUM_FILE)
+    return tree_checksum((file.name, [file.read_bytes()]) for file in files)
 
 
 def export_hf(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from services.runtime.logs import configure_logging
 from trainer_client.metrics import StepTimer
 from trainer_client.plot import plot_steps
 from trainer_client.settings import TrainSettings
@@ -47,7 +48,7 @@ def loop(trainer: Trainer, settings: TrainSettings) -> None:
 
 def main() -> None:
     settings = TrainSettings()
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level)
     run(settings)
 
 

@@ -1,25 +1,30 @@
-"""The trainer's settings: one pydantic-settings class, ``ROLLOUT_TRAIN_*`` (nested with ``__``)."""
+"""The trainer's settings: one pydantic-settings class, ``ROLLOUT_TRAIN_*`` (nested with ``__``).
+
+The shared settings (Redis URL, admin token, log level) resolve like every service's
+(:mod:`services.runtime.settings`): ``ROLLOUT_TRAIN_<NAME>``, then ``ROLLOUT_<NAME>``.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from services.protocol import keys
-from services.protocol.tasks import AgentLimits, SamplingParams
+from services.protocol.tasks import AgentLimits, Name, SamplingParams
+from services.runtime.settings import UsesAdminToken, UsesRedis
 from trainer_client.learner import LossConfig
 from trainer_client.model import ModelConfig, OptimConfig, ParallelConfig
 
 
-class TrainSettings(BaseSettings):
+class TrainSettings(UsesRedis, UsesAdminToken):
     """Everything ``rollout-train`` needs; e.g. ``ROLLOUT_TRAIN_MODEL__HIDDEN_SIZE=256``."""
 
-    model_config = SettingsConfigDict(env_prefix="ROLLOUT_TRAIN_", env_nested_delimiter="__", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ROLLOUT_TRAIN_", env_nested_delimiter="__")
+    service_name = "trainer"
 
     job: str = "demo"
-    redis_url: str = "redis://127.0.0.1:6379/0"
     consumer_group: str = keys.TRAINERS_GROUP
     # rollout API: without it the trainer only consumes what already flows into the job's stream
     api_url: str | None = None
@@ -29,8 +34,10 @@ class TrainSettings(BaseSettings):
     limits: AgentLimits = Field(default_factory=AgentLimits)
     # LLM proxy: without it exports are written but not announced
     proxy_url: str | None = None
-    proxy_token: str | None = None  # admin token for /admin/weights
-    pool: str = "default"
+    # the proxy pool to update: None takes the job's pool from the API (GET /jobs/{job}); a value that
+    # differs from the job's is refused at start. Without the API: this value, else "default".
+    pool: Name | None = None
+    weight_store_url: str | None = None  # None: announce the export path; file:///shared or s3://bucket/prefix
     sync_timeout_s: float = Field(600.0, gt=0)
     # model, optimizer, loss
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -59,7 +66,6 @@ class TrainSettings(BaseSettings):
     wait_timeout_s: float = Field(3600.0, gt=0)  # give up when no batch completes for this long
     metrics_port: int | None = None  # serve Prometheus /metrics while training
     plot: bool = True
-    log_level: str = "INFO"
 
     @property
     def checkpoint_dir(self) -> Path:

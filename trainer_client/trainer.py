@@ -22,7 +22,7 @@ from trainer_client.model import Policy, build_gpt, build_policy, device
 from trainer_client.pipeline import Admission, RolloutSupply, load_tasks
 from trainer_client.settings import TrainSettings
 from trainer_client.shards import full_state_dict
-from trainer_client.weights import WeightPublisher
+from trainer_client.weights import WeightPublisher, job_pool
 
 logger = logging.getLogger(__name__)
 
@@ -52,12 +52,14 @@ class Trainer:
             load_hf_weights(policy.module, s.init_from, s.model)
         reference = _reference(policy, s) if s.loss.kl_coef > 0 else None
         state = checkpoint.load(ckpt, policy) if ckpt else checkpoint.TrainerState()
-        consumer = TrajectoryConsumer(redis.Redis.from_url(s.redis_url), s.job, s.consumer_group)
+        consumer = TrajectoryConsumer(redis.Redis.from_url(s.require_redis_url()), s.job, s.consumer_group)
+        client = RolloutClient(s.api_url, s.api_token) if s.api_url else None
         consumer.ensure_group()
         consumer.ack(state.to_ack)  # a crash between checkpoint and ack
         assembler = GroupAssembler(s.min_valid, s.max_staleness, seen=state.seen(), group_timeout_s=s.group_timeout_s)
-        trainer = cls(s, policy, Learner(policy, s.loss, reference), consumer, assembler, state, StepLog(s.step_log),
-                      TrainerMetrics(), _supply(s), _publisher(s), backlog=consumer.reclaim())  # fmt: skip
+        learner, supply, publisher = Learner(policy, s.loss, reference), _supply(s, client), _publisher(s, client)
+        trainer = cls(s, policy, learner, consumer, assembler, state, StepLog(s.step_log), TrainerMetrics(),
+                      supply, publisher, backlog=consumer.reclaim())  # fmt: skip
         trainer._drops_seen.update(state.drops)
         trainer._groups_seen.update(state.dropped_groups)
         assembler.drops.update(state.drops)
@@ -174,18 +176,20 @@ class Trainer:
         return record
 
 
-def _supply(s: TrainSettings) -> RolloutSupply | None:
-    if not s.api_url:
+def _supply(s: TrainSettings, client: RolloutClient | None) -> RolloutSupply | None:
+    if client is None:
         return None
     if not s.tasks_path:
         raise ValueError("ROLLOUT_TRAIN_TASKS_PATH is required with ROLLOUT_TRAIN_API_URL")
     admission = Admission(s.batch_groups, s.max_staleness, s.overprovision)
-    client = RolloutClient(s.api_url, s.api_token)
     return RolloutSupply(client, s.job, load_tasks(s.tasks_path), admission, s.group_size, s.sampling, s.limits)
 
 
-def _publisher(s: TrainSettings) -> WeightPublisher | None:
-    return WeightPublisher(s.proxy_url, s.pool, s.proxy_token, s.sync_timeout_s) if s.proxy_url else None
+def _publisher(s: TrainSettings, client: RolloutClient | None) -> WeightPublisher | None:
+    if not s.proxy_url:
+        return None
+    pool = job_pool(s.job, s.pool, client.job(s.job).pool if client else None)
+    return WeightPublisher(s.proxy_url, pool, s.admin_token or None, s.sync_timeout_s, s.weight_store_url)
 
 
 def _reference(policy: Policy, s: TrainSettings) -> object:

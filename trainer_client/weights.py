@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 import httpx
 
+from services.protocol.tasks import DEFAULT_POOL
 from services.protocol.weights import WeightUpdate, WeightUpdateResult
 from trainer_client.export import Export
+from trainer_client.weight_store import publish
 
 logger = logging.getLogger(__name__)
 
@@ -22,19 +24,42 @@ class SyncOutcome:
     error: str | None = None
 
 
+def job_pool(job: str, configured: str | None, from_api: str | None) -> str:
+    """The pool a job's weights go to: the job's own (``JobCreate.pool``, read back from the API).
+
+    The trainer's ``pool`` setting is only needed without the API; when both are known they must agree.
+    """
+    if from_api is None:
+        return configured or DEFAULT_POOL
+    if configured and configured != from_api:
+        raise ValueError(f"ROLLOUT_TRAIN_POOL is {configured!r} but job {job!r} is served by pool {from_api!r}")
+    return from_api
+
+
 class WeightPublisher:
     """POSTs a :class:`WeightUpdate` to ``<proxy>/admin/weights``; the answer is the fleet's verdict."""
 
-    def __init__(self, proxy_url: str, pool: str, token: str | None = None, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        proxy_url: str,
+        pool: str,
+        token: str | None = None,
+        timeout_s: float = 600.0,
+        store_url: str | None = None,
+    ) -> None:
         self.pool = pool
+        self.store_url = store_url
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=proxy_url, timeout=timeout_s, headers=headers)
 
     def publish(self, export: Export) -> SyncOutcome:
-        update = WeightUpdate(
-            pool=self.pool, version=export.version, location=str(export.path), checksum=export.checksum
-        )
         start = time.perf_counter()
+        try:
+            location = publish(export.path, self.store_url)
+        except (OSError, ValueError) as exc:  # boto3's errors are OSError or ClientError (logged below)
+            logger.error("weight export %s could not be stored at %s: %s", export.version, self.store_url, exc)
+            return SyncOutcome(False, time.perf_counter() - start, None, str(exc))
+        update = WeightUpdate(pool=self.pool, version=export.version, location=location, checksum=export.checksum)
         try:
             response = self.http.post("/admin/weights", content=update.model_dump_json(),
                                       headers={"Content-Type": "application/json"})  # fmt: skip

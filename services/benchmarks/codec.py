@@ -27,7 +27,6 @@ from services.protocol import (
     token_ids,
 )
 from services.runtime.redis_server import redis_url_or_embedded
-from services.runtime.settings import RedisSettings
 
 STREAM = "rollout:bench:{codec}:traj"
 GROUP = "bench"
@@ -115,9 +114,8 @@ def measure(client: redis.Redis, label: str, count: int, tokens: int, rng: rando
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = RedisSettings(**({"url": args.redis_url} if args.redis_url else {}))
     rng = random.Random(args.seed)
-    with redis_url_or_embedded(settings.url) as url:
+    with redis_url_or_embedded(args.redis_url) as url:
         client = redis.Redis.from_url(url)
         client.delete(STREAM)
         client.xgroup_create(STREAM, GROUP, id="0", mkstream=True)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from services.cli.flags import overrides
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("api", help="run the rollout API (POST /rollouts, jobs, trajectory SSE)")
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)
-    p.add_argument("--redis-url", default=None, help="default: ROLLOUT_API_REDIS_URL, else an embedded server")
+    p.add_argument("--redis-url", default=None, help="default: ROLLOUT_API_REDIS_URL, ROLLOUT_REDIS_URL, embedded")
     p.add_argument("--broker-url", default=None, help="check task templates against this broker")
     p.set_defaults(handler=run)
 
@@ -18,6 +20,4 @@ def run(args: argparse.Namespace) -> int:
     from services.rollout_api.main import run as run_api
     from services.rollout_api.settings import ApiSettings
 
-    names = ("host", "port", "redis_url", "broker_url")
-    overrides = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
-    return run_api(ApiSettings(**overrides))
+    return run_api(ApiSettings(**overrides(args, ("host", "port", "redis_url", "broker_url"))))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from services.cli.flags import overrides
 from services.engines.settings import EngineSettings
 
 # flag -> type; every flag maps to the EngineSettings field of the same name
@@ -34,6 +35,8 @@ FLAGS: dict[str, type] = {
     "tp_size": int,
     "mem_fraction_static": float,
     "startup_timeout_s": float,
+    "weight_cache_dir": Path,
+    "stage_port": int,
 }
 
 
@@ -51,10 +54,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    names = ("mode", "fail_weight_updates", "return_routed_experts", *FLAGS)
-    overrides = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
+    chosen = overrides(args, ("mode", "fail_weight_updates", "return_routed_experts", *FLAGS))
     if args.sglang_args:
-        overrides["sglang_args"] = args.sglang_args
+        chosen["sglang_args"] = args.sglang_args
     from services.engines.main import run as run_engines  # tokenizers loads only for this command
 
-    return run_engines(EngineSettings(**overrides))
+    return run_engines(EngineSettings(**chosen))

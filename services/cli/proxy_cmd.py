@@ -1,16 +1,17 @@
-"""``rollout proxy``: the LLM proxy (``ROLLOUT_PROXY_*`` settings, Redis from ``ROLLOUT_REDIS_URL``)."""
+"""``rollout proxy``: the LLM proxy (``ROLLOUT_PROXY_*`` settings, then the shared ``ROLLOUT_*`` ones)."""
 
 from __future__ import annotations
 
 import argparse
 
+from services.cli.flags import overrides
 from services.llm_proxy.server import run as run_proxy
 from services.llm_proxy.settings import ProxySettings
-from services.runtime.settings import RedisSettings
 
 FLAGS: dict[str, type] = {
     "host": str,
     "port": int,
+    "redis_url": str,
     "workers": int,
     "engines": str,
     "pool": str,
@@ -32,5 +33,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    overrides = {k: getattr(args, k) for k in FLAGS if getattr(args, k, None) is not None}
-    return run_proxy(ProxySettings(**overrides), RedisSettings())
+    return run_proxy(ProxySettings(**overrides(args, FLAGS)))

@@ -23,8 +23,9 @@ from services.deploy.manifests import (
     overlays,
     render,
 )
+from services.runtime.settings import SHARED_FIELDS, shared_variable
 
-SHARED_PREFIXES = ("ROLLOUT_REDIS_", "ROLLOUT_LOG_")  # read by every process (services.runtime)
+SHARED = {shared_variable(f) for f in SHARED_FIELDS}  # ROLLOUT_REDIS_URL, ...: read by every process
 K8S_VERSION = "1.30.0"  # the oldest Kubernetes the manifests must work on (HPA v2, PDB v1)
 
 
@@ -73,7 +74,7 @@ def unknown_variables(env: dict[str, str], classes: dict[str, type[BaseSettings]
     prefixes = {str(cls.model_config.get("env_prefix", "")): cls for cls in classes.values()}
     found = []
     for key in env:
-        if not key.startswith("ROLLOUT_") or key.startswith(SHARED_PREFIXES):
+        if not key.startswith("ROLLOUT_") or key in SHARED:
             continue
         prefix = next((p for p in prefixes if key.startswith(p)), None)
         if prefix is None:

@@ -11,6 +11,7 @@ from services.engines.engine import Engine
 from services.engines.replies import ReplySource, SimulatedReplies
 from services.engines.scripted import Script, ScriptedReplies
 from services.engines.settings import EngineSettings
+from services.engines.staging import add_stage_route
 from services.engines.tokenization import TextCodec
 
 
@@ -43,6 +44,7 @@ def create_app(settings: EngineSettings, port: int) -> web.Application:
     app[native.ENGINE] = engine
     native.add_routes(app)
     openai.add_routes(app)
+    add_stage_route(app, settings.weight_cache_dir / f"engine-{port}")
 
     async def lifecycle(_app: web.Application) -> AsyncIterator[None]:
         await engine.start()

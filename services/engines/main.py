@@ -11,6 +11,7 @@ from aiohttp import web
 from services.engines.app import create_app
 from services.engines.registration import join_pool, leave_pool
 from services.engines.settings import EngineSettings
+from services.runtime.logs import configure_logging
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ async def serve(settings: EngineSettings) -> None:
 
 
 def run(settings: EngineSettings) -> int:
+    configure_logging(settings.log_level)
     if settings.mode == "sglang":
         from services.engines import sglang
 

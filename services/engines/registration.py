@@ -22,6 +22,18 @@ def engine_urls(settings: EngineSettings) -> list[str]:
     return [f"http://{host}:{settings.port + i}" for i in range(settings.count)]
 
 
+def stage_port(settings: EngineSettings) -> int:
+    """Where the sglang launcher serves ``/rollout/stage_weights`` (stand-ins serve it themselves)."""
+    return settings.stage_port or settings.port + 1
+
+
+def stage_urls(settings: EngineSettings) -> list[str]:
+    """Where the proxy asks each engine's host to fetch and verify an export."""
+    if settings.mode != "sglang":
+        return engine_urls(settings)
+    return [f"http://{settings.advertise_host or settings.host}:{stage_port(settings)}"]
+
+
 def _post(settings: EngineSettings, path: str, body: dict[str, str]) -> None:
     assert settings.proxy_url is not None
     headers = {"Authorization": f"Bearer {settings.proxy_token}"} if settings.proxy_token else {}
@@ -34,8 +46,8 @@ def join_pool(settings: EngineSettings) -> None:
     """Add every engine of this process to its pool (a no-op without ``proxy_url``)."""
     if settings.proxy_url is None:
         return
-    for url in engine_urls(settings):
-        _post(settings, "/admin/engines", {"url": url, "pool": settings.pool})
+    for url, stage_url in zip(engine_urls(settings), stage_urls(settings), strict=True):
+        _post(settings, "/admin/engines", {"url": url, "pool": settings.pool, "stage_url": stage_url})
         log.info("joined pool %s of %s as %s", settings.pool, settings.proxy_url, url)
 
 

@@ -6,13 +6,16 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from services.runtime.settings import ServiceSettings
 
 
-class EngineSettings(BaseSettings):
+class EngineSettings(ServiceSettings):
     """How the simulated engines behave. Times are seconds, sizes are tokens."""
 
-    model_config = SettingsConfigDict(env_prefix="ROLLOUT_ENGINE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ROLLOUT_ENGINE_")
+    service_name = "engine"
 
     # sim / scripted / torch: stand-ins served by this process; sglang: a real SGLang server started
     # by this process (`python -m sglang.launch_server`, GPU hosts, the [engine] extra)
@@ -50,3 +53,6 @@ class EngineSettings(BaseSettings):
     return_routed_experts: bool = False  # MoE routing replay: per-token routed experts in meta_info
     sglang_args: list[str] = []  # extra flags passed through as they are
     startup_timeout_s: float = Field(1800.0, gt=0)  # model download/load + CUDA graph capture
+    # weight store: exports named by URL (file://, s3://) are fetched here and verified first
+    weight_cache_dir: Path = Path("/tmp/rollout-weights")
+    stage_port: int | None = None  # sglang mode: the launcher's /rollout/stage_weights port (default port + 1)

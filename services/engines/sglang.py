@@ -13,18 +13,20 @@ client.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
 import subprocess
 import sys
 import time
-from types import FrameType
 
 import httpx
+from aiohttp import web
 
-from services.engines.registration import join_pool, leave_pool
+from services.engines.registration import join_pool, leave_pool, stage_port
 from services.engines.settings import EngineSettings
+from services.engines.staging import add_stage_route
 
 log = logging.getLogger(__name__)
 
@@ -72,24 +74,40 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> N
     raise TimeoutError(f"the SGLang server at {url} was not healthy within {timeout_s:.0f} s")
 
 
-def run(settings: EngineSettings) -> int:
-    """Run the server until it exits or this process is told to stop; returns its exit code."""
+async def _serve(settings: EngineSettings) -> int:
     argv = sglang_argv(settings)
     log.info("starting SGLang: %s", " ".join(argv))
-    proc = subprocess.Popen(argv, start_new_session=True)
+    proc = subprocess.Popen(argv, start_new_session=True)  # noqa: ASYNC220 (started once, never waited on here)
 
-    def forward(signum: int, _frame: FrameType | None) -> None:
+    def forward(signum: int) -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signum)
 
+    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
+        loop.add_signal_handler(sig, forward, sig)
+    app = web.Application()
+    add_stage_route(app, settings.weight_cache_dir / f"engine-{settings.port}")
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, settings.host, stage_port(settings)).start()
     try:
-        wait_healthy(f"http://{settings.host}:{settings.port}", proc, settings.startup_timeout_s)
-        join_pool(settings)
-        return proc.wait()
+        url = f"http://{settings.host}:{settings.port}"
+        await asyncio.to_thread(wait_healthy, url, proc, settings.startup_timeout_s)
+        await asyncio.to_thread(join_pool, settings)
+        return await asyncio.to_thread(proc.wait)
     finally:
-        leave_pool(settings)
+        await asyncio.to_thread(leave_pool, settings)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=60)
+            await asyncio.to_thread(proc.wait, 60)
+        await runner.cleanup()
+
+
+def run(settings: EngineSettings) -> int:
+    """Run the server until it exits or this process is told to stop; returns its exit code.
+
+    Beside it, this process serves ``/rollout/stage_weights`` on ``stage_port`` (default port + 1):
+    exports named by a weight store URL are fetched to this host and verified before a switch.
+    """
+    return asyncio.run(_serve(settings))

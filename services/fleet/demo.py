@@ -28,6 +28,10 @@ from services.runtime.tokenizer import VOCAB_SIZE, write_tokenizer_dir
 
 log = logging.getLogger(__name__)
 
+# The demo model's context, in tokens: its position embeddings, the engines' context length, the
+# proxy's context cap, the trainer's sequence length and every trajectory's token limit.
+CONTEXT_TOKENS = 2048
+
 WORDS = ("yes", "no")  # what the warm start writes, at random
 TARGET = "yes"  # what the tasks ask for
 PROMPTS = ("Write the word {w} into answer.txt.", "Put the word {w} in the file answer.txt.")
@@ -74,7 +78,7 @@ def warm_start(model_dir: Path, *, steps: int = 250, seed: int = 0, hidden: int 
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     config = LlamaConfig(
         vocab_size=VOCAB_SIZE, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, eos_token_id=258,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT_TOKENS, eos_token_id=258,
         pad_token_id=256, tie_word_embeddings=False, rms_norm_eps=1e-6,
     )  # fmt: skip
     model = LlamaForCausalLM(config)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from services.protocol.tasks import DEFAULT_POOL
 from services.runtime.processes import ServiceProcess, start_service
 from services.runtime.redis_server import EmbeddedRedis
 
@@ -28,6 +29,7 @@ class FleetConfig:
     engines: int = 1
     proxy_workers: int = 1
     worker_concurrency: int = 32
+    context_tokens: int = 65_536  # the engines' context length and the proxy's context cap
     redis_url: str | None = None
 
 
@@ -60,27 +62,27 @@ class Fleet:
         else:
             self.redis = EmbeddedRedis(data_dir=cfg.work_dir / "redis")
             self.redis_url = self.redis.start()
-        env = {"ROLLOUT_REDIS_URL": self.redis_url}
+        env = {"ROLLOUT_REDIS_URL": self.redis_url}  # the shared setting every service reads
         for i in range(cfg.engines):
             self._start(f"engine-{i}", [
                 "engine", "--mode", cfg.engine_mode, "--model-path", str(cfg.model_dir), "--port", "{port}",
                 "--weight-version", "0", "--decode-step-s", "0", "--decode-step-per-request-s", "0",
-                "--prefill-s-per-token", "0", "--context-length", "2048",
+                "--prefill-s-per-token", "0", "--context-length", str(cfg.context_tokens),
             ], env, health="/health")  # fmt: skip
         engine_urls = ",".join(s.url for n, s in self.services.items() if n.startswith("engine-"))
         self._start("proxy", [
             "proxy", "--port", "{port}", "--workers", str(cfg.proxy_workers), "--engines", engine_urls,
-            "--context-cap", "2048", "--max-new-tokens-cap", "512",
+            "--context-cap", str(cfg.context_tokens), "--max-new-tokens-cap", "512",
         ], env)  # fmt: skip
         self._start("broker", [
-            "broker", "--port", "{port}", "--backend", "local", "--redis-url", self.redis_url,
+            "broker", "--port", "{port}", "--backend", "local",
             "--state-dir", str(cfg.work_dir / "sandboxes"), "--warm-pool", "8",
         ], env)  # fmt: skip
         self._start("api", [
-            "api", "--port", "{port}", "--redis-url", self.redis_url, "--broker-url", self.url("broker"),
+            "api", "--port", "{port}", "--broker-url", self.url("broker"),
         ], {**env, "ROLLOUT_API_ADMIN_TOKEN": self.admin_token})  # fmt: skip
         self._start("worker", [
-            "worker", "--port", "{port}", "--redis-url", self.redis_url, "--proxy-url", self.url("proxy"),
+            "worker", "--port", "{port}", "--proxy-url", self.url("proxy"),
             "--broker-url", self.url("broker"), "--model-path", str(cfg.model_dir),
             "--concurrency", str(cfg.worker_concurrency),
         ], env)  # fmt: skip
@@ -92,7 +94,7 @@ class Fleet:
         self.services[name] = service
         log.info("%-8s %s (log %s)", name, service.url, service.log_path)
 
-    def create_job(self, job: str, pool: str = "default") -> str:
+    def create_job(self, job: str, pool: str = DEFAULT_POOL) -> str:
         """Create ``job`` through the API; returns its bearer token."""
         response = httpx.post(
             self.url("api") + "/jobs",

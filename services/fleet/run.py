@@ -40,7 +40,7 @@ def run(opts: UpOptions) -> int:
         demo.warm_start(model_dir, steps=opts.warm_start_steps)
     fleet = Fleet(FleetConfig(
         work_dir=opts.work_dir, model_dir=model_dir, engines=opts.engines,
-        worker_concurrency=opts.concurrency, redis_url=opts.redis_url,
+        worker_concurrency=opts.concurrency, redis_url=opts.redis_url, context_tokens=demo.CONTEXT_TOKENS,
     ))  # fmt: skip
     fleet.start()
     try:
@@ -55,6 +55,7 @@ def run(opts: UpOptions) -> int:
 def train(fleet: Fleet, opts: UpOptions, model_dir: Path, token: str) -> int:
     tasks_path = opts.work_dir / "tasks.jsonl"
     tasks_path.write_text("".join(t.model_dump_json() + "\n" for t in demo.tasks()))
+    context = str(demo.CONTEXT_TOKENS)
     env = {
         "ROLLOUT_TRAIN_JOB": JOB, "ROLLOUT_TRAIN_REDIS_URL": fleet.redis_url,
         "ROLLOUT_TRAIN_API_URL": fleet.url("api"), "ROLLOUT_TRAIN_API_TOKEN": token,
@@ -62,10 +63,10 @@ def train(fleet: Fleet, opts: UpOptions, model_dir: Path, token: str) -> int:
         "ROLLOUT_TRAIN_INIT_FROM": str(model_dir), "ROLLOUT_TRAIN_TOKENIZER_DIR": str(model_dir),
         "ROLLOUT_TRAIN_WORK_DIR": str(opts.work_dir / "trainer"), "ROLLOUT_TRAIN_MAX_STEPS": str(opts.steps),
         "ROLLOUT_TRAIN_GROUP_SIZE": str(opts.group_size), "ROLLOUT_TRAIN_BATCH_GROUPS": str(len(demo.PROMPTS)),
-        "ROLLOUT_TRAIN_MAX_STALENESS": "1", "ROLLOUT_TRAIN_MAX_SEQ_LEN": "2048",
-        "ROLLOUT_TRAIN_MODEL__MAX_POSITION_EMBEDDINGS": "2048", "ROLLOUT_TRAIN_OPTIM__LR": "2e-4",
+        "ROLLOUT_TRAIN_MAX_STALENESS": "1", "ROLLOUT_TRAIN_MAX_SEQ_LEN": context,
+        "ROLLOUT_TRAIN_MODEL__MAX_POSITION_EMBEDDINGS": context, "ROLLOUT_TRAIN_OPTIM__LR": "2e-4",
         "ROLLOUT_TRAIN_LIMITS__MAX_TURNS": "2", "ROLLOUT_TRAIN_LIMITS__MAX_TOKENS_PER_TURN": "96",
-        "ROLLOUT_TRAIN_LIMITS__MAX_TRAJECTORY_TOKENS": "2048", "ROLLOUT_TRAIN_LIMITS__COMMAND_TIMEOUT_S": "10",
+        "ROLLOUT_TRAIN_LIMITS__MAX_TRAJECTORY_TOKENS": context, "ROLLOUT_TRAIN_LIMITS__COMMAND_TIMEOUT_S": "10",
         "ROLLOUT_TRAIN_WAIT_TIMEOUT_S": "300", "ROLLOUT_TRAIN_GROUP_TIMEOUT_S": "120",
     }  # fmt: skip
     log.info("training job %r for %d steps (trainer log: stdout)", JOB, opts.steps)

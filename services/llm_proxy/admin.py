@@ -15,6 +15,7 @@ from services.llm_proxy.fleet import FleetView
 from services.llm_proxy.membership import EngineRecord, MembershipStore, PoolRecord
 from services.llm_proxy.metrics import ProxyMetrics
 from services.llm_proxy.responses import error_response, json_response, platform_error, read_json
+from services.llm_proxy.staging import StageFailed, stage
 from services.llm_proxy.upstream import EngineClient
 from services.llm_proxy.weights import WeightTransaction
 from services.protocol import ErrorCode, PlatformError
@@ -31,6 +32,7 @@ class EngineJoin(BaseModel):
 
     url: str = Field(pattern=r"^https?://")
     pool: Name
+    stage_url: str | None = Field(None, pattern=r"^https?://")  # the host's weight-staging route
     drain_timeout_s: float = Field(60.0, gt=0)  # move: how long to wait for the engine to go idle
 
 
@@ -95,9 +97,10 @@ class Admin:
     async def join(self, body: dict[str, Any]) -> web.Response:
         req = EngineJoin.model_validate(body)
         pool = await self._pool(req.pool, create=True)
-        await self._load_pool_weights(req.url, pool)
-        await self.adapters.load_all(req.url.rstrip("/"), pool)
-        await self.store.put_engine(EngineRecord(url=req.url.rstrip("/"), pool=req.pool))
+        record = EngineRecord(url=req.url.rstrip("/"), pool=req.pool, stage_url=req.stage_url)
+        await self._load_pool_weights(record, pool)
+        await self.adapters.load_all(record.url, pool)
+        await self.store.put_engine(record)
         log.info("engine %s joined pool %s", req.url, req.pool)
         return json_response({"url": req.url, "pool": req.pool, "state": "active"})
 
@@ -108,9 +111,10 @@ class Admin:
         target = await self._pool(req.pool, create=True)
         await self.store.put_engine(record.model_copy(update={"state": "draining"}))
         await self._wait_idle(record.url, req.drain_timeout_s)
-        await self._load_pool_weights(record.url, target)
+        moved = EngineRecord(url=record.url, pool=req.pool, stage_url=req.stage_url or record.stage_url)
+        await self._load_pool_weights(moved, target)
         await self.adapters.load_all(record.url, target)
-        await self.store.put_engine(EngineRecord(url=record.url, pool=req.pool))
+        await self.store.put_engine(moved)
         log.info("engine %s moved from pool %s to %s", record.url, record.pool, req.pool)
         return json_response({"url": record.url, "pool": req.pool, "state": "active"})
 
@@ -154,18 +158,24 @@ class Admin:
             raise platform_error(ErrorCode.CONFLICT, f"pool {name} is updating its weights; try again")
         return pool
 
-    async def _load_pool_weights(self, url: str, pool: PoolRecord) -> None:
+    async def _load_pool_weights(self, record: EngineRecord, pool: PoolRecord) -> None:
         """Bring the engine to the pool's current weights before it takes calls."""
         if pool.version is None or pool.location is None:
             return
-        base = url.rstrip("/")
+        base = record.url
         status, info = await self.client.call("GET", base + "/get_model_info")
         if status == 200 and isinstance(info, dict) and info.get("weight_version") == pool.version:
             return
-        body = {"model_path": pool.location, "weight_version": pool.version, "flush_cache": True}
+        try:
+            path = await stage(self.client, record, pool.location, pool.checksum)
+        except StageFailed as exc:
+            raise platform_error(
+                ErrorCode.WEIGHT_UPDATE_FAILED, f"{base} could not stage {pool.location}: {exc}"
+            ) from exc
+        body = {"model_path": path, "weight_version": pool.version, "flush_cache": True}
         status, doc = await self.client.call("POST", base + "/update_weights_from_disk", body)
         if status != 200 or not (isinstance(doc, dict) and doc.get("success")):
-            raise platform_error(ErrorCode.WEIGHT_UPDATE_FAILED, f"{url} could not load {pool.location}: {doc}")
+            raise platform_error(ErrorCode.WEIGHT_UPDATE_FAILED, f"{base} could not load {pool.location}: {doc}")
 
     async def _wait_idle(self, url: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

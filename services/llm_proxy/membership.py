@@ -29,6 +29,7 @@ class EngineRecord(BaseModel):
     pool: str
     state: EngineState = "active"
     reason: str | None = None  # why it is quarantined
+    stage_url: str | None = None  # its host's /rollout/stage_weights (weight store fetch + checksum)
 
     @property
     def engine_id(self) -> str:
@@ -39,6 +40,7 @@ class PoolRecord(BaseModel):
     name: str
     version: str | None = None  # the weight version every engine of the pool serves
     location: str | None = None  # where that version's weights are
+    checksum: str | None = None  # of that export (engines joining later verify it too)
     updating: bool = False  # a weight update is running: hold new calls
     hold_timeout_s: float = 300.0
     adapters: dict[str, str] = {}  # LoRA adapters loaded on every engine of the pool: name -> path

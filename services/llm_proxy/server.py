@@ -42,12 +42,12 @@ async def serve_worker(settings: ProxySettings, redis_url: str) -> None:
     await runner.cleanup()
 
 
-def worker_main(settings: ProxySettings, redis_url: str, log_level: str | None, parent_pid: int) -> None:
+def worker_main(settings: ProxySettings, redis_url: str, parent_pid: int) -> None:
     """Entry point of one child process; it ends when the parent dies (even by ``kill -9``)."""
     import uvloop  # comes with uvicorn[standard]
 
     die_with_parent(parent_pid)
-    configure_logging(log_level)
+    configure_logging(settings.log_level)
     uvloop.run(serve_worker(settings, redis_url))
 
 
@@ -59,8 +59,9 @@ async def seed_membership(settings: ProxySettings, redis_url: str) -> None:
         await redis.aclose()
 
 
-def run(settings: ProxySettings, redis_settings: RedisSettings) -> int:
+def run(settings: ProxySettings) -> int:
     """Run the parent until SIGTERM/SIGINT; returns the exit code."""
+    configure_logging(settings.log_level)
     stopping = False
 
     def _stop(signum: int, frame: object) -> None:
@@ -70,16 +71,15 @@ def run(settings: ProxySettings, redis_settings: RedisSettings) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     with (
-        redis_url_or_embedded(redis_settings.url) as redis_url,
+        redis_url_or_embedded(settings.redis_url) as redis_url,
         tempfile.TemporaryDirectory(prefix="proxy-prom-") as prom,
     ):
         asyncio.run(seed_membership(settings, redis_url))
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = prom  # children aggregate /metrics across processes
         ctx = multiprocessing.get_context("spawn")
-        level = os.environ.get("ROLLOUT_LOG_LEVEL")
 
         def start() -> BaseProcess:
-            proc = ctx.Process(target=worker_main, args=(settings, redis_url, level, os.getpid()), daemon=True)
+            proc = ctx.Process(target=worker_main, args=(settings, redis_url, os.getpid()), daemon=True)
             proc.start()
             return proc
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 import os
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-DEFAULT_POOL = "default"
+from services.protocol.tasks import DEFAULT_POOL
+from services.runtime.settings import UsesRedis
 
 
-class ProxySettings(BaseSettings):
+class ProxySettings(UsesRedis):
     """Times are seconds, sizes tokens. ``engines``/``pools`` seed membership; the admin API changes it."""
 
-    model_config = SettingsConfigDict(env_prefix="ROLLOUT_PROXY_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ROLLOUT_PROXY_")
+    service_name = "proxy"
 
     host: str = "127.0.0.1"
     port: int = 8100  # the workers' default proxy URL

@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 
 from services.llm_proxy.membership import EngineRecord, MembershipStore
 from services.llm_proxy.responses import platform_error
+from services.llm_proxy.staging import StageFailed, stage
 from services.llm_proxy.upstream import EngineClient
 from services.protocol import ErrorCode, keys
 from services.protocol.weights import EngineUpdateResult, WeightUpdate, WeightUpdateResult
@@ -36,6 +37,7 @@ class _Step:
 
     record: EngineRecord
     result: EngineUpdateResult
+    path: str | None = None  # where its host staged the export
 
     @property
     def alive(self) -> bool:
@@ -73,6 +75,8 @@ class WeightTransaction:
             for rec in fleet.pool_engines(update.pool)
             if rec.state == "active"
         ]
+        # fetch and verify on every engine host first, while the engines still serve the old weights
+        await self._phase(steps, "stage_s", lambda s: self._stage(s, update))
         await self.store.reset_held(update.pool)
         await self.store.put_pool(pool.model_copy(update={"updating": True, "hold_timeout_s": update.hold_timeout_s}))
         held_from = time.monotonic()
@@ -89,10 +93,8 @@ class WeightTransaction:
             await asyncio.gather(*(self._continue(s) for s in steps))
             succeeded = [s for s in steps if s.alive]
             quarantined = await self._settle(steps, succeeded)
-            version = update.version if succeeded else pool.version
-            location = update.location if succeeded else pool.location
-            await self.store.put_pool(pool.model_copy(update={"updating": False, "version": version,
-                                                              "location": location}))  # fmt: skip
+            new = {"version": update.version, "location": update.location, "checksum": update.checksum}
+            await self.store.put_pool(pool.model_copy(update={"updating": False, **(new if succeeded else {})}))
         held_s = time.monotonic() - held_from
         for s in steps:
             s.result.ok = s.alive
@@ -116,13 +118,19 @@ class WeightTransaction:
 
         await asyncio.gather(*(timed(s) for s in steps if s.alive))
 
+    async def _stage(self, step: _Step, update: WeightUpdate) -> None:
+        try:
+            step.path = await stage(self.client, step.record, update.location, update.checksum)
+        except StageFailed as exc:
+            step.result.error = str(exc)
+
     async def _pause(self, step: _Step, update: WeightUpdate) -> None:
         status, doc = await self.client.call("POST", step.record.url + "/pause_generation", {"mode": update.pause_mode})
         if status != 200:
             step.result.error = f"pause_generation: {status} {doc}"
 
     async def _load(self, step: _Step, update: WeightUpdate) -> None:
-        body = {"model_path": update.location, "weight_version": update.version, "flush_cache": True,
+        body = {"model_path": step.path or update.location, "weight_version": update.version, "flush_cache": True,
                 "abort_all_requests": False}  # fmt: skip
         status, doc = await self.client.call("POST", step.record.url + "/update_weights_from_disk", body)
         if status != 200 or not (isinstance(doc, dict) and doc.get("success")):

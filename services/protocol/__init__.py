@@ -12,6 +12,7 @@ from services.protocol.tasks import (
     RolloutRequest,
     SamplingParams,
     SandboxSpec,
+    ScoredTests,
     Task,
     WorkItem,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "RolloutRequest",
     "SamplingParams",
     "SandboxSpec",
+    "ScoredTests",
     "Status",
     "Task",
     "Timings",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.protocol.tasks import Name
+from services.protocol.tasks import DEFAULT_POOL, Name
 
 
 class _Model(BaseModel):
@@ -32,7 +32,7 @@ class JobCreate(_Model):
     """Written by an admin (or a trainer holding the admin token)."""
 
     job: Name
-    pool: Name = "default"  # the proxy pool that serves this job's policy
+    pool: Name = DEFAULT_POOL  # the proxy pool that serves this job's policy
     weight: float = Field(1.0, gt=0, le=1_000)  # fair-share weight against other jobs
     quotas: JobQuotas = Field(default_factory=JobQuotas)
 

@@ -7,7 +7,7 @@ template, setup, and a reward command that runs the instance's tests); workers o
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
@@ -27,6 +27,7 @@ class SweInstance(BaseModel):
     PASS_TO_PASS: list[str] = Field(default_factory=list)  # tests that must keep passing
     image_name: str | None = None  # the instance's container image (SWE-smith: ``image_name``)
     test_patch: str | None = None  # applied fresh before the tests run (SWE-bench)
+    env: dict[str, str] = Field(default_factory=dict)  # for every command of the episode and the reward
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
@@ -48,8 +49,15 @@ class SweBenchRolloutRequest(BaseModel):
     priority: int = Field(0, ge=-100, le=100)
     idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
     max_attempts: int = Field(3, ge=1, le=10)
-    template: Name | None = None  # broker template for every instance; default: derived from image_name
-    repo_dir: str = "/testbed"  # where the repository is checked out inside the image
-    setup: list[str] | None = None  # default: check out base_commit
-    test_command: str = "python -m pytest -q -rA"  # the test ids are appended
+    template: Name | None = None  # broker template for every instance; default: derived from its image
+    # the instance's image when the row has no ``image_name``: SWE-bench's own naming (lower-cased
+    # id; with a namespace, "__" becomes "_1776_"); the template is named after the image
+    image_pattern: str = "swebench/sweb.eval.x86_64.{instance_id}:latest"
+    repo_dir: str = "/testbed"  # where the repository is inside the image; every command starts here
+    env: dict[str, str] = Field(default_factory=dict)  # for every instance (its own ``env`` wins)
+    setup: list[str] = Field(default_factory=list)  # run before the agent's first turn
+    # {files}: the test files (the test_patch's, else those of the test ids); {ids}: the test ids;
+    # {modules}: the test files as dotted modules (Django's runtests.py). No placeholder: ids appended
+    test_command: str = "python -m pytest -rA {files}"
+    log_parser: Literal["auto", "pytest", "unittest", "django"] = "auto"
     reward_timeout_s: float = Field(1_800.0, gt=0)

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 # Job, pool, task and template names end up inside Redis keys and URLs: keep them tame.
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")]
 
+DEFAULT_POOL = "default"  # the proxy pool of a job that names none, and of engines seeded without one
+
 DEFAULT_MAX_TURNS = 80
 DEFAULT_MAX_TOKENS_PER_TURN = 8_192
 DEFAULT_MAX_TRAJECTORY_TOKENS = 65_536
@@ -34,17 +36,31 @@ class SandboxSpec(_Model):
     network: Literal["none", "egress"] = "none"  # no network unless asked for
     setup: list[str] = Field(default_factory=list)  # shell commands run before the agent's first turn
     files: dict[str, str] = Field(default_factory=dict)  # path -> content written before setup
-    env: dict[str, str] = Field(default_factory=dict)
-    workdir: str = "/workspace"
+    env: dict[str, str] = Field(default_factory=dict)  # every command, the agent's and the reward's
+    workdir: str | None = None  # where every command starts; None: the sandbox's (the image's WorkingDir)
+
+
+class ScoredTests(_Model):
+    """Per-test scoring (SWE-bench style): the reward is 1 only if every FAIL_TO_PASS test passes and
+    no PASS_TO_PASS test fails, as parsed from the reward command's output."""
+
+    fail_to_pass: list[str] = Field(min_length=1)
+    pass_to_pass: list[str] = Field(default_factory=list)
+    log_parser: Literal["auto", "pytest", "unittest", "django"] = "auto"  # auto: every format found
 
 
 class RewardSpec(_Model):
     """How the episode is scored once the agent stops."""
 
-    command: str  # run in the sandbox; exit 0 -> 1.0 else 0.0, unless ``parse_float``
+    command: str  # run in the sandbox; exit 0 -> 1.0 else 0.0, unless ``parse_float`` or ``tests``
     parse_float: bool = False  # the last line of stdout is the reward (a float)
     timeout_s: float = Field(600.0, gt=0)
     files: dict[str, str] = Field(default_factory=dict)  # fresh test files written before the command
+    # files read after the task's setup, before the agent's first turn, and put back (or removed, if
+    # they did not exist) before scoring: the agent's changes to them never count
+    restore: list[str] = Field(default_factory=list, max_length=1_000)
+    setup: list[str] = Field(default_factory=list)  # run before ``command``; a failure is an infra error
+    tests: ScoredTests | None = None  # per-test scoring instead of the exit code
 
 
 class Task(_Model):
@@ -110,7 +126,7 @@ class WorkItem(_Model):
     max_attempts: int = Field(3, ge=1)
     limits: AgentLimits = Field(default_factory=AgentLimits)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
-    pool: Name = "default"  # the proxy pool that serves this job's policy
+    pool: Name = DEFAULT_POOL  # the proxy pool that serves this job's policy
     priority: int = 0
     enqueued_at: float = 0.0  # unix seconds
 

@@ -72,6 +72,7 @@ class RewardDetails(msgspec.Struct, kw_only=True):
     output: str = ""  # head and tail of its stdout+stderr
     duration_s: float = 0.0
     parsed: bool = False  # the reward was parsed from its output rather than its exit code
+    tests: dict[str, str] = msgspec.field(default_factory=dict)  # test id -> PASSED|FAILED|ERROR|SKIPPED|MISSING
 
 
 class InfraFailure(msgspec.Struct, kw_only=True):

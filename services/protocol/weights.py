@@ -2,19 +2,41 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.protocol.tasks import Name
 
+CHECKSUM_FILE = "CHECKSUM"  # in every export: the checksum of the other files, written last
+# An engine host's own route (not SGLang's): fetch an export from the weight store into local
+# disk and verify its checksum. Body {"location", "checksum"}; answer {"success", "path"|"message"}.
+STAGE_WEIGHTS_PATH = "/rollout/stage_weights"
+
+
+def tree_checksum(files: Iterable[tuple[str, Iterable[bytes]]]) -> str:
+    """``sha256:<hex>`` over an export's files (name, then content chunks), given in name order,
+    each as ``name \\0 bytes \\0``. The trainer computes it when it exports; an engine host
+    recomputes it over what it fetched before the engines switch."""
+    digest = hashlib.sha256()
+    for name, chunks in files:
+        digest.update(name.encode() + b"\0")
+        for chunk in chunks:
+            digest.update(chunk)
+        digest.update(b"\0")
+    return f"sha256:{digest.hexdigest()}"
+
 
 class WeightUpdate(BaseModel):
     """Posted by a trainer to the proxy's ``/admin/weights``; one transaction per pool.
 
     ``version`` is what every engine must report afterwards and what every generated token is
-    stamped with; ``location`` is a directory of Hugging Face safetensors the engines can read;
-    ``checksum`` lets the engines and the proxy refuse a half-written export.
+    stamped with; ``location`` is where the export is: a directory every engine host sees at
+    that path, or a weight store URL (``file:///shared/weights/v7``, ``s3://bucket/prefix/v7``)
+    that each engine host fetches from into its own disk; ``checksum`` lets the engine hosts
+    refuse a half-written or corrupted export before any engine switches.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -32,6 +54,7 @@ class EngineUpdateResult(BaseModel):
 
     engine_id: str
     ok: bool
+    stage_s: float = 0.0  # its host fetched the export and verified the checksum (before the pause)
     pause_s: float = 0.0
     update_s: float = 0.0
     verify_s: float = 0.0

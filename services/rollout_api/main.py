@@ -9,6 +9,7 @@ import uvicorn
 from services.rollout_api.app import create_app
 from services.rollout_api.settings import ApiSettings
 from services.runtime.limits import raise_fd_limit
+from services.runtime.logs import configure_logging
 from services.runtime.redis_server import redis_url_or_embedded
 from services.runtime.settings import RedisSettings
 
@@ -16,8 +17,9 @@ log = logging.getLogger(__name__)
 
 
 def run(settings: ApiSettings) -> int:
+    configure_logging(settings.log_level)
     if not settings.admin_token:
-        log.warning("ROLLOUT_API_ADMIN_TOKEN is empty: jobs cannot be created")
+        log.warning("no admin token (%s): jobs cannot be created", settings.variables("admin_token"))
     raise_fd_limit()
     with redis_url_or_embedded(settings.redis_url) as url:
         app = create_app(settings, url, RedisSettings())

@@ -5,18 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from services.runtime.settings import UsesAdminToken, UsesRedis
 
 
-class ApiSettings(BaseSettings):
+class ApiSettings(UsesRedis, UsesAdminToken):
     """``ROLLOUT_API_*``: the rollout API process."""
 
-    model_config = SettingsConfigDict(env_prefix="ROLLOUT_API_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ROLLOUT_API_")
+    service_name = "api"
 
     host: str = "127.0.0.1"
     port: int = 8000
-    redis_url: str | None = None  # None: an embedded Redis (single-machine use only)
-    admin_token: str = Field("", repr=False)  # required to create jobs; empty: job creation is refused
     broker_url: str | None = None  # when set, templates are checked at submission (400 unknown_template)
     max_body_bytes: int = 32 * 1024 * 1024  # POST bodies above this get 413
     idempotency_ttl_s: int = 7 * 24 * 3600  # how long a submitted idempotency key is remembered
@@ -28,15 +29,18 @@ class ApiSettings(BaseSettings):
     trajectory_stream_maxlen: int = 100_000  # MAXLEN ~ of trajectory streams (cancellations published here)
 
 
-class WorkerSettings(BaseSettings):
+class WorkerSettings(UsesRedis):
     """``ROLLOUT_WORKER_*``: one rollout worker process."""
 
-    model_config = SettingsConfigDict(env_prefix="ROLLOUT_WORKER_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ROLLOUT_WORKER_")
+    service_name = "worker"
 
-    redis_url: str | None = None
     proxy_url: str = "http://127.0.0.1:8100"
     broker_url: str = "http://127.0.0.1:8200"
     model_path: Path | None = None  # HF tokenizer directory (tokenizer.json + tokenizer_config.json)
+    # per proxy pool, the served model's directory (its tokenizer is used for that pool's jobs);
+    # env: ROLLOUT_WORKER_POOL_MODEL_PATHS='{"pool": "/models/m"}'; pools not named use model_path
+    pool_model_paths: dict[str, Path] = Field(default_factory=dict)
     worker_id: str = ""  # consumer name; default: hostname-pid
     concurrency: int = Field(64, ge=1)  # episodes at once in this process
     jobs: list[str] | None = None  # serve only these jobs (dedicated workers); None: every job

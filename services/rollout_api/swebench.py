@@ -1,15 +1,25 @@
-"""The SWE-bench / SWE-smith instance adapter: an instance becomes a platform ``Task``."""
+"""The SWE-bench / SWE-smith instance adapter: an instance becomes a platform ``Task``.
+
+Scoring follows the official harness: the test files are put back as they were before the agent
+ran (read through the broker's file API, which the agent cannot touch) and the instance's
+``test_patch`` is applied to those clean copies; the tests run from ``repo_dir`` with the
+instance's environment; per-test outcomes are parsed from the log, and the reward is 1 only if
+every FAIL_TO_PASS and PASS_TO_PASS test passes.
+"""
 
 from __future__ import annotations
 
 import re
 import shlex
 
-from services.protocol import RewardSpec, RolloutRequest, SandboxSpec, Task
+from services.protocol import RewardSpec, RolloutRequest, SandboxSpec, ScoredTests, Task
 from services.protocol.swebench import SweBenchRolloutRequest, SweInstance
 
 TEST_PATCH_PATH = "/tmp/rollout_test.patch"
+APPLY_TEST_PATCH = f"git apply -v {TEST_PATCH_PATH} || patch --batch --fuzz=5 -p1 -i {TEST_PATCH_PATH}"
+NON_TEST_SUFFIXES = (".json", ".png", "csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml")
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
+_UNITTEST_ID = re.compile(r"^\w+ \(([\w.]+)\)$")  # "test_x (module.Class)"
 
 PROMPT = """Please solve this issue in the repository at {repo_dir} ({repo}).
 
@@ -28,41 +38,84 @@ def template_for(image: str | None, default: str = "default") -> str:
     return name[:128] or default
 
 
+def image_for(instance: SweInstance, pattern: str) -> str:
+    """The row's ``image_name``, else SWE-bench's name for the instance's evaluation image."""
+    if instance.image_name:
+        return instance.image_name
+    name = pattern.format(instance_id=instance.instance_id.lower())
+    return name.replace("__", "_1776_") if "/" in name else name
+
+
 def patched_files(patch: str) -> list[str]:
     return sorted({b for _, b in _DIFF_HEADER.findall(patch)})
 
 
+def scored_files(instance: SweInstance) -> list[str]:
+    """The files whose content decides the reward: the test_patch's, and those the test ids name
+    (pytest ``path::name``; unittest/Django ``name (module.Class)`` or ``module.Class.name``, whose
+    module may live under ``tests/``, as Django's do)."""
+    found = set(patched_files(instance.test_patch or ""))
+    for test_id in [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]:
+        if "::" in test_id:
+            found.add(test_id.split("::", 1)[0])
+        elif module := _unittest_module(test_id):
+            path = module.replace(".", "/") + ".py"
+            found |= {path, f"tests/{path}"}
+    return sorted(found)
+
+
+def _unittest_module(test_id: str) -> str | None:
+    if m := _UNITTEST_ID.match(test_id):
+        dotted = m.group(1).split(".")
+        return ".".join(dotted[:-2] if dotted[-1] == m.group(0).split(" ")[0] else dotted[:-1]) or None
+    parts = test_id.split(".")
+    return ".".join(parts[:-2]) if len(parts) >= 3 and " " not in test_id else None
+
+
 def reward_command(instance: SweInstance, request: SweBenchRolloutRequest) -> str:
-    tests = " ".join(shlex.quote(t) for t in [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS])
-    steps = [f"cd {shlex.quote(request.repo_dir)}"]
-    if instance.test_patch:
-        files = " ".join(shlex.quote(f) for f in patched_files(instance.test_patch))
-        if files:  # fresh copies of the test files: the agent's edits to them do not count
-            steps.append(f"(git checkout -q {shlex.quote(instance.base_commit)} -- {files} 2>/dev/null || true)")
-        steps.append(f"git apply {TEST_PATCH_PATH}")
-    steps.append(f"{request.test_command} {tests}")
-    return " && ".join(steps)
+    ids = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
+    files = patched_files(instance.test_patch or "") or sorted({t.split("::", 1)[0] for t in ids if "::" in t})
+    files = [f for f in files if not f.endswith(NON_TEST_SUFFIXES)]
+    modules = [f.removesuffix(".py").removeprefix("tests/").replace("/", ".") for f in files]
+    command = request.test_command
+    if not any(p in command for p in ("{files}", "{ids}", "{modules}")):
+        command += " {ids}"
+    return command.format(files=_join(files), ids=_join(ids), modules=_join(modules))
+
+
+def _join(words: list[str]) -> str:
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def instance_task(instance: SweInstance, request: SweBenchRolloutRequest) -> Task:
-    setup = request.setup
-    if setup is None:
-        setup = [f"git -C {shlex.quote(request.repo_dir)} checkout -q {shlex.quote(instance.base_commit)}"]
-    files = {TEST_PATCH_PATH: instance.test_patch} if instance.test_patch else {}
+    image = image_for(instance, request.image_pattern)
     return Task(
         id=instance.instance_id,
         prompt=PROMPT.format(repo_dir=request.repo_dir, repo=instance.repo, problem=instance.problem_statement),
         sandbox=SandboxSpec(
-            template=request.template or template_for(instance.image_name),
-            setup=setup,
+            template=request.template or template_for(image),
+            setup=request.setup,
             workdir=request.repo_dir,
+            env={**request.env, **instance.env},
         ),
-        reward=RewardSpec(command=reward_command(instance, request), timeout_s=request.reward_timeout_s, files=files),
+        reward=RewardSpec(
+            command=reward_command(instance, request),
+            timeout_s=request.reward_timeout_s,
+            files={TEST_PATCH_PATH: instance.test_patch} if instance.test_patch else {},
+            restore=scored_files(instance),
+            setup=[APPLY_TEST_PATCH] if instance.test_patch else [],
+            tests=ScoredTests(
+                fail_to_pass=list(instance.FAIL_TO_PASS),
+                pass_to_pass=list(instance.PASS_TO_PASS),
+                log_parser=request.log_parser,
+            ),
+        ),
         metadata={
             "source": "swebench",
             "instance_id": instance.instance_id,
             "repo": instance.repo,
             "base_commit": instance.base_commit,
+            "image": image,
             "FAIL_TO_PASS": list(instance.FAIL_TO_PASS),
             "PASS_TO_PASS": list(instance.PASS_TO_PASS),
         },

@@ -1,19 +1,112 @@
-"""Settings shared by every process that talks to Redis."""
+"""Settings every process shares, resolved one way by every service and the trainer.
+
+A shared setting (``redis_url``, ``admin_token``, ``log_level``) is taken, highest first, from:
+
+1. an explicit value: a command-line flag, or a keyword argument in code;
+2. the process's own variable, ``ROLLOUT_<SERVICE>_<NAME>`` (e.g. ``ROLLOUT_API_REDIS_URL``);
+3. the shared variable, ``ROLLOUT_<NAME>`` (e.g. ``ROLLOUT_REDIS_URL``);
+4. the default. Without a Redis URL a service starts an embedded server; a worker or trainer,
+   which must share the fleet's Redis, refuses to start (:meth:`UsesRedis.require_redis_url`).
+
+An empty variable counts as unset. Each process's class picks the shared fields it uses by
+inheriting :class:`UsesRedis` and/or :class:`UsesAdminToken`; every one has ``log_level``.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BeforeValidator, Field
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+SHARED_PREFIX = "ROLLOUT_"
+SHARED_FIELDS = ("redis_url", "admin_token", "log_level")
+
+LogLevel = Annotated[
+    Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], BeforeValidator(lambda v: str(v).upper())
+]
+
+
+def shared_variable(field: str) -> str:
+    """The shared environment variable of a shared field: ``redis_url`` -> ``ROLLOUT_REDIS_URL``."""
+    return SHARED_PREFIX + field.upper()
+
+
+class SharedEnvSource(PydanticBaseSettingsSource):
+    """The shared ``ROLLOUT_<NAME>`` variables, for the shared fields a settings class declares."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        value = _environ().get(shared_variable(field_name)) if field_name in SHARED_FIELDS else None
+        return value, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        found = {}
+        for name, info in self.settings_cls.model_fields.items():
+            value, _, _ = self.get_field_value(info, name)
+            if value:
+                found[name] = value
+        return found
+
+
+def _environ() -> dict[str, str]:
+    return {k.upper(): v for k, v in os.environ.items()}
+
+
+class ServiceSettings(BaseSettings):
+    """Base of every process's settings class: its own prefix first, then the shared variables."""
+
+    model_config = SettingsConfigDict(extra="ignore", env_ignore_empty=True)
+    service_name: ClassVar[str] = ""  # for messages: "api", "worker", ...
+
+    log_level: LogLevel = "INFO"  # DEBUG, INFO, WARNING, ERROR or CRITICAL
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        shared = SharedEnvSource(settings_cls)
+        return init_settings, env_settings, shared, dotenv_settings, file_secret_settings
+
+    @classmethod
+    def variable(cls, field: str) -> str:
+        """This class's own environment variable for ``field``."""
+        return str(cls.model_config.get("env_prefix", "")) + field.upper()
+
+    @classmethod
+    def variables(cls, field: str) -> str:
+        """Where ``field`` may be set, for error messages: ``ROLLOUT_API_REDIS_URL or ROLLOUT_REDIS_URL``."""
+        own = cls.variable(field)
+        return f"{own} or {shared_variable(field)}" if field in SHARED_FIELDS else own
+
+
+class UsesRedis(ServiceSettings):
+    redis_url: str | None = None  # None: an embedded server where the process may start one
+
+    def require_redis_url(self) -> str:
+        """The Redis URL of a process that must share the fleet's Redis (worker, trainer)."""
+        if not self.redis_url:
+            raise SystemExit(f"{self.service_name or 'this process'} needs the fleet's Redis: "
+                             f"--redis-url, {self.variables('redis_url')}")  # fmt: skip
+        return self.redis_url
+
+
+class UsesAdminToken(ServiceSettings):
+    admin_token: str = Field("", repr=False)  # the operator's bearer token; empty: admin routes refused
 
 
 class RedisSettings(BaseSettings):
-    """``ROLLOUT_REDIS_*``: where Redis is, or how to run the embedded one."""
+    """``ROLLOUT_REDIS_*`` (bar ``ROLLOUT_REDIS_URL``, a shared setting): the embedded server, every client pool."""
 
     model_config = SettingsConfigDict(env_prefix="ROLLOUT_REDIS_", extra="ignore")
 
-    url: str | None = None  # None: start an embedded server on a free loopback port
     port: int = 0  # for the embedded server; 0 picks a free one
     appendonly: bool = False  # AOF persistence for the embedded server
     data_dir: Path | None = None  # where the embedded server keeps its AOF

@@ -11,8 +11,8 @@ import logging
 import uvicorn
 
 from services.runtime.limits import raise_fd_limit
+from services.runtime.logs import configure_logging
 from services.runtime.redis_server import redis_url_or_embedded
-from services.runtime.settings import RedisSettings
 from services.sandbox_broker.app import create_app
 from services.sandbox_broker.settings import BrokerSettings
 
@@ -20,8 +20,9 @@ log = logging.getLogger(__name__)
 
 
 def run(settings: BrokerSettings) -> int:
+    configure_logging(settings.log_level)
     raise_fd_limit()
-    with redis_url_or_embedded(settings.redis_url or RedisSettings().url) as redis_url:
+    with redis_url_or_embedded(settings.redis_url) as redis_url:
         app = create_app(settings, redis_url)
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
                                 timeout_keep_alive=30, loop="asyncio")  # fmt: skip

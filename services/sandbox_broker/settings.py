@@ -7,20 +7,22 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from services.runtime.settings import UsesRedis
 
 BackendName = Literal["local", "docker", "e2b"]
 
 
-class BrokerSettings(BaseSettings):
+class BrokerSettings(UsesRedis):
     """Built once in ``main()`` and passed down."""
 
-    model_config = SettingsConfigDict(env_prefix="ROLLOUT_BROKER_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ROLLOUT_BROKER_")
+    service_name = "broker"
 
     host: str = "127.0.0.1"
     port: int = 8200  # the workers' default broker URL
     backend: BackendName = "local"
-    redis_url: str | None = None  # None: ROLLOUT_REDIS_URL, else an embedded server
     redis_connections: int = Field(1024, gt=0)  # pool size; requests wait for a free connection past it
     instance: str = ""  # replica name, stable across restarts; default "<hostname>:<port>"
     allow_unisolated: bool = False  # UNSAFE: run local sandboxes without namespaces if bwrap fails

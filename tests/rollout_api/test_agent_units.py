@@ -11,7 +11,7 @@ import pytest
 from services.protocol.sandboxes import ExecResult
 from services.protocol.swebench import SweBenchRolloutRequest, SweInstance
 from services.rollout_api.figures import percentile, rate_per_hour, tail_share
-from services.rollout_api.swebench import instance_task, patched_files, template_for
+from services.rollout_api.swebench import image_for, instance_task, patched_files, template_for
 from services.rollout_api.worker.clients import parse_generation
 from services.rollout_api.worker.conversation import SUBMIT_COMMAND, observation, parse_action, truncate_middle
 from services.rollout_api.worker.reward import parse_reward
@@ -77,18 +77,29 @@ def test_swebench_adapter() -> None:
     patch = "diff --git a/t/test_x.py b/t/test_x.py\n--- a/t/test_x.py\n+++ b/t/test_x.py\n"
     instance = SweInstance(
         instance_id="o__r-1", repo="o/r", base_commit="abc", problem_statement="bug",
-        FAIL_TO_PASS=["t/test_x.py::test_a"], PASS_TO_PASS=["t/test_x.py::test_b"], image_name="reg/sweb.eval.o-r:v1",
-        test_patch=patch,
+        FAIL_TO_PASS=["t/test_x.py::test_a"], PASS_TO_PASS=["u/test_y.py::test_b"], image_name="reg/sweb.eval.o-r:v1",
+        test_patch=patch, env={"A": "1"},
     )  # fmt: skip
-    request = SweBenchRolloutRequest(job="j", instances=[instance])
+    request = SweBenchRolloutRequest(job="j", instances=[instance], env={"A": "0", "B": "2"})
     task = instance_task(instance, request)
     assert task.sandbox.template == "sweb.eval.o-r-v1" == template_for("reg/sweb.eval.o-r:v1")
-    assert task.sandbox.workdir == "/testbed"
+    assert task.sandbox.workdir == "/testbed" and task.sandbox.env == {"A": "1", "B": "2"}
     assert patched_files(patch) == ["t/test_x.py"]
     assert task.reward.files == {"/tmp/rollout_test.patch": patch}
-    assert task.reward.command.endswith("python -m pytest -q -rA t/test_x.py::test_a t/test_x.py::test_b")
-    assert "git checkout -q abc -- t/test_x.py" in task.reward.command
-    assert task.sandbox.setup == ["git -C /testbed checkout -q abc"]
+    assert task.reward.command == "python -m pytest -rA t/test_x.py"  # the test_patch's files, as the harness
+    assert task.reward.restore == ["t/test_x.py", "u/test_y.py"]  # put back before the test patch is applied
+    assert task.reward.setup and "git apply" in task.reward.setup[0]
+    assert task.reward.tests is not None and task.reward.tests.fail_to_pass == ["t/test_x.py::test_a"]
+    assert task.sandbox.setup == []  # the image is the repository at its base commit
+
+    django = SweInstance(instance_id="django__django-11099", repo="django/django", base_commit="b",
+                         problem_statement="p", FAIL_TO_PASS=["test_a (auth_tests.test_validators.T)"])  # fmt: skip
+    dj_request = SweBenchRolloutRequest(job="j", instances=[django], test_command="./tests/runtests.py {ids}")
+    dj_task = instance_task(django, dj_request)
+    assert dj_task.metadata["image"] == "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
+    assert dj_task.sandbox.template == "sweb.eval.x86_64.django_1776_django-11099-latest"
+    assert dj_task.reward.command == "./tests/runtests.py 'test_a (auth_tests.test_validators.T)'"
+    assert image_for(django, "sweb.eval.x86_64.{instance_id}:latest") == "sweb.eval.x86_64.django__django-11099:latest"
 
 
 def test_tokenizer_dir_without_eos_is_refused(tmp_path: Path) -> None:

@@ -177,6 +177,6 @@ def test_swebench_instances_become_tasks(client: httpx.Client, redis_client: red
     assert len(items) == 2
     item_task = items[0].task
     assert item_task.id == "astropy__astropy-12907"
-    assert "tests/test_sep.py::test_a" in item_task.reward.command
-    assert "git apply" in item_task.reward.command
+    assert item_task.reward.command == "python -m pytest -rA tests/test_sep.py"
+    assert item_task.reward.restore == ["tests/test_sep.py"] and "git apply" in item_task.reward.setup[0]
     assert item_task.metadata["FAIL_TO_PASS"] == ["tests/test_sep.py::test_a"]

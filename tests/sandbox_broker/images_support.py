@@ -39,3 +39,26 @@ def busybox_image(work: Path, *, user: str = "agent", workdir: str = "/testbed")
     out = work / "busybox.tar"
     write_docker_archive(out, layers, config, "test/busybox:1")
     return out
+
+
+CALC = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"
+CALC_TESTS = (
+    "import unittest\n\nfrom calc import add, sub\n\n\nclass T(unittest.TestCase):\n"
+    "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n\n"
+    "    def test_sub(self):\n        self.assertEqual(sub(5, 3), 2)\n"
+)
+
+
+def calc_repo_image(work: Path) -> Path:
+    """busybox plus /testbed: a ``calc`` module whose ``add`` is wrong, and its unittest tests.
+    With ``host_usr`` the sandbox gets the host's Python (this image has none of its own)."""
+    busybox_image(work / "bb", user="root", workdir="/testbed")
+    layer = work / "repo"
+    (layer / "testbed" / "tests").mkdir(parents=True)
+    (layer / "testbed" / "calc.py").write_text(CALC)
+    (layer / "testbed" / "tests" / "__init__.py").write_text("")
+    (layer / "testbed" / "tests" / "test_calc.py").write_text(CALC_TESTS)
+    layers = [work / "bb" / "l1.tar", layer_from_dir(layer, work / "repo.tar")]
+    out = work / "calc.tar"
+    write_docker_archive(out, layers, ImageConfig(env=("PATH=/usr/bin:/bin", "CALC=1"), workdir="/testbed"), "t/calc:1")
+    return out

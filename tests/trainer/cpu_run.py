@@ -15,6 +15,7 @@ import shutil
 import statistics
 from pathlib import Path
 
+from services.protocol.api import JobCreate
 from services.protocol.tasks import RewardSpec, Task
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.tokenizer import write_tokenizer_dir
@@ -39,7 +40,8 @@ def main() -> None:
     tasks.write_text("".join(Task(id=f"t{i}", prompt="p", reward=RewardSpec(command="true")).model_dump_json() + "\n"
                              for i in range(16)))  # fmt: skip
     shape = {"prompt_len": 64, "turns": 4, "gen_len": 48, "obs_len": 32}  # 64 + 4x48 generated + 3x32 tool = 352
-    with EmbeddedRedis() as redis_server, serve_fleet(redis_server.url, **shape) as (url, _):
+    with EmbeddedRedis() as redis_server, serve_fleet(redis_server.url, **shape) as (url, fleet):
+        fleet.jobs["cpu-run"] = JobCreate(job="cpu-run")  # the trainer reads the job's pool from the API
         settings = TrainSettings(
             job="cpu-run", redis_url=redis_server.url, api_url=url, tasks_path=tasks, proxy_url=url,
             tokenizer_dir=write_tokenizer_dir(args.out / "tokenizer"), work_dir=args.out, model=MODEL,

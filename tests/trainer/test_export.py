@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from services.protocol.weights import CHECKSUM_FILE
 from services.runtime.net import free_port
 from tests.support.processes import REPO_ROOT, python_env
 from tests.trainer.conftest import TINY
-from trainer_client.export import CHECKSUM_FILE, directory_checksum, export_hf
+from trainer_client.export import directory_checksum, export_hf
 from trainer_client.hf_map import ARCHITECTURES
 from trainer_client.model import Family, ModelConfig, ParallelConfig, build_gpt, init_parallel, logits
 

@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from services.protocol import keys
+from services.protocol.api import JobCreate
 from services.protocol.tasks import RewardSpec, Task
 from tests.trainer.conftest import TINY
 from tests.trainer.fake_fleet import serve_fleet
@@ -37,6 +38,7 @@ def test_training_loop_with_api_and_proxy(tmp_path: Path, redis_url: str, tokeni
     tasks.write_text("".join(Task(id=f"t{i}", prompt="p", reward=RewardSpec(command="true")).model_dump_json() + "\n"
                              for i in range(3)))  # fmt: skip
     with serve_fleet(redis_url) as (url, fleet):
+        fleet.jobs["job1"] = JobCreate(job="job1")  # the trainer reads the job's pool from the API
         settings = TrainSettings(
             job="job1", redis_url=redis_url, api_url=url, tasks_path=tasks, proxy_url=url, pool="default",
             tokenizer_dir=tokenizer_dir, work_dir=tmp_path / "run", model=TINY, group_size=4, batch_groups=1,

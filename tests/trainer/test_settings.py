@@ -24,3 +24,15 @@ def test_bad_settings_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ROLLOUT_TRAIN_OVERPROVISION", "0.5")
     with pytest.raises(ValueError, match="overprovision"):
         TrainSettings()
+
+
+def test_the_job_pool_is_stored_once() -> None:
+    """The pool weights go to is the job's (``JobCreate.pool``); the trainer's setting must agree."""
+    from trainer_client.weights import job_pool
+
+    assert job_pool("j", None, "gpu-a") == "gpu-a"  # read back from the API
+    assert job_pool("j", "gpu-a", "gpu-a") == "gpu-a"
+    assert job_pool("j", "gpu-b", None) == "gpu-b"  # no API: the setting
+    assert job_pool("j", None, None) == "default"
+    with pytest.raises(ValueError, match="'gpu-b' but job 'j' is served by pool 'gpu-a'"):
+        job_pool("j", "gpu-b", "gpu-a")

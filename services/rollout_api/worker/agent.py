@@ -33,7 +33,7 @@ from services.rollout_api.worker.conversation import (
 )
 from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.outages import Outages
-from services.rollout_api.worker.reward import score
+from services.rollout_api.worker.reward import Snapshot, score, snapshot
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.tokens import TokenBuffer
 
@@ -49,7 +49,11 @@ class AgentDeps:
     worker_id: str
     metrics: WorkerMetrics
     leases: set[str] = field(default_factory=set)  # held now; renewed by the worker's heartbeat
+    pool_tokenizers: dict[str, ChatTokenizer] = field(default_factory=dict)  # a pool's served model's
     outages: Outages | None = None  # the breakers of the proxy and the broker
+
+    def tokenizer_for(self, pool: str) -> ChatTokenizer:
+        return self.pool_tokenizers.get(pool, self.tokenizer)
 
 
 class Episode:
@@ -61,6 +65,8 @@ class Episode:
         self.tokens = TokenBuffer()
         self.sampling = sampling_params(item.sampling)  # once per episode, not per turn
         self.messages: list[dict[str, str]] = []
+        self.workdir = item.task.sandbox.workdir or "/workspace"  # the lease's, once leased
+        self.saved: Snapshot = {}  # the reward's files as they were before the agent ran
 
     async def run(self) -> Trajectory:
         traj = self.traj
@@ -71,7 +77,10 @@ class Episode:
             traj.status = Status.TRUNCATED if cap else Status.COMPLETED
             traj.truncation = cap
             started = time.monotonic()
-            traj.reward, traj.reward_details = await score(self.deps.broker, lease.id, self.item.task.reward)
+            traj.reward, traj.reward_details = await score(
+                self.deps.broker, lease.id, self.item.task.reward,
+                cwd=self.workdir, env=self.item.task.sandbox.env, saved=self.saved,
+            )  # fmt: skip
             traj.timings.reward_s = time.monotonic() - started
         finally:
             self.deps.leases.discard(lease.id)
@@ -92,6 +101,7 @@ class Episode:
         started = time.monotonic()
         lease = await self.deps.broker.lease(request)
         self.deps.leases.add(lease.id)
+        self.workdir = spec.workdir or lease.workdir
         self.traj.timings.sandbox_start_s = time.monotonic() - started
         return lease
 
@@ -110,18 +120,19 @@ class Episode:
         for path, content in spec.files.items():
             await self.deps.broker.write_file(lease.id, path, content)
         for command in spec.setup:
-            result = await self.deps.broker.exec(
-                lease.id, ExecRequest(shell=command, timeout_s=self.limits.command_timeout_s, env=spec.env)
-            )
+            timeout = self.limits.command_timeout_s
+            request = ExecRequest(shell=command, timeout_s=timeout, env=spec.env, cwd=self.workdir)
+            result = await self.deps.broker.exec(lease.id, request)
             if result.exit_code != 0:
                 raise InfraError(
                     InfraStage.SANDBOX_EXEC, ErrorCode.INTERNAL_ERROR,
                     f"setup command {command!r} exited {result.exit_code}: {(result.stdout + result.stderr)[-300:]}",
                 )  # fmt: skip
+        self.saved = await snapshot(self.deps.broker, lease.id, self.item.task.reward, self.workdir)
         self.traj.timings.setup_s = time.monotonic() - started
 
     async def _loop(self, lease: Lease) -> Cap | None:
-        tok = self.deps.tokenizer
+        tok = self.deps.tokenizer_for(self.item.pool)
         self.messages = [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": task_message(self.item.task.prompt)},
@@ -196,7 +207,7 @@ class Episode:
         """Run the agent's command; its observation, or None when it hit the command timeout."""
         spec = self.item.task.sandbox
         request = ExecRequest(
-            shell=command, timeout_s=self.limits.command_timeout_s, env=spec.env,
+            shell=command, timeout_s=self.limits.command_timeout_s, env=spec.env, cwd=self.workdir,
             max_output_bytes=max(4 * self.limits.observation_max_bytes, 65_536),
         )  # fmt: skip
         started = time.monotonic()

@@ -222,10 +222,23 @@ class BrokerClient:
         )  # fmt: skip
         return ExecResult.model_validate(body)
 
-    async def write_file(self, lease_id: str, path: str, content: str) -> None:
-        await self._call(
-            InfraStage.SANDBOX_EXEC, "PUT", f"/leases/{lease_id}/files", params={"path": path}, data=content.encode()
-        )
+    async def write_file(self, lease_id: str, path: str, content: str | bytes) -> None:
+        data = content.encode() if isinstance(content, str) else content
+        await self._call(InfraStage.SANDBOX_EXEC, "PUT", f"/leases/{lease_id}/files", params={"path": path}, data=data)
+
+    async def read_file(self, lease_id: str, path: str) -> bytes | None:
+        """The file's bytes; None when there is no such file (or it is a directory)."""
+        url = f"{self.url}/leases/{lease_id}/files"
+        try:
+            async with self.session.get(url, params={"path": path}, timeout=self._timeout) as response:
+                raw = await response.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise InfraError(InfraStage.BROKER, ErrorCode.TRANSPORT_ERROR, f"broker unreachable: {exc!r}") from exc
+        if response.status == 200:
+            return raw
+        if response.status in (400, 404):
+            return None
+        raise InfraError(InfraStage.SANDBOX_EXEC, ErrorCode.INTERNAL_ERROR, f"reading {path}: {raw[:300]!r}")
 
 
 async def held(outages: Outages | None, service: str, stage: InfraStage, send: Callable[[], Awaitable[T]]) -> T:

@@ -20,6 +20,7 @@ from services.rollout_api.worker.outages import BROKER, PROXY, Breaker, Outages
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.worker import Worker
 from services.runtime.limits import raise_fd_limit
+from services.runtime.logs import configure_logging
 from services.runtime.net import free_port
 from services.runtime.redis_pool import observe_pools, open_redis
 from services.runtime.settings import RedisSettings
@@ -54,8 +55,12 @@ def make_outages(settings: WorkerSettings, session: aiohttp.ClientSession, metri
 
 async def serve(settings: WorkerSettings, redis_url: str) -> None:
     if settings.model_path is None:
-        raise SystemExit("ROLLOUT_WORKER_MODEL_PATH (--model-path) is required: the tokenizer directory")
+        raise SystemExit(
+            "ROLLOUT_WORKER_MODEL_PATH (--model-path) is required: the tokenizer directory "
+            "(`rollout tokenizer write DIR` writes the bundled one; or the served model's directory)"
+        )
     tokenizer = ChatTokenizer.from_dir(settings.model_path)
+    by_pool = {pool: ChatTokenizer.from_dir(path) for pool, path in settings.pool_model_paths.items()}
     worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     metrics = WorkerMetrics(settings.concurrency)
     raise_fd_limit()
@@ -66,7 +71,8 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
         deps = AgentDeps(
             proxy=ProxyClient(session, settings.proxy_url.rstrip("/"), settings.llm_timeout_s, outages),
             broker=BrokerClient(session, settings.broker_url.rstrip("/"), settings.broker_timeout_s, outages),
-            tokenizer=tokenizer, settings=settings, worker_id=worker_id, metrics=metrics, outages=outages,
+            tokenizer=tokenizer, settings=settings, worker_id=worker_id, metrics=metrics, pool_tokenizers=by_pool,
+            outages=outages,
         )  # fmt: skip
         worker = Worker(redis, deps, metrics)
         loop = asyncio.get_running_loop()
@@ -86,6 +92,7 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
     log.info("worker %s stopped", worker_id)
 
 
-def run(settings: WorkerSettings, redis_url: str) -> int:
-    asyncio.run(serve(settings, redis_url))
+def run(settings: WorkerSettings) -> int:
+    configure_logging(settings.log_level)
+    asyncio.run(serve(settings, settings.require_redis_url()))
     return 0

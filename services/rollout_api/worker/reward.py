@@ -1,13 +1,30 @@
-"""Scoring an episode: the task's reward command, run in the episode's sandbox."""
+"""Scoring an episode: the task's reward command, run in the episode's sandbox.
+
+The reward step cannot fail silently: when the command cannot run for a reason of the environment
+(interpreter or test runner missing, exit 126/127, the runner's own internal error, a failed or
+timed-out reward setup step) the attempt is an :class:`InfraError` at stage ``reward``, retried
+like any infra failure; only the policy's own failures score 0.
+"""
 
 from __future__ import annotations
 
+import posixpath
+import re
+import shlex
+
 from services.protocol import ErrorCode, InfraStage, RewardDetails, RewardSpec
-from services.protocol.sandboxes import ExecRequest
+from services.protocol.sandboxes import ExecRequest, ExecResult
+from services.rollout_api.worker import outcomes
 from services.rollout_api.worker.clients import BrokerClient, InfraError
 from services.rollout_api.worker.conversation import truncate_middle
 
 OUTPUT_KEPT_BYTES = 8_000
+REWARD_OUTPUT_BYTES = 8_000_000  # the per-test summary is at the end of a long log
+CANNOT_RUN_EXIT_CODES = {126: "not executable", 127: "command not found"}
+# the runner itself is missing or crashed (not a test failing, not the policy's code failing to import)
+RUNNER_BROKEN = re.compile(r"No module named '?(pytest|_pytest|unittest)'?$|^INTERNALERROR>", re.MULTILINE)
+
+Snapshot = dict[str, bytes | None]  # absolute path -> content before the agent ran (None: absent)
 
 
 def parse_reward(stdout: str) -> float | None:
@@ -21,18 +38,39 @@ def parse_reward(stdout: str) -> float | None:
         return None
 
 
-async def score(broker: BrokerClient, lease_id: str, spec: RewardSpec) -> tuple[float, RewardDetails]:
-    """Exit 0 -> 1.0, else 0.0; or the printed float when ``parse_float``. A test run that times
-    out scores 0.0 (the policy's code hung); a broken harness raises :class:`InfraError`."""
-    try:
-        for path, content in spec.files.items():  # fresh copies: the agent's edits to them do not count
-            await broker.write_file(lease_id, path, content)
-    except InfraError as exc:
-        raise InfraError(InfraStage.REWARD, exc.code, f"writing reward files: {exc.message}") from exc
-    request = ExecRequest(shell=spec.command, timeout_s=spec.timeout_s, max_output_bytes=1_000_000)
+async def snapshot(broker: BrokerClient, lease_id: str, spec: RewardSpec, workdir: str) -> Snapshot:
+    """The files ``spec.restore`` names, as they are before the agent's first turn."""
+    taken: Snapshot = {}
+    for path in spec.restore:
+        absolute = posixpath.join(workdir, path)
+        try:
+            taken[absolute] = await broker.read_file(lease_id, absolute)
+        except InfraError as exc:
+            raise InfraError(InfraStage.REWARD, exc.code, f"saving {path} for the reward: {exc.message}") from exc
+    return taken
+
+
+async def score(
+    broker: BrokerClient, lease_id: str, spec: RewardSpec, *, cwd: str | None = None,
+    env: dict[str, str] | None = None, saved: Snapshot | None = None,
+) -> tuple[float, RewardDetails]:  # fmt: skip
+    """Exit 0 -> 1.0, else 0.0; the printed float when ``parse_float``; with ``tests``, 1.0 only if
+    every named test has the right outcome. A test run that times out scores 0.0 (the policy's code
+    hung); an environment that cannot run the reward raises :class:`InfraError`."""
+    env = env or {}
+    await _prepare(broker, lease_id, spec, cwd, env, saved or {})
+    request = ExecRequest(shell=spec.command, timeout_s=spec.timeout_s, max_output_bytes=REWARD_OUTPUT_BYTES,
+                          env=env, cwd=cwd)  # fmt: skip
     result = await broker.exec(lease_id, request, stage=InfraStage.REWARD)
-    output = truncate_middle(result.stdout + result.stderr, OUTPUT_KEPT_BYTES)
+    log = result.stdout + result.stderr
+    output = truncate_middle(log, OUTPUT_KEPT_BYTES)
     details = RewardDetails(exit_code=result.exit_code, output=output, duration_s=result.duration_s)
+    if not result.timed_out:
+        _check_runnable(result, log, output)
+    if spec.tests is not None:
+        resolved, details.tests = outcomes.grade(outcomes.parse(log, spec.tests.log_parser), spec.tests)
+        details.parsed = True
+        return (1.0 if resolved else 0.0), details
     if result.timed_out or not spec.parse_float:
         return (1.0 if result.exit_code == 0 and not result.timed_out else 0.0), details
     value = parse_reward(result.stdout)
@@ -43,3 +81,35 @@ async def score(broker: BrokerClient, lease_id: str, spec: RewardSpec) -> tuple[
         )  # fmt: skip
     details.parsed = True
     return value, details
+
+
+async def _prepare(
+    broker: BrokerClient, lease_id: str, spec: RewardSpec, cwd: str | None, env: dict[str, str], saved: Snapshot
+) -> None:
+    """Put saved files back, write the task's fresh files, run the reward's setup steps."""
+    try:
+        for path, content in saved.items():
+            if content is not None:
+                await broker.write_file(lease_id, path, content)
+        for path, file_content in spec.files.items():  # fresh copies: the agent's edits to them do not count
+            await broker.write_file(lease_id, path, file_content)
+    except InfraError as exc:
+        raise InfraError(InfraStage.REWARD, exc.code, f"writing reward files: {exc.message}") from exc
+    absent = [path for path, content in saved.items() if content is None]
+    steps = ([f"rm -rf -- {' '.join(shlex.quote(p) for p in absent)}"] if absent else []) + spec.setup
+    for step in steps:
+        request = ExecRequest(shell=step, timeout_s=spec.timeout_s, env=env, cwd=cwd, max_output_bytes=20_000)
+        result = await broker.exec(lease_id, request, stage=InfraStage.REWARD)
+        if result.exit_code != 0:
+            why = "timed out" if result.timed_out else f"exited {result.exit_code}"
+            message = f"reward setup {step[:200]!r} {why}: {(result.stdout + result.stderr)[-300:]}"
+            raise InfraError(InfraStage.REWARD, ErrorCode.INTERNAL_ERROR, message)
+
+
+def _check_runnable(result: ExecResult, log: str, output: str) -> None:
+    why = CANNOT_RUN_EXIT_CODES.get(result.exit_code)
+    if why is None and result.exit_code != 0 and RUNNER_BROKEN.search(log):
+        why = "the test runner is missing or crashed"
+    if why is not None:
+        message = f"the reward command could not run ({why}, exit {result.exit_code}): {output[-300:]!r}"
+        raise InfraError(InfraStage.REWARD, ErrorCode.INTERNAL_ERROR, message)

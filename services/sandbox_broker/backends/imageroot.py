@@ -66,8 +66,8 @@ def mount_root(paths: SandboxPaths, image: PreparedImage, uid: int, use_overlay:
         for d in (upper, work):
             d.mkdir(parents=True, exist_ok=True)
         _own(upper, uid)
-        overlay.mount(image.rootfs, upper, work, merged)
-    else:  # no overlayfs here: a private copy
+        overlay.mount(":".join(str(layer) for layer in image.layers), upper, work, merged)
+    else:  # no overlayfs here: a private copy of the flattened image
         shutil.copytree(image.rootfs, merged, symlinks=True, dirs_exist_ok=True)
     _prepare_tree(merged, uid)
     name, in_uid, gid, home = identity(merged, image.config.user)

@@ -34,9 +34,10 @@ class LocalImages:
         """Mount the template's image as the sandbox's root, or seed its /workspace from ``rootfs``."""
         try:
             if template.image:
-                image = self.store.prepare(template.image)
+                image = self.store.prepare(template.image, layered=use_overlay)
                 root = imageroot.mount_root(paths, image, self.uid, use_overlay, template.host_usr)
                 meta["image"] = root.as_dict()
+                meta["image_trees"] = list(image.layer_digests)
                 meta["image_prepare_s"] = image.prepare_s
             elif template.rootfs:
                 self._seed_workspace(paths, template.rootfs, use_overlay, meta)
@@ -68,7 +69,7 @@ class LocalImages:
                 meta = json.loads(meta_path.read_text())
             except (OSError, ValueError):
                 continue
-            used |= {meta.get("image", {}).get("digest"), meta.get("rootfs_digest")} - {None}
+            used |= {*meta.get("image_trees", ()), meta.get("rootfs_digest")} - {None}
         return used
 
     def clean_leftovers(self) -> None:

@@ -21,7 +21,8 @@ def mounted(path: Path) -> bool:
         return any(line.split()[4] == target for line in mountinfo)
 
 
-def mount(lower: Path, upper: Path, work: Path, merged: Path) -> None:
+def mount(lower: Path | str, upper: Path, work: Path, merged: Path) -> None:
+    """``lower``: one directory, or several joined by ":" (top first)."""
     options = f"lowerdir={lower},upperdir={upper},workdir={work}"
     done = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)],
                           capture_output=True, text=True, check=False)  # fmt: skip

@@ -62,6 +62,7 @@ class ImageSource:
     digest: str  # "sha256:<hex>": the config's digest, or a digest of a directory's listing
     config: ImageConfig = field(default_factory=ImageConfig)
     layers: tuple[str, ...] = ()  # names inside the bundle, base layer first
+    layer_digests: tuple[str, ...] = ()  # one per layer: what names its unpacked tree
 
 
 class _Bundle:
@@ -111,6 +112,8 @@ def open_source(path: Path) -> ImageSource:
         if bundle.exists("index.json"):
             return _oci(bundle)
         raise ImageError(f"{path} has neither manifest.json (docker save) nor index.json (OCI layout)")
+    except ImageError:
+        raise
     except (KeyError, ValueError, TypeError, IndexError, OSError) as exc:
         raise ImageError(f"{path}: unreadable image ({exc!r})") from exc
     finally:
@@ -122,9 +125,13 @@ def _docker_archive(bundle: _Bundle) -> ImageSource:
     config_name = manifest["Config"]
     with bundle.open(config_name) as f:
         raw = f.read()
-    config = ImageConfig.from_json(json.loads(raw))
+    document = json.loads(raw)
     digest = "sha256:" + hashlib.sha256(raw).hexdigest()
-    return ImageSource("docker-archive", bundle.path, digest, config, tuple(manifest["Layers"]))
+    names = tuple(manifest["Layers"])
+    diff_ids = tuple((document.get("rootfs") or {}).get("diff_ids") or ())
+    if len(diff_ids) != len(names):  # no usable diff_ids: a layer is only known within this image
+        diff_ids = tuple(f"{digest}/{i}" for i in range(len(names)))
+    return ImageSource("docker-archive", bundle.path, digest, ImageConfig.from_json(document), names, diff_ids)
 
 
 def _oci(bundle: _Bundle) -> ImageSource:
@@ -135,7 +142,8 @@ def _oci(bundle: _Bundle) -> ImageSource:
     config = ImageConfig.from_json(bundle.json(_blob(manifest["config"]["digest"])))
     layers = tuple(_blob(layer["digest"]) for layer in manifest["layers"])
     kind: Literal["oci", "oci-archive"] = "oci" if bundle.tar is None else "oci-archive"
-    return ImageSource(kind, bundle.path, manifest["config"]["digest"], config, layers)
+    digests = tuple(layer["digest"] for layer in manifest["layers"])
+    return ImageSource(kind, bundle.path, manifest["config"]["digest"], config, layers, digests)
 
 
 def _blob(digest: str) -> str:

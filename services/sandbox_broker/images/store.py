@@ -3,13 +3,16 @@
 Layout under ``<state_dir>/images``::
 
     refs.json                 {"name": {"source": "/abs/path", "config": {...} | null}}
-    trees/<hex24>/rootfs      the unpacked root filesystem (owned by the sandbox uid)
-    trees/<hex24>/image.json  {"digest", "source", "config", "size", "last_used"}
+    trees/<hex24>/rootfs      one unpacked layer (overlay format), or a whole flattened image
+    trees/<hex24>/image.json  {"digest", "source", "size", "last_used"}
     .staging-*                half-made trees (removed at start)
 
-Trees are a cache: over the byte budget, the least recently used trees that no sandbox uses are
-removed; the next lease of that image unpacks it again from its source. Several processes on one
-host share the store (an ``flock`` serialises unpacking and eviction).
+With overlayfs (``layered``), every layer is unpacked once per layer digest and images stack their
+layers as overlay lower directories (a base layer shared by many task images is on disk once);
+without it, an image is flattened into one tree per image digest. Trees are owned by the sandbox
+uid. They are a cache: over the byte budget, the least recently used trees that no sandbox uses
+are removed, and the next lease unpacks them again from the image's source. Several processes on
+one host share the store (an ``flock`` serialises unpacking and eviction).
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.sandbox_broker.images.sources import ImageConfig, ImageError, ImageSource, open_source
-from services.sandbox_broker.images.unpack import chown_tree, tree_size, unpack
+from services.sandbox_broker.images.sources import ImageConfig, ImageError, ImageSource, layers, open_source
+from services.sandbox_broker.images.unpack import chown_tree, tree_size, unpack, unpack_layer
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +41,15 @@ class PreparedImage:
     """An image ready to be a sandbox's lower layer."""
 
     digest: str
-    rootfs: Path
+    layers: tuple[Path, ...]  # top first (overlay ``lowerdir`` order); one tree when flattened
+    layer_digests: tuple[str, ...]  # the trees' digests (what a sandbox holds in use)
     config: ImageConfig
-    prepare_s: float = 0.0  # time spent unpacking now (0 when the tree was already there)
+    prepare_s: float = 0.0  # time spent unpacking now (0 when every tree was already there)
+
+    @property
+    def rootfs(self) -> Path:
+        """The flattened tree (only meaningful when there is one layer)."""
+        return self.layers[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,37 +121,55 @@ class ImageStore:
         source = self._open(Path(ref))
         return source, source.config
 
-    def prepare(self, ref: str) -> PreparedImage:
-        """The unpacked tree of ``ref``, unpacking it if this host has none yet."""
+    def prepare(self, ref: str, layered: bool = False) -> PreparedImage:
+        """The unpacked trees of ``ref`` (its layers when ``layered`` and it has any, else one
+        flattened tree), unpacking what this host does not have yet."""
         source, config = self.resolve(ref)
-        tree = self.trees / _tree_name(source.digest)
         started = time.monotonic()
-        made = False
+        digests = source.layer_digests if layered and source.layer_digests else (source.digest,)
+        trees = [self.trees / _tree_name(d) for d in digests]
         with self._locked():
-            if not (tree / "rootfs").is_dir():
-                self._unpack(source, tree)
-                made = True
-            self._touch(tree, source)
-        if made:
-            self.evict(keep={source.digest})
-        return PreparedImage(source.digest, tree / "rootfs", config, time.monotonic() - started if made else 0.0)
+            missing = [i for i, tree in enumerate(trees) if not (tree / "rootfs").is_dir()]
+            if missing:
+                self._unpack(source, trees, digests, missing, layered)
+            for tree in trees:
+                self._touch(tree)
+        if missing:
+            self.evict(keep=set(digests))
+        took = time.monotonic() - started if missing else 0.0
+        top_first = tuple(tree / "rootfs" for tree in reversed(trees))
+        return PreparedImage(source.digest, top_first, tuple(digests), config, took)
 
-    def _unpack(self, source: ImageSource, tree: Path) -> None:
+    def _unpack(
+        self, source: ImageSource, trees: list[Path], digests: tuple[str, ...], missing: list[int], layered: bool
+    ) -> None:
+        staged = []
+        try:
+            if layered and source.layer_digests:
+                with layers(source) as each:
+                    for index, layer in enumerate(each):
+                        if index in missing:
+                            staged.append(self._stage(trees[index], lambda d, t=layer: unpack_layer(t, d)))  # type: ignore[misc]
+            else:
+                staged.append(self._stage(trees[0], lambda d: unpack(source, d)))
+            for index, staging in zip(missing, staged, strict=True):
+                meta = {"digest": digests[index], "source": str(source.path), "size": tree_size(staging)}
+                (staging / "image.json").write_text(json.dumps(meta))
+                staging.rename(trees[index])
+        finally:
+            for staging in staged:
+                shutil.rmtree(staging, ignore_errors=True)
+        log.info("unpacked %d tree(s) of image %s from %s", len(missing), source.digest, source.path)
+
+    def _stage(self, tree: Path, make: Callable[[Path], None]) -> Path:
         staging = self.root / f".staging-{tree.name}-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
-        try:
-            unpack(source, staging / "rootfs")
-            chown_tree(staging / "rootfs", self.uid)
-            meta = {"digest": source.digest, "source": str(source.path), "size": tree_size(staging)}
-            (staging / "image.json").write_text(json.dumps(meta))
-            self.trees.mkdir(parents=True, exist_ok=True)
-            staging.rename(tree)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        log.info("unpacked image %s from %s into %s", source.digest, source.path, tree)
+        self.trees.mkdir(parents=True, exist_ok=True)
+        make(staging / "rootfs")
+        chown_tree(staging / "rootfs", self.uid)
+        return staging
 
-    def _touch(self, tree: Path, source: ImageSource) -> None:
+    def _touch(self, tree: Path) -> None:
         meta = _read_meta(tree)
         meta["last_used"] = time.time()
         (tree / "image.json").write_text(json.dumps(meta))

@@ -1,6 +1,14 @@
-"""Apply an image's layers into one directory, as the OCI image spec says (``layer.md``):
+"""Unpacking image layers.
+
+``unpack_layer``: one layer into its own directory, whiteouts turned into overlayfs's own (a 0/0
+character device for ``.wh.NAME``, the ``trusted.overlay.opaque`` xattr for ``.wh..wh..opq``), so
+that the layers of every image stack as overlay lower directories, each unpacked once per layer
+digest and shared by every image that has it (needs root, like the overlay mount itself).
+
+``unpack``: every layer applied into one directory, as the OCI image spec says (``layer.md``):
 ``.wh.NAME`` deletes NAME, ``.wh..wh..opq`` empties its directory of what lower layers put there,
-a non-directory replaces what was at its path, a directory merges into an existing one.
+a non-directory replaces what was at its path, a directory merges into an existing one (used where
+there is no overlayfs, for a private copy).
 
 Extraction is faithful (``fully_trusted``: modes as recorded) with our own path checks instead:
 no absolute names, no ``..``, never through a symlink. Device nodes are skipped (every sandbox
@@ -13,6 +21,7 @@ from __future__ import annotations
 import os
 import posixpath
 import shutil
+import stat
 import tarfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -33,6 +42,31 @@ def unpack(source: ImageSource, dest: Path) -> None:
     with layers(source) as each:
         for layer in each:
             apply_layer(layer, dest)
+
+
+def unpack_layer(layer: tarfile.TarFile, dest: Path) -> None:
+    """One layer into ``dest`` (created) in overlayfs's format."""
+    dest.mkdir(parents=True)
+    dest.chmod(0o755)
+    opaque: list[str] = []
+    for member in layer:
+        name = _clean(member.name)
+        if not name:
+            continue
+        parent, base = posixpath.split(name)
+        if base == OPAQUE:
+            opaque.append(parent)
+        elif base.startswith(WHITEOUT):
+            target = _inside(dest, posixpath.join(parent, base[len(WHITEOUT) :]))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _remove(target)
+            os.mknod(target, stat.S_IFCHR | 0o600, os.makedev(0, 0))
+        elif not (member.ischr() or member.isblk()):
+            _extract(layer, member, name, dest)
+    for directory in opaque:
+        host = _inside(dest, posixpath.join(directory, "x")).parent
+        host.mkdir(parents=True, exist_ok=True)
+        os.setxattr(host, "trusted.overlay.opaque", b"y", follow_symlinks=False)
 
 
 def apply_layer(layer: Iterable[tarfile.TarInfo] | tarfile.TarFile, root: Path) -> None:

@@ -1,0 +1,110 @@
+"""Every process resolves the shared settings (Redis URL, admin token, log level) the same way:
+the same variables, the same precedence (flag > ROLLOUT_<SERVICE>_<NAME> > ROLLOUT_<NAME> > default)."""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.engines.settings import EngineSettings
+from services.llm_proxy.settings import ProxySettings
+from services.rollout_api.settings import ApiSettings, WorkerSettings
+from services.runtime.settings import SHARED_FIELDS, ServiceSettings, UsesRedis, shared_variable
+from services.sandbox_broker.settings import BrokerSettings
+from trainer_client.settings import TrainSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+PROCESSES: list[type[ServiceSettings]] = [
+    EngineSettings, ProxySettings, BrokerSettings, ApiSettings, WorkerSettings, TrainSettings,
+]  # fmt: skip
+# which shared settings each process uses: every one logs; all but the engines talk to Redis
+USES = {
+    EngineSettings: {"log_level"},
+    ProxySettings: {"log_level", "redis_url"},
+    BrokerSettings: {"log_level", "redis_url"},
+    ApiSettings: {"log_level", "redis_url", "admin_token"},
+    WorkerSettings: {"log_level", "redis_url"},
+    TrainSettings: {"log_level", "redis_url", "admin_token"},
+}
+VALUES = {"redis_url": ("redis://shared:1/0", "redis://own:2/0"), "admin_token": ("shared-t", "own-t"),
+          "log_level": ("WARNING", "DEBUG")}  # fmt: skip
+CASES = [(cls, field) for cls in PROCESSES for field in sorted(USES[cls])]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for key in list(os.environ):
+        if key.upper().startswith("ROLLOUT_"):
+            monkeypatch.delenv(key)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("cls", PROCESSES, ids=lambda c: c.__name__)
+def test_each_process_declares_the_shared_settings_it_uses(cls: type[ServiceSettings]) -> None:
+    assert {f for f in SHARED_FIELDS if f in cls.model_fields} == USES[cls]
+
+
+@pytest.mark.parametrize(("cls", "field"), CASES, ids=[f"{c.__name__}-{f}" for c, f in CASES])
+def test_precedence(cls: type[ServiceSettings], field: str, clean_env: pytest.MonkeyPatch) -> None:
+    shared, own = VALUES[field]
+    default = cls.model_fields[field].default
+    assert getattr(cls(), field) == default
+    clean_env.setenv(shared_variable(field), shared)
+    assert getattr(cls(), field) == shared  # the shared variable alone
+    clean_env.setenv(cls.variable(field), "")
+    assert getattr(cls(), field) == shared  # an empty variable counts as unset
+    clean_env.setenv(cls.variable(field), own)
+    assert getattr(cls(), field) == own  # the process's own variable beats the shared one
+    explicit = "ERROR" if field == "log_level" else "explicit"
+    flag: dict[str, Any] = {field: explicit}
+    assert getattr(cls(**flag), field) == explicit  # a flag beats both
+
+
+@pytest.mark.parametrize("cls", PROCESSES, ids=lambda c: c.__name__)
+def test_other_fields_never_come_from_the_shared_prefix(
+    cls: type[ServiceSettings], clean_env: pytest.MonkeyPatch
+) -> None:
+    clean_env.setenv("ROLLOUT_PORT", "1")
+    clean_env.setenv("ROLLOUT_HOST", "10.9.9.9")
+    built = cls()
+    assert getattr(built, "port", None) != 1 and getattr(built, "host", None) != "10.9.9.9"
+
+
+@pytest.mark.parametrize("cls", [WorkerSettings, TrainSettings], ids=lambda c: c.__name__)
+def test_worker_and_trainer_refuse_to_start_without_the_fleets_redis(
+    cls: type[UsesRedis], clean_env: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(SystemExit, match=f"{cls.variable('redis_url')} or ROLLOUT_REDIS_URL"):
+        cls().require_redis_url()
+    clean_env.setenv("ROLLOUT_REDIS_URL", "redis://shared:1/0")
+    assert cls().require_redis_url() == "redis://shared:1/0"
+
+
+def test_log_level_is_checked() -> None:
+    assert ApiSettings(log_level="debug").log_level == "DEBUG"
+    with pytest.raises(ValueError, match="log_level"):
+        ApiSettings(log_level="loud")
+
+
+def test_every_settings_class_of_a_process_is_a_service_settings() -> None:
+    """No process reads its own environment another way: every BaseSettings subclass in the tree
+    (bar the embedded Redis server's options) derives from ServiceSettings."""
+    found = set()
+    for path in [*(ROOT / "services").rglob("*.py"), *(ROOT / "trainer_client").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(getattr(b, "id", "") == "BaseSettings" for b in node.bases):
+                found.add(node.name)
+    assert found == {"ServiceSettings", "RedisSettings"}
+    assert {c.__name__ for c in PROCESSES} == {c.__name__ for c in _leaf_subclasses(ServiceSettings)}
+
+
+def _leaf_subclasses(cls: type) -> set[type]:
+    subs: set[type] = set(cls.__subclasses__())
+    leaves = {s for s in subs if not s.__subclasses__()}
+    for s in subs - leaves:
+        leaves |= _leaf_subclasses(s)
+    return leaves
