@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from services.benchmarks import broker, codec, fleet, proxy
+from services.benchmarks import broker, codec, fleet, proxy, turn
 
-BENCHMARKS = (codec, proxy, broker, fleet)
+BENCHMARKS = (codec, proxy, broker, fleet, turn)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
