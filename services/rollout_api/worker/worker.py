@@ -5,6 +5,7 @@ gracefully."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -42,6 +43,7 @@ class Worker:
         self.slot_freed = asyncio.Event()
         self.stopping = asyncio.Event()
         self._next_reclaim = 0.0  # monotonic time of the next XAUTOCLAIM scan
+        self.renewing: dict[str, asyncio.Task[None]] = {}  # lease renewals in flight
 
     @property
     def free(self) -> int:
@@ -59,9 +61,9 @@ class Worker:
             await self._fill()
         finally:
             await self._drain()
-            for task in background:
+            for task in [*background, *self.renewing.values()]:
                 task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            await asyncio.gather(*background, *self.renewing.values(), return_exceptions=True)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -185,17 +187,20 @@ class Worker:
         outages = self.deps.outages
         if outages is not None and not outages.breakers[BROKER].up.is_set():
             return  # renewals wait for the broker; the items' idle time above must not
-        renewals = [self.deps.broker.renew(lease, self.settings.lease_ttl_s) for lease in list(self.deps.leases)]
-        try:  # bounded: a renewal held by a broker outage must not hold the next heartbeat's XCLAIM
-            results = await asyncio.wait_for(
-                asyncio.gather(*renewals, return_exceptions=True), self.settings.heartbeat_s
-            )
-        except TimeoutError:
-            log.warning("lease renewals did not finish within %.1fs", self.settings.heartbeat_s)
-            return
-        for result in results:
-            if isinstance(result, Exception):
-                log.warning("lease renewal failed: %s", result)
+        for lease in list(self.deps.leases):  # in the background: a slow broker never holds the XCLAIM above
+            if lease not in self.renewing:
+                task = asyncio.create_task(self._renew(lease), name=f"renew {lease}")
+                self.renewing[lease] = task
+                task.add_done_callback(functools.partial(self._renewed, lease))
+
+    def _renewed(self, lease: str, _: asyncio.Task[None]) -> None:
+        self.renewing.pop(lease, None)
+
+    async def _renew(self, lease: str) -> None:
+        try:
+            await self.deps.broker.renew(lease, self.settings.lease_ttl_s)
+        except Exception as exc:
+            log.warning("renewal of lease %s failed: %s", lease, exc)
 
     async def _reclaim_due(self) -> int:
         """Reclaim, at most every ``reclaim_interval_s``; how many items were taken over."""
