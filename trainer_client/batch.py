@@ -1,9 +1,9 @@
-"""From GRPO groups to padded tensors: one row per trajectory, aligned for next-token logprobs.
+"""From GRPO groups to samples: one per trajectory, with its advantage, aligned for next-token logprobs.
 
-Row layout: ``input_ids = tokens[:-1]`` and ``labels = tokens[1:]`` with ``tokens = prompt +
+Layout: ``input_ids = tokens[:-1]`` and ``labels = tokens[1:]`` with ``tokens = prompt +
 response``. Response token ``j`` is predicted at position ``P - 1 + j`` (``P`` = prompt length),
-so the trajectory's ``loss_mask`` and engine ``response_logprobs`` are shifted there. Rows are
-right-padded with mask 0.
+so the trajectory's ``loss_mask`` and engine ``response_logprobs`` are shifted there. Micro-batches
+(packed or padded) are built in :mod:`trainer_client.packing`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from services.protocol.trajectory import Segment
 from trainer_client.groups import Group, key_of
 from trainer_client.grpo import group_advantages
 
@@ -30,19 +31,6 @@ class Sample:
     staleness: int
 
 
-@dataclass(frozen=True)
-class MicroBatch:
-    input_ids: torch.Tensor  # [B, L] int64
-    labels: torch.Tensor  # [B, L] int64
-    mask: torch.Tensor  # [B, L] float: 1 on generated response tokens
-    engine_logprobs: torch.Tensor  # [B, L] float
-    advantages: torch.Tensor  # [B, 1] float
-
-    @property
-    def tokens(self) -> int:
-        return int(self.mask.sum())
-
-
 def as_tensor(values: array, dtype: torch.dtype) -> torch.Tensor:  # type: ignore[type-arg]
     """Zero-copy view of a contract token array (then cast to ``dtype``)."""
     if len(values) == 0:
@@ -52,52 +40,33 @@ def as_tensor(values: array, dtype: torch.dtype) -> torch.Tensor:  # type: ignor
 
 
 def samples_from_groups(groups: list[Group], version: int, normalize_std: bool, max_len: int) -> list[Sample]:
-    """One sample per valid member; advantages normalised within each group."""
+    """One sample per token-exact segment of each valid member (one for most agents; more when a
+    gateway agent rewrote its history); advantages normalised within each group, per trajectory."""
     samples = []
     for group in groups:
         advantages = group_advantages(group.rewards(), normalize_std=normalize_std)
         for member, adv in zip(group.members, advantages.tolist(), strict=True):
             traj = member.trajectory
-            prompt = as_tensor(traj.prompt_ids, torch.int64)
-            response = as_tensor(traj.response_ids, torch.int64)
-            keep = max(0, min(len(response), max_len + 1 - len(prompt)))
-            samples.append(
-                Sample(
-                    key=key_of(traj),
-                    tokens=torch.cat([prompt, response[:keep]]),
-                    prompt_len=len(prompt),
-                    loss_mask=as_tensor(traj.loss_mask, torch.float32)[:keep],
-                    engine_logprobs=as_tensor(traj.response_logprobs, torch.float32)[:keep],
-                    advantage=adv,
-                    reward=traj.reward,
-                    staleness=version - member.version,
-                )
-            )
+            for index, segment in enumerate(traj.all_segments()):
+                key = key_of(traj) if index == 0 else f"{key_of(traj)}#{index}"
+                samples.append(_sample(key, segment, max_len, adv, traj.trainable_reward, version - member.version))
     return samples
 
 
-def collate(samples: list[Sample], device: torch.device) -> MicroBatch:
-    length = max(len(s.tokens) - 1 for s in samples)
-    rows = len(samples)
-    input_ids = torch.zeros(rows, length, dtype=torch.int64)
-    labels = torch.zeros(rows, length, dtype=torch.int64)
-    mask = torch.zeros(rows, length)
-    engine = torch.zeros(rows, length)
-    for i, s in enumerate(samples):
-        n = len(s.tokens) - 1
-        input_ids[i, :n] = s.tokens[:-1]
-        labels[i, :n] = s.tokens[1:]
-        start, resp = s.prompt_len - 1, len(s.loss_mask)
-        mask[i, start : start + resp] = s.loss_mask
-        engine[i, start : start + resp] = s.engine_logprobs
-    advantages = torch.tensor([[s.advantage] for s in samples])
-    return MicroBatch(*(t.to(device) for t in (input_ids, labels, mask, engine, advantages)))
-
-
-def micro_batches(samples: list[Sample], size: int, device: torch.device) -> list[MicroBatch]:
-    """Split into micro-batches of ``size`` rows, longest first (less padding)."""
-    ordered = sorted(samples, key=lambda s: len(s.tokens), reverse=True)
-    return [collate(ordered[i : i + size], device) for i in range(0, len(ordered), size)]
+def _sample(key: str, segment: Segment, max_len: int, advantage: float, reward: float, staleness: int) -> Sample:
+    prompt = as_tensor(segment.prompt_ids, torch.int64)
+    response = as_tensor(segment.response_ids, torch.int64)
+    keep = max(0, min(len(response), max_len + 1 - len(prompt)))
+    return Sample(
+        key=key,
+        tokens=torch.cat([prompt, response[:keep]]),
+        prompt_len=len(prompt),
+        loss_mask=as_tensor(segment.loss_mask, torch.float32)[:keep],
+        engine_logprobs=as_tensor(segment.response_logprobs, torch.float32)[:keep],
+        advantage=advantage,
+        reward=reward,
+        staleness=staleness,
+    )
 
 
 def staleness_histogram(samples: list[Sample]) -> dict[str, int]:

@@ -3,8 +3,9 @@
 Layout under the checkpoint directory::
 
     step_000004/model/            megatron dist_checkpointing (model and optimizer shards)
-    step_000004/trainer_state.json step, weight version, decided keys, entries to acknowledge, counters
-    step_000004/rng.pt             torch and python RNG states
+    step_000004/trainer_state.json step, weight version, epoch and lineage, decided keys, entries to ack, counters
+    step_000004/rng.pt             torch and python RNG states (rank 0's)
+    EPOCH                          the run-epoch counter (trainer_client.versions)
     latest                         name of the newest complete checkpoint
 
 A checkpoint is written under ``step_N.tmp`` and renamed when complete, then ``latest`` is
@@ -29,6 +30,8 @@ from pydantic import BaseModel, Field
 
 from trainer_client.cpu_shims import megatron_on_cpu
 from trainer_client.model import Policy
+from trainer_client.ranks import Ranks
+from trainer_client.versions import Lineage
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +42,9 @@ class TrainerState(BaseModel):
     """Everything besides the weights that a restarted trainer needs."""
 
     step: int = 0
-    version: str = "0"  # weight version of the current weights ("0" = initial)
+    version: str = "0"  # label of the current weights (trainer_client.versions)
+    epoch: int = 0  # the run epoch that trained the latest step (a new one at every start)
+    lineage: Lineage = Field(default_factory=Lineage)  # labels that name ancestors of these weights
     used: list[str] = Field(default_factory=list)  # "trajectory_id#attempt" in the order they were trained on
     dropped: dict[str, str] = Field(default_factory=dict)  # key -> drop reason
     to_ack: list[str] = Field(default_factory=list)  # stream entries decided up to this checkpoint
@@ -57,15 +62,27 @@ def _model_state(policy: Policy) -> dict[str, Any]:
     return {"model": msd, "optimizer": policy.optimizer.sharded_state_dict(msd)}
 
 
-def save(root: Path, policy: Policy, state: TrainerState, keep: int = 2) -> Path:
+def save(root: Path, policy: Policy, state: TrainerState, keep: int = 2, ranks: Ranks | None = None) -> Path:
+    """Collective: every rank writes its shards; the leader writes the trainer state and renames."""
     from megatron.core import dist_checkpointing
 
+    ranks = ranks or Ranks()
     final = root / f"step_{state.step:06d}"
     tmp = root / f"step_{state.step:06d}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "model").mkdir(parents=True)
+    if ranks.leader:
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "model").mkdir(parents=True)
+    ranks.barrier()
     with megatron_on_cpu():
         dist_checkpointing.save(_model_state(policy), str(tmp / "model"))
+    ranks.barrier()
+    if ranks.leader:
+        _finish(root, tmp, final, state, keep)
+    ranks.barrier()
+    return final
+
+
+def _finish(root: Path, tmp: Path, final: Path, state: TrainerState, keep: int) -> None:
     (tmp / "trainer_state.json").write_text(state.model_dump_json())
     torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / "rng.pt")
     shutil.rmtree(final, ignore_errors=True)
@@ -73,7 +90,6 @@ def save(root: Path, policy: Policy, state: TrainerState, keep: int = 2) -> Path
     _write_atomic(root / LATEST, final.name)
     _prune(root, keep)
     logger.info("checkpoint %s written", final)
-    return final
 
 
 def latest(root: Path) -> Path | None:

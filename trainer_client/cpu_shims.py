@@ -11,6 +11,8 @@ What each shim covers:
 - ``torch.cuda.synchronize`` -> no-op: ``dist_checkpointing`` preloads tensors with it.
 - ``CudaRNGStatesTracker.fork`` -> ``nullcontext``: the attention-dropout RNG fork swaps CUDA
   RNG states.
+- ``tensor_parallel.random._get_cuda_rng_state`` / ``_set_cuda_rng_state`` -> the CPU generator's
+  state / no-op: activation recomputation (``CheckpointFunction``) saves and restores the CUDA RNG.
 - :class:`CudaToCpu`, a ``TorchFunctionMode`` entered only around Megatron optimizer and
   checkpoint calls (:func:`megatron_on_cpu`): Megatron's optimizer and ``clip_grads`` pass
   ``device="cuda"``, call ``.cuda()`` and assert ``grad.type() == "torch.cuda.FloatTensor"``;
@@ -66,7 +68,7 @@ def shims_applied() -> bool:
 
 
 def apply_cpu_shims() -> bool:
-    """Patch the three CUDA entry points once if no GPU is present. Returns whether they are active."""
+    """Patch the CUDA entry points once if no GPU is present. Returns whether they are active."""
     if not shims_needed():
         return False
     if shims_applied():
@@ -76,6 +78,8 @@ def apply_cpu_shims() -> bool:
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
     torch.cuda.synchronize = lambda *a, **k: None
     megatron_random.CudaRNGStatesTracker.fork = lambda self, name=None: contextlib.nullcontext()
+    megatron_random._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    megatron_random._set_cuda_rng_state = lambda *a, **k: None
     _state["applied"] = True
     logger.info("no GPU: megatron-core CPU shims applied")
     return True

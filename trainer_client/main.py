@@ -20,29 +20,28 @@ def run(settings: TrainSettings) -> Trainer:
         loop(trainer, settings)
     finally:
         trainer.close()
-    if settings.plot and (records := trainer.log.read()):
+    if settings.plot and trainer.log and (records := trainer.log.read()):
         plot_steps(records, settings.work_dir / "steps.png")
     return trainer
 
 
 def loop(trainer: Trainer, settings: TrainSettings) -> None:
-    """Wait for complete groups, one GRPO step, export + sync, checkpoint, log; until max_steps."""
+    """Wait for complete groups, one GRPO step, export + sync, checkpoint, log; until max_steps (every rank)."""
     while trainer.state.step < settings.max_steps:
         timer = StepTimer()
         with timer.phase("wait_rollouts_s"):
-            trainer.top_up()
-            groups = trainer.gather()
-        if not groups:
+            batch = trainer.next_batch()  # the leader reads the stream; every rank gets the samples
+        if batch is None:
             logger.warning("no complete batch within %.0fs; stopping", settings.wait_timeout_s)
             break
-        samples, stats = trainer.train(groups)  # logprob recompute + actor update, timed inside
+        stats = trainer.train(batch)  # logprob recompute + actor update, timed inside
         with timer.phase("export_sync_s"):
             sync_ok = trainer.export_and_sync()
         with timer.phase("checkpoint_s"):
             trainer.checkpoint()
-        record = trainer.record(groups, samples, stats, sync_ok, timer)
-        logger.info("step %d reward %.3f gap %.4f ess %.3f time %.2fs", record.step, record.reward_mean,
-                    record.logprob_gap, record.ess, record.timings["total_s"])  # fmt: skip
+        if record := trainer.record(batch, stats, sync_ok, timer):
+            logger.info("step %d (%s) reward %.3f gap %.4f ess %.3f time %.2fs", record.step, record.version,
+                        record.reward_mean, record.logprob_gap, record.ess, record.timings["total_s"])  # fmt: skip
     trainer.checkpoint(force=True)
 
 

@@ -39,7 +39,10 @@ class StepRecord(BaseModel):
     carried_groups: int  # complete groups left for the next step
     in_flight_groups: int
     sync_ok: bool | None = None  # None: no export or no proxy this step
-    timings: dict[str, float] = Field(default_factory=dict)  # PHASES + total_s
+    lr: float = 0.0
+    padding_share: float = 0.0  # share of computed token positions that were padding
+    timings: dict[str, float] = Field(default_factory=dict)  # PHASES + total_s (rank 0)
+    rank_timings: list[dict[str, float]] = Field(default_factory=list)  # the same, per rank in rank order
 
     def line(self) -> str:
         return self.model_dump_json() + "\n"

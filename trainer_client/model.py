@@ -8,13 +8,14 @@ and on CPU-only hosts (gloo, world size 1, with :mod:`trainer_client.cpu_shims`)
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trainer_client.cpu_shims import apply_cpu_shims, megatron_on_cpu
 
@@ -51,13 +52,25 @@ class ModelConfig(BaseModel):
 
 
 class ParallelConfig(BaseModel):
-    """Megatron model parallelism. Pipeline stages need Megatron's pipeline schedule, which the
-    training loop does not drive yet: only ``pipeline_parallel=1`` is accepted."""
+    """Megatron model parallelism; data parallelism is what remains of the world size
+    (``WORLD_SIZE / tensor_parallel``). Pipeline stages are refused (see :func:`_no_pipeline`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tensor_parallel: int = Field(1, ge=1)
-    pipeline_parallel: int = Field(1, ge=1, le=1)
+    pipeline_parallel: int = Field(1, ge=1)
+    recompute_activations: bool = False  # full recompute of every layer in the backward pass
+
+    @field_validator("pipeline_parallel")
+    @classmethod
+    def _no_pipeline(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError(
+                "pipeline_parallel > 1 is not supported: the GRPO loop computes per-token logprobs on the last "
+                "stage and would need Megatron's pipeline schedule (forward_backward_pipelining) with the loss "
+                "inside it; use tensor_parallel and data parallelism (more ranks) instead"
+            )
+        return value
 
 
 class OptimConfig(BaseModel):
@@ -68,6 +81,19 @@ class OptimConfig(BaseModel):
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     clip_grad: float = Field(1.0, ge=0)  # 0 disables clipping
+    warmup_steps: int = Field(0, ge=0)  # linear warm-up from lr / (warmup_steps + 1) to lr
+    decay: Literal["constant", "cosine"] = "constant"  # after warm-up
+    decay_steps: int = Field(1000, ge=1)  # cosine: steps after warm-up to reach min_lr
+    min_lr: float = Field(0.0, ge=0)
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of optimizer step ``step`` (1-based), a pure function: a resumed run continues it."""
+        if step <= self.warmup_steps:
+            return self.lr * step / (self.warmup_steps + 1)
+        if self.decay == "constant":
+            return self.lr
+        done = min(1.0, (step - self.warmup_steps) / self.decay_steps)
+        return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * done))
 
 
 @dataclass
@@ -98,7 +124,7 @@ def init_parallel(parallel: ParallelConfig, seed: int) -> None:
         rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
         # under torchrun the env:// rendezvous; alone, a private loopback port (never written to
         # os.environ, so child processes do not inherit a port this process holds)
-        init = "env://" if "MASTER_ADDR" in os.environ else f"tcp://127.0.0.1:{_free_port()}"
+        init = "env://" if "MASTER_ADDR" in os.environ else f"tcp://127.0.0.1:{free_port()}"
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -110,7 +136,7 @@ def init_parallel(parallel: ParallelConfig, seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as sock:
@@ -140,6 +166,10 @@ def transformer_config(cfg: ModelConfig, parallel: ParallelConfig) -> Any:
         init_method_std=cfg.init_std,
         use_cpu_initialization=not torch.cuda.is_available(),
         params_dtype=torch.float32,
+        calculate_per_token_loss=True,  # the loss is pre-divided by the step's token count: DDP sums over ranks
+        recompute_granularity="full" if parallel.recompute_activations else None,
+        recompute_method="uniform" if parallel.recompute_activations else None,
+        recompute_num_layers=1 if parallel.recompute_activations else None,
         tensor_model_parallel_size=parallel.tensor_parallel,
         pipeline_model_parallel_size=parallel.pipeline_parallel,
     )
@@ -189,11 +219,18 @@ def causal_mask(length: int) -> torch.Tensor:
     return torch.triu(torch.ones(length, length, dtype=torch.bool, device=device()), diagonal=1)[None, None]
 
 
-def token_logprobs(model: Any, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """log p(labels[b, t] | input_ids[b, :t+1]) for every position, shape [B, L] (tensor-parallel safe)."""
+def token_logprobs(
+    model: Any, input_ids: torch.Tensor, labels: torch.Tensor, attention: torch.Tensor | None = None
+) -> torch.Tensor:
+    """log p(labels[b, t] | input_ids[b, :t+1]) for every position, shape [B, L] (tensor-parallel safe).
+
+    ``attention`` ([B, 1, L, L], True = forbidden) defaults to a causal mask; packed rows pass a
+    block-diagonal one.
+    """
     length = input_ids.shape[1]
     positions = torch.arange(length, device=input_ids.device).unsqueeze(0).expand_as(input_ids)
-    losses = model(input_ids, positions, causal_mask(length), labels=labels)
+    mask = causal_mask(length) if attention is None else attention
+    losses = model(input_ids, positions, mask, labels=labels)
     out: torch.Tensor = -losses.float()
     return out
 

@@ -53,7 +53,8 @@ class TrainSettings(UsesRedis, UsesAdminToken):
     max_staleness: int = Field(2, ge=0)  # versions; also sets the admission cap (max_staleness + 1) x batch_groups
     overprovision: float = Field(2.0, ge=1.0)  # groups kept in flight / batch_groups (capped by admission)
     group_timeout_s: float = Field(3600.0, gt=0)  # an open group missing members is settled after this
-    micro_batch_size: int = Field(4, ge=1)
+    micro_batch_tokens: int = Field(8192, ge=8)  # token slots per micro-batch (gradients accumulate over them)
+    packing: bool = True  # pack whole sequences into rows (no padding); False pads rows to the longest
     max_seq_len: int = Field(4096, ge=8)
     # run
     max_steps: int = Field(100, ge=1)

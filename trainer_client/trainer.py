@@ -1,30 +1,36 @@
-"""The trainer's parts wired together: stream -> groups -> GRPO step -> export/sync -> checkpoint -> ack."""
+"""The trainer's parts wired together, on every rank: batch broadcast -> GRPO step -> export/sync -> checkpoint.
+
+The leader (rank 0) also holds the :class:`~trainer_client.feed.Feed` (stream, groups, acks), the
+weight publisher and the step log; every other rank receives the step's samples from it.
+"""
 
 from __future__ import annotations
 
 import logging
-import time
-from collections import Counter
-from dataclasses import dataclass, field
-
-import redis
+from dataclasses import dataclass
 
 from trainer_client import checkpoint
-from trainer_client.batch import Sample, micro_batches, samples_from_groups, staleness_histogram
+from trainer_client.batch import Sample, samples_from_groups, staleness_histogram
 from trainer_client.client import RolloutClient
-from trainer_client.consumer import Entry, TrajectoryConsumer
 from trainer_client.export import export_hf
-from trainer_client.groups import Group, GroupAssembler
+from trainer_client.feed import Feed
 from trainer_client.hf_import import load_hf_weights
-from trainer_client.learner import Learner, StepStats
+from trainer_client.learner import Batching, Learner, StepStats
 from trainer_client.metrics import StepLog, StepRecord, StepTimer, TrainerMetrics
-from trainer_client.model import Policy, build_gpt, build_policy, device
-from trainer_client.pipeline import Admission, RolloutSupply, load_tasks
+from trainer_client.model import Policy, build_gpt, build_policy
+from trainer_client.ranks import Ranks
 from trainer_client.settings import TrainSettings
 from trainer_client.shards import full_state_dict
+from trainer_client.versions import label, next_epoch
 from trainer_client.weights import WeightPublisher, job_pool
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Batch:
+    groups: int
+    samples: list[Sample]
 
 
 @dataclass
@@ -32,157 +38,117 @@ class Trainer:
     settings: TrainSettings
     policy: Policy
     learner: Learner
-    consumer: TrajectoryConsumer
-    assembler: GroupAssembler
     state: checkpoint.TrainerState
-    log: StepLog
-    metrics: TrainerMetrics
-    supply: RolloutSupply | None = None
-    publisher: WeightPublisher | None = None
-    backlog: list[Entry] = field(default_factory=list)  # reclaimed entries, consumed first
-    _drops_seen: Counter[str] = field(default_factory=Counter)
-    _groups_seen: Counter[str] = field(default_factory=Counter)
+    ranks: Ranks
+    feed: Feed | None = None  # the leader's
+    publisher: WeightPublisher | None = None  # the leader's
+    log: StepLog | None = None  # the leader's
+    metrics: TrainerMetrics | None = None  # the leader's
 
     @classmethod
     def start(cls, s: TrainSettings) -> Trainer:
-        """Build the policy, resume from the latest checkpoint, acknowledge what it decided, reclaim the rest."""
+        """Build the policy, resume from the latest checkpoint with a new run epoch; the leader opens the feed."""
         policy = build_policy(s.model, s.parallel, s.optim)
-        ckpt = checkpoint.latest(s.checkpoint_dir)
+        ranks = Ranks.current()
         if s.init_from:  # version "0": the weights the engines start with (the KL reference too)
             load_hf_weights(policy.module, s.init_from, s.model)
         reference = _reference(policy, s) if s.loss.kl_coef > 0 else None
+        ckpt = checkpoint.latest(s.checkpoint_dir)
         state = checkpoint.load(ckpt, policy) if ckpt else checkpoint.TrainerState()
-        consumer = TrajectoryConsumer(redis.Redis.from_url(s.require_redis_url()), s.job, s.consumer_group)
-        client = RolloutClient(s.api_url, s.api_token) if s.api_url else None
-        consumer.ensure_group()
-        consumer.ack(state.to_ack)  # a crash between checkpoint and ack
-        assembler = GroupAssembler(s.min_valid, s.max_staleness, seen=state.seen(), group_timeout_s=s.group_timeout_s)
-        learner, supply, publisher = Learner(policy, s.loss, reference), _supply(s, client), _publisher(s, client)
-        trainer = cls(s, policy, learner, consumer, assembler, state, StepLog(s.step_log), TrainerMetrics(),
-                      supply, publisher, backlog=consumer.reclaim())  # fmt: skip
-        trainer._drops_seen.update(state.drops)
-        trainer._groups_seen.update(state.dropped_groups)
-        assembler.drops.update(state.drops)
-        assembler.dropped_groups.update(state.dropped_groups)
-        if trainer.supply:
-            trainer.supply.requested = state.requested_groups
-        if s.metrics_port:
-            trainer.metrics.serve(s.metrics_port)
+        state.epoch = ranks.broadcast(next_epoch(s.checkpoint_dir) if ranks.leader else None)
+        batching = Batching(s.micro_batch_tokens, s.packing)
+        learner = Learner(policy, s.loss, reference, ranks, batching, s.optim)
+        trainer = cls(s, policy, learner, state, ranks)
+        if ranks.leader:
+            client = RolloutClient(s.api_url, s.api_token) if s.api_url else None
+            trainer.feed = Feed.start(s, state, client)
+            trainer.publisher = _publisher(s, client)
+            trainer.log, trainer.metrics = StepLog(s.step_log), TrainerMetrics()
+            if s.metrics_port:
+                trainer.metrics.serve(s.metrics_port)
+        logger.info("rank %d/%d (dp %d/%d, tp %d/%d) at step %d, epoch %d", ranks.rank, ranks.world, ranks.dp_rank,
+                    ranks.dp_size, ranks.tp_rank, ranks.tp_size, state.step, state.epoch)  # fmt: skip
+        if ckpt and s.proxy_url:  # engines may serve weights this run lost: put the kept ones back first
+            trainer.export_and_sync(force=True)
         return trainer
 
-    @property
-    def version(self) -> int:
-        return int(self.state.version)
+    def next_batch(self) -> Batch | None:
+        """The leader gathers complete groups and makes the samples; every rank gets them (None: stop)."""
+        batch = None
+        if self.feed is not None:
+            s = self.settings
+            groups = self.feed.gather(self.state.step)
+            samples = samples_from_groups(groups, self.state.step, s.loss.normalize_std, s.max_seq_len)
+            batch = Batch(len(groups), samples) if groups else None
+        shared: Batch | None = self.ranks.broadcast(batch)
+        return shared
 
-    def finished_groups(self) -> int:
-        return self.state.step * self.settings.batch_groups + sum(self.assembler.dropped_groups.values())
-
-    def top_up(self) -> None:
-        if self.supply:
-            self.supply.top_up(self.finished_groups())
-
-    def gather(self) -> list[Group]:
-        """Read until ``batch_groups`` complete groups are ready (or the wait times out); take them."""
-        deadline = time.monotonic() + self.settings.wait_timeout_s
-        need = self.settings.batch_groups
-        while self.assembler.ready_count < need and time.monotonic() < deadline:
-            entries, self.backlog = self.backlog, []
-            entries = entries or self.consumer.read(self.settings.read_count, self.settings.read_block_ms)
-            for entry in entries:
-                if entry.trajectory is None:
-                    self.assembler.reject_entry(entry.entry_id)
-                else:
-                    self.assembler.add(entry.entry_id, entry.trajectory, self.version)
-            self.assembler.expire()
-            self.top_up()  # dropped groups free admission slots
-        return self.assembler.take(need, self.version) if self.assembler.ready_count >= need else []
-
-    def train(self, groups: list[Group]) -> tuple[list[Sample], StepStats]:
-        s = self.settings
-        samples = samples_from_groups(groups, self.version, s.loss.normalize_std, s.max_seq_len)
-        stats = self.learner.step(micro_batches(samples, s.micro_batch_size, device()))
+    def train(self, batch: Batch) -> StepStats:
+        stats = self.learner.step(batch.samples, self.state.step + 1)
         self.state.step += 1
-        self.state.version = str(self.state.step)
-        return samples, stats
+        self.state.lineage.extend(self.state.epoch, self.state.step)
+        self.state.version = label(self.state.step, self.state.epoch)
+        return stats
 
-    def export_and_sync(self) -> bool | None:
+    def export_and_sync(self, force: bool = False) -> bool | None:
+        """Gather the shards (every tensor-parallel group of data-parallel rank 0), export and post (leader)."""
         s = self.settings
-        if self.state.step % s.export_every:
+        if self.state.step % s.export_every and not force:
             return None
-        export = export_hf(
-            full_state_dict(self.policy.module), s.model, self.state.version, s.export_dir, s.tokenizer_dir
-        )
+        if self.ranks.dp_rank != 0:
+            return None
+        state = full_state_dict(self.policy.module)
+        if not self.ranks.leader:
+            return None
+        export = export_hf(state, s.model, self.state.version, s.export_dir, s.tokenizer_dir)
         logger.info("exported version %s to %s (%.2fs)", export.version, export.path, export.seconds)
         return self.publisher.publish(export).ok if self.publisher else None
 
     def checkpoint(self, force: bool = False) -> None:
-        """Record every decided entry, save, then acknowledge those entries."""
-        for d in self.assembler.drain_decided():
-            if d.fate == "used":
-                self.state.used.append(d.key)
-            else:
-                self.state.dropped[d.key] = d.fate
-            self.state.to_ack.append(d.entry_id)
+        """Record every decided entry, save (all ranks), then acknowledge those entries (leader)."""
+        if self.feed:
+            self.feed.decide(self.state)
         if not force and self.state.step % self.settings.checkpoint_every:
             return
-        self.state.last_entry_id = self.consumer.last_entry_id
-        self.state.requested_groups = self.supply.requested if self.supply else 0
-        self.state.drops = dict(self.assembler.drops)
-        self.state.dropped_groups = dict(self.assembler.dropped_groups)
-        checkpoint.save(self.settings.checkpoint_dir, self.policy, self.state, self.settings.keep_checkpoints)
-        self.consumer.ack(self.state.to_ack)
-        self.state.to_ack = []
+        if self.feed:
+            self.feed.snapshot(self.state)
+        checkpoint.save(self.settings.checkpoint_dir, self.policy, self.state, self.settings.keep_checkpoints,
+                        self.ranks)  # fmt: skip
+        if self.feed:
+            self.feed.consumer.ack(self.state.to_ack)
+            self.state.to_ack = []
 
     def close(self) -> None:
-        if self.supply:
-            self.supply.client.close()
+        if self.feed:
+            self.feed.close()
         if self.publisher:
             self.publisher.close()
-        self.consumer.client.close()
-        self.metrics.close()
+        if self.metrics:
+            self.metrics.close()
 
-    def record(
-        self, groups: list[Group], samples: list[Sample], stats: StepStats, sync_ok: bool | None, timer: StepTimer
-    ) -> StepRecord:
+    def record(self, batch: Batch, stats: StepStats, sync_ok: bool | None, timer: StepTimer) -> StepRecord | None:
+        """Every rank's timings to the leader, which writes the step's line (others get None)."""
         timings = {**timer.record(), "recompute_s": stats.recompute_s, "update_s": stats.update_s}
-        n = len(samples)
+        per_rank = self.ranks.gather(timings)
+        if self.feed is None or self.log is None or self.metrics is None:
+            return None
+        samples, n = batch.samples, len(batch.samples)
+        drops, dropped_groups = self.feed.new_drops()
         record = StepRecord(
-            step=self.state.step,
-            version=self.state.version,
-            groups=len(groups),
-            trajectories=n,
-            tokens=stats.tokens,
-            reward_mean=sum(s.reward for s in samples) / n,
+            step=self.state.step, version=self.state.version, groups=batch.groups, trajectories=n,
+            tokens=stats.tokens, reward_mean=sum(s.reward for s in samples) / n,
             response_len_mean=sum(len(s.loss_mask) for s in samples) / n,
             generated_len_mean=sum(float(s.loss_mask.sum()) for s in samples) / n,
-            loss=stats.loss,
-            grad_norm=stats.grad_norm,
-            clip_fraction=stats.clip_fraction,
-            logprob_gap=stats.logprob_gap,
-            ess=stats.ess,
-            tis_mean=stats.tis_mean,
-            kl=stats.kl,
-            staleness=staleness_histogram(samples),
-            drops=dict(self.assembler.drops - self._drops_seen),
-            dropped_groups=dict(self.assembler.dropped_groups - self._groups_seen),
-            carried_groups=self.assembler.ready_count,
-            in_flight_groups=self.supply.in_flight(self.finished_groups()) if self.supply else 0,
-            sync_ok=sync_ok,
-            timings=timings,
-        )
-        self._drops_seen, self._groups_seen = Counter(self.assembler.drops), Counter(self.assembler.dropped_groups)
+            loss=stats.loss, grad_norm=stats.grad_norm, clip_fraction=stats.clip_fraction,
+            logprob_gap=stats.logprob_gap, ess=stats.ess, tis_mean=stats.tis_mean, kl=stats.kl, lr=stats.lr,
+            padding_share=1 - stats.sequence_tokens / max(stats.slots, 1), staleness=staleness_histogram(samples),
+            drops=drops, dropped_groups=dropped_groups, carried_groups=self.feed.assembler.ready_count,
+            in_flight_groups=self.feed.in_flight(self.state.step), sync_ok=sync_ok, timings=timings,
+            rank_timings=per_rank,
+        )  # fmt: skip
         self.log.append(record)
         self.metrics.observe(record)
         return record
-
-
-def _supply(s: TrainSettings, client: RolloutClient | None) -> RolloutSupply | None:
-    if client is None:
-        return None
-    if not s.tasks_path:
-        raise ValueError("ROLLOUT_TRAIN_TASKS_PATH is required with ROLLOUT_TRAIN_API_URL")
-    admission = Admission(s.batch_groups, s.max_staleness, s.overprovision)
-    return RolloutSupply(client, s.job, load_tasks(s.tasks_path), admission, s.group_size, s.sampling, s.limits)
 
 
 def _publisher(s: TrainSettings, client: RolloutClient | None) -> WeightPublisher | None:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.benchmarks.broker_load import Load, leftover_sandboxes, run_leases
+from services.benchmarks.broker_load import Load, leftover_processes, leftover_sandboxes, run_leases
 from services.benchmarks.broker_procs import Proc, python_proc
 from services.benchmarks.report import percentile, print_table, write_json
 from services.runtime.redis_server import redis_url_or_embedded
@@ -32,6 +32,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--backend", choices=("local", "docker", "e2b"), default="local")
     p.add_argument("--leases", type=int, default=100, help="concurrent leases (default 100)")
     p.add_argument("--commands", type=int, default=3, help="commands per lease (default 3)")
+    p.add_argument("--egress-leases", type=int, default=None,
+                   help="concurrent cold leases with egress (own netns, NAT, rules); default: --leases")  # fmt: skip
     p.add_argument("--exec-samples", type=int, default=100, help="sequential execs for the overhead figure")
     p.add_argument("--setup", action="append", default=None,
                    help="setup command of the benchmark's template, run at every cold start (repeatable; "
@@ -97,7 +99,7 @@ async def _bench(args: argparse.Namespace, redis_url: str, root: Path) -> dict[s
             await load.close()
     finally:
         broker.stop()
-    figures["leaked"] = await leftover_sandboxes(settings)
+    figures["leaked"] = await leftover_sandboxes(settings) + leftover_processes(str(settings.state_dir))
     figures["wall_s"] = time.monotonic() - started
     if fake is not None:
         fake.stop()
@@ -109,6 +111,8 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
     template = {"name": "bench", "setup": args.setup, "warm_pool": args.leases, "image": image}
     await load.register(template, timeout_s=600)
     cold = await run_leases(load, args.leases, {"template": "bench", "resources": COLD})
+    egress_n = args.leases if args.egress_leases is None else args.egress_leases
+    egress = await run_leases(load, egress_n, {"template": "bench", "resources": COLD, "network": "egress"})
     await load.wait_pool(args.leases, timeout_s=600)
     warm = await run_leases(load, args.leases, {"template": "bench"})
     await load.wait_pool(args.leases, timeout_s=600)  # refills done: measure the exec path alone
@@ -120,12 +124,16 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
         "backend": args.backend, "leases": args.leases, "commands_per_lease": args.commands,
         "cold_lease_p50_ms": percentile(cold.start_ms, 50), "cold_lease_p99_ms": percentile(cold.start_ms, 99),
         "warm_lease_p50_ms": percentile(warm.start_ms, 50), "warm_lease_p99_ms": percentile(warm.start_ms, 99),
+        "egress_leases": egress_n,
+        "egress_cold_lease_p50_ms": percentile(egress.start_ms, 50),
+        "egress_cold_lease_p99_ms": percentile(egress.start_ms, 99),
+        "egress_exec_under_load_p50_ms": percentile(egress.exec_ms, 50),
         "warm_hits": warm.warm, "cold_hits": cold.warm,
         "exec_under_load_p50_ms": percentile(warm.exec_ms, 50), "exec_under_load_p99_ms": percentile(warm.exec_ms, 99),
         "exec_broker_p50_ms": percentile(via_broker, 50), "exec_direct_p50_ms": percentile(direct, 50),
         "exec_overhead_p50_ms": percentile([b - d for b, d in zip(via_broker, direct, strict=True)], 50),
-        "errors": cold.errors + warm.errors + recovery["errors_after_restart"],
-        "error_samples": cold.samples + warm.samples,
+        "errors": cold.errors + egress.errors + warm.errors + recovery["errors_after_restart"],
+        "error_samples": cold.samples + egress.samples + warm.samples,
         **recovery,
     }  # fmt: skip
 
@@ -154,6 +162,8 @@ def _report(args: argparse.Namespace, f: dict[str, Any]) -> None:
     f["cold_over_warm_p99"] = ratio
     print_table(f"sandbox broker, {f['backend']} backend, {f['leases']} concurrent leases", [
         {"figure": "cold lease", "p50_ms": f["cold_lease_p50_ms"], "p99_ms": f["cold_lease_p99_ms"]},
+        {"figure": f"cold lease, egress ({f['egress_leases']})", "p50_ms": f["egress_cold_lease_p50_ms"],
+         "p99_ms": f["egress_cold_lease_p99_ms"]},
         {"figure": "warm lease", "p50_ms": f["warm_lease_p50_ms"], "p99_ms": f["warm_lease_p99_ms"]},
         {"figure": "exec under load", "p50_ms": f["exec_under_load_p50_ms"], "p99_ms": f["exec_under_load_p99_ms"]},
         {"figure": "exec via broker (seq)", "p50_ms": f["exec_broker_p50_ms"], "p99_ms": float("nan")},

@@ -4,8 +4,10 @@ timed from the client, and the same command run directly on the bare backend."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -146,3 +148,14 @@ async def leftover_sandboxes(settings: BrokerSettings) -> int:
         return len(await backend.list_sandboxes())
     finally:
         await backend.close()
+
+
+def leftover_processes(marker: str) -> int:
+    """Processes whose command line names ``marker`` (the state directory): slirp4netns of an egress
+    sandbox that outlived it."""
+    found = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                found += marker.encode() in (entry / "cmdline").read_bytes()
+    return found

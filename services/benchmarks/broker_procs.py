@@ -7,14 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from services.runtime.net import free_port
+from services.runtime.processes import wait_healthy
 
 
 @dataclass
@@ -34,17 +32,7 @@ class Proc:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)  # fmt: skip
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.argv[:4]} exited {self.proc.returncode}; see {self.log}")
-            try:
-                if httpx.get(self.url + self.health, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"{self.argv[:4]} not healthy within {timeout_s}s; see {self.log}")
+        wait_healthy(self.proc, self.url + self.health, timeout_s, str(self.argv[:4]), lambda: f"; see {self.log}")
 
     def kill9(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -44,10 +44,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--ramp", default=None, help="concurrency steps for an existing proxy, e.g. 100,500,1000")
     p.add_argument("--log-dir", type=Path, default=None, help="process logs (default: a temporary directory)")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
+    p.add_argument("--replay", type=Path, default=None,
+                   help="replay this dump's LLM calls (rollout trajectories export) against --proxy-url")  # fmt: skip
+    p.add_argument("--time-scale", type=float, default=1.0, help="--replay: recorded pacing divided by this (1)")
+    p.add_argument("--sessions", type=int, default=None, help="--replay: only the first N trajectories")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.replay:
+        return run_replay(args)
     if args.proxy_url:
         return run_external(args)
     requests = args.requests or 3 * args.concurrency
@@ -193,4 +199,17 @@ def run_external(args: argparse.Namespace) -> int:
             knee = c
     print_table(f"proxy ramp against {args.proxy_url}", rows)
     write_json(args.json, {"rows": rows, "knee_concurrency": knee, "errors": sum(r["errors"] for r in rows)})
+    return 0
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    from services.benchmarks.replay import replay_dump
+
+    if not args.proxy_url or args.time_scale <= 0:
+        raise SystemExit("--replay needs --proxy-url and a positive --time-scale")
+    figures = replay_dump(args.replay, args.proxy_url, scale=args.time_scale, pool=args.pool, limit=args.sessions)
+    row = {k: figures[k] for k in ("sessions", "calls", "errors", "latency_p50_s", "latency_p99_s", "affinity",
+                                   "start_lateness_p99_s", "wall_s")}  # fmt: skip
+    print_table(f"replay of {args.replay} against {args.proxy_url} at {args.time_scale}x", [row])
+    write_json(args.json, figures)
     return 0

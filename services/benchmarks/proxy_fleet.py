@@ -7,7 +7,6 @@ is read from ``/proc`` for a process and all its descendants.
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 import time
@@ -17,10 +16,9 @@ from pathlib import Path
 
 import httpx
 
+from services.benchmarks.procstat import tree_cpu_s
 from services.runtime.net import free_port, free_port_range
-from services.runtime.processes import stop_group
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+from services.runtime.processes import stop_group, wait_healthy
 
 
 @dataclass
@@ -42,16 +40,12 @@ def launch(name: str, argv: Sequence[str], url: str, health: str, log_dir: Path,
     with (log_dir / f"{name}.log").open("wb") as log:
         proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     launched = Launched(name, proc, url)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with {proc.returncode}; see {log_dir / (name + '.log')}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + health, timeout=2).status_code == 200:
-                return launched
-        time.sleep(0.2)
-    launched.stop()
-    raise TimeoutError(f"{name} did not become healthy within {timeout_s} s")
+    try:
+        wait_healthy(proc, url + health, timeout_s, name, lambda: f"; see {log_dir / (name + '.log')}")
+    except TimeoutError:
+        launched.stop()
+        raise
+    return launched
 
 
 def start_engines(
@@ -108,25 +102,3 @@ def stopping(launched: list[Launched]) -> Iterator[list[Launched]]:
     finally:
         for item in reversed(launched):
             item.stop()
-
-
-def tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and every live descendant (Linux ``/proc``)."""
-    children: dict[int, list[int]] = {}
-    ticks: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-        ticks[int(entry.name)] = int(fields[11]) + int(fields[12])
-    total, todo = 0, [pid]
-    while todo:
-        current = todo.pop()
-        total += ticks.get(current, 0)
-        todo += children.get(current, [])
-    return total / CLOCK_TICKS

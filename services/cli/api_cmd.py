@@ -13,6 +13,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--redis-url", default=None, help="default: ROLLOUT_API_REDIS_URL, ROLLOUT_REDIS_URL, embedded")
     p.add_argument("--broker-url", default=None, help="check task templates against this broker")
+    p.add_argument("--proxy-url", default=None, help="the LLM proxy whose pools and engines the dashboard shows")
+    p.add_argument("--tokenizer-path", default=None, help="policy tokenizer dir: the viewer shows token texts")
     p.set_defaults(handler=run)
 
 
@@ -20,4 +22,5 @@ def run(args: argparse.Namespace) -> int:
     from services.rollout_api.main import run as run_api
     from services.rollout_api.settings import ApiSettings
 
-    return run_api(ApiSettings(**overrides(args, ("host", "port", "redis_url", "broker_url"))))
+    names = ("host", "port", "redis_url", "broker_url", "proxy_url", "tokenizer_path")
+    return run_api(ApiSettings(**overrides(args, names)))

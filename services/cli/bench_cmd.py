@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from services.benchmarks import broker, codec, fleet, proxy, turn
+from services.benchmarks import broker, codec, fleet, proxy, trainer, turn
 
-BENCHMARKS = (codec, proxy, broker, fleet, turn)
+BENCHMARKS = (codec, proxy, broker, fleet, trainer, turn)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -21,13 +21,14 @@ from services.cli import (
     proxy_cmd,
     redis_cmd,
     tokenizer_cmd,
+    trajectories_cmd,
     up_cmd,
     worker_cmd,
 )
 from services.runtime.logs import configure_logging
 
 COMMANDS = (up_cmd, redis_cmd, engine_cmd, proxy_cmd, broker_cmd, api_cmd, worker_cmd, bench_cmd, deploy_cmd,
-            images_cmd, tokenizer_cmd)  # fmt: skip
+            images_cmd, tokenizer_cmd, trajectories_cmd)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,6 +22,9 @@ FLAGS: dict[str, type] = {
     "connect_timeout_s": float,
     "health_interval_s": float,
     "eject_after_failures": int,
+    "gateway_tokenizers": str,
+    "gateway_tool_parsers": str,
+    "gateway_routed_experts": str,
 }
 
 

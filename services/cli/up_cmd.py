@@ -14,6 +14,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--concurrency", type=int, default=32, help="episodes at once in the worker")
     p.add_argument("--warm-start-steps", type=int, default=250, help="format fine-tuning steps before RL")
     p.add_argument("--redis-url", default=None, help="default: an embedded server")
+    p.add_argument("--trainer-ranks", type=int, default=1, help="trainer processes under torchrun (data parallel)")
     p.set_defaults(handler=run)
 
 
@@ -23,5 +24,5 @@ def run(args: argparse.Namespace) -> int:
 
     return run_up(UpOptions(
         work_dir=args.work_dir, steps=args.steps, engines=args.engines, concurrency=args.concurrency,
-        warm_start_steps=args.warm_start_steps, redis_url=args.redis_url,
+        warm_start_steps=args.warm_start_steps, redis_url=args.redis_url, trainer_ranks=args.trainer_ranks,
     ))  # fmt: skip

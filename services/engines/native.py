@@ -9,6 +9,7 @@ from aiohttp import web
 
 from services.engines.batching import Generation
 from services.engines.engine import Engine, EngineRequestError, GenerateParams
+from services.engines.replay import add_replay_fields
 from services.engines.responses import json_response, read_json, sglang_error, stream_sse, wait_done
 
 ENGINE = web.AppKey("engine", Engine)
@@ -44,13 +45,17 @@ def params_of(body: dict[str, Any]) -> GenerateParams:
     )
 
 
-def native_output(engine: Engine, gen: Generation, prompt_ids: list[int], logprobs: bool) -> dict[str, Any]:
+def native_output(
+    engine: Engine, gen: Generation, prompt_ids: list[int], logprobs: bool, body: dict[str, Any] | None = None
+) -> dict[str, Any]:
     out = engine.output_ids(gen)
     doc: dict[str, Any] = {}
     if engine.codec is not None:
         doc["text"] = engine.codec.decode_visible(out)
     doc["output_ids"] = out
     doc["meta_info"] = engine.meta_info(gen, prompt_ids, logprobs=logprobs)
+    if body:
+        add_replay_fields(engine.settings, body, doc["meta_info"], prompt_ids, out)
     return doc
 
 
@@ -74,7 +79,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return resp
     await wait_done(engine, gen)
     engine.record_finished(gen, prompt_ids)
-    return json_response(native_output(engine, gen, prompt_ids, params.return_logprob))
+    return json_response(native_output(engine, gen, prompt_ids, params.return_logprob, body))
 
 
 async def load_lora_adapter(request: web.Request) -> web.Response:

@@ -56,3 +56,6 @@ class EngineSettings(ServiceSettings):
     # weight store: exports named by URL (file://, s3://) are fetched here and verified first
     weight_cache_dir: Path = Path("/tmp/rollout-weights")
     stage_port: int | None = None  # sglang mode: the launcher's /rollout/stage_weights port (default port + 1)
+    moe_layers: int = Field(2, ge=1)  # routing replay (return_routed_experts): MoE layers reported
+    moe_topk: int = Field(2, ge=1)  # experts per token per layer
+    moe_experts: int = Field(8, ge=1)

@@ -80,6 +80,7 @@ class Fleet:
         ], env)  # fmt: skip
         self._start("api", [
             "api", "--port", "{port}", "--broker-url", self.url("broker"),
+            "--proxy-url", self.url("proxy"), "--tokenizer-path", str(cfg.model_dir),
         ], {**env, "ROLLOUT_API_ADMIN_TOKEN": self.admin_token})  # fmt: skip
         self._start("worker", [
             "worker", "--port", "{port}", "--proxy-url", self.url("proxy"),
@@ -93,6 +94,10 @@ class Fleet:
         )
         self.services[name] = service
         log.info("%-8s %s (log %s)", name, service.url, service.log_path)
+
+    def dashboard_url(self) -> str:
+        """The dashboard with the admin token in the fragment (never sent to the server, never logged)."""
+        return f"{self.url('api')}/ui/#token={self.admin_token}"
 
     def create_job(self, job: str, pool: str = DEFAULT_POOL) -> str:
         """Create ``job`` through the API; returns its bearer token."""

@@ -30,6 +30,7 @@ class UpOptions:
     warm_start_steps: int = 250
     group_size: int = 8
     redis_url: str | None = None
+    trainer_ranks: int = 1  # > 1: the trainer runs under torchrun (data parallel; NCCL on GPUs, gloo on CPU)
 
 
 def run(opts: UpOptions) -> int:
@@ -45,6 +46,7 @@ def run(opts: UpOptions) -> int:
     fleet.start()
     try:
         token = fleet.create_job(JOB)
+        print(f"\ndashboard: {fleet.dashboard_url()}\n", flush=True)
         code = train(fleet, opts, model_dir, token)
     finally:
         fleet.stop()
@@ -69,12 +71,18 @@ def train(fleet: Fleet, opts: UpOptions, model_dir: Path, token: str) -> int:
         "ROLLOUT_TRAIN_LIMITS__MAX_TRAJECTORY_TOKENS": context, "ROLLOUT_TRAIN_LIMITS__COMMAND_TIMEOUT_S": "10",
         "ROLLOUT_TRAIN_WAIT_TIMEOUT_S": "300", "ROLLOUT_TRAIN_GROUP_TIMEOUT_S": "120",
     }  # fmt: skip
-    log.info("training job %r for %d steps (trainer log: stdout)", JOB, opts.steps)
-    proc = subprocess.run(
-        [sys.executable, "-m", "trainer_client.main"], cwd=REPO_ROOT, env=python_env({**os.environ, **env}),
-        check=False,
-    )  # fmt: skip
+    log.info("training job %r for %d steps on %d rank(s) (trainer log: stdout)", JOB, opts.steps, opts.trainer_ranks)
+    proc = subprocess.run(trainer_argv(opts.trainer_ranks), cwd=REPO_ROOT, env=python_env({**os.environ, **env}),
+                          check=False)  # fmt: skip
     return proc.returncode
+
+
+def trainer_argv(ranks: int) -> list[str]:
+    """``rollout-train`` alone, or under ``torchrun`` with one process per rank."""
+    if ranks == 1:
+        return [sys.executable, "-m", "trainer_client.main"]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+            "-m", "trainer_client.main"]  # fmt: skip
 
 
 def summarise(trainer_dir: Path) -> None:
@@ -88,6 +96,7 @@ def summarise(trainer_dir: Path) -> None:
             "step": r.get("step"), "reward": r.get("reward_mean"), "trajectories": r.get("trajectories"),
             "logprob_gap": r.get("logprob_gap"), "ess": r.get("ess"),
             "wait_s": r.get("timings", {}).get("wait_rollouts_s"), "total_s": r.get("timings", {}).get("total_s"),
+            "update_s_per_rank": " ".join(f"{t.get('update_s', 0):.2f}" for t in r.get("rank_timings", [])),
         }
         for r in records
     ]  # fmt: skip

@@ -14,9 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from services.llm_proxy.membership import MembershipStore, PoolRecord
-from services.llm_proxy.responses import platform_error
 from services.llm_proxy.upstream import EngineClient
-from services.protocol import ErrorCode
+from services.protocol import ErrorCode, PlatformError
 from services.protocol.tasks import Name
 
 log = logging.getLogger(__name__)
@@ -39,11 +38,11 @@ class Adapters:
     async def change(self, req: AdapterChange) -> dict[str, Any]:
         """Fan the change out; the pool's record follows the engines that succeeded."""
         if req.action == "load" and not req.lora_path:
-            raise platform_error(ErrorCode.VALIDATION_ERROR, "lora_path is required to load an adapter")
+            raise PlatformError(ErrorCode.VALIDATION_ERROR, "lora_path is required to load an adapter")
         fleet = await self.store.read()
         pool = fleet.pools.get(req.pool)
         if pool is None:
-            raise platform_error(ErrorCode.UNKNOWN_POOL, f"no pool named {req.pool!r}")
+            raise PlatformError(ErrorCode.UNKNOWN_POOL, f"no pool named {req.pool!r}")
         urls = [e.url for e in fleet.pool_engines(req.pool) if e.state == "active"]
         results = await asyncio.gather(*(self._apply(url, req) for url in urls))
         adapters = dict(pool.adapters)
@@ -71,4 +70,4 @@ class Adapters:
                 "POST", url + "/load_lora_adapter", {"lora_name": name, "lora_path": path}
             )
             if status != 200:
-                raise platform_error(ErrorCode.ENGINE_ERROR, f"{url} could not load LoRA {name}: {doc}")
+                raise PlatformError(ErrorCode.ENGINE_ERROR, f"{url} could not load LoRA {name}: {doc}")

@@ -14,7 +14,7 @@ from services.llm_proxy.adapters import AdapterChange, Adapters
 from services.llm_proxy.fleet import FleetView
 from services.llm_proxy.membership import EngineRecord, MembershipStore, PoolRecord
 from services.llm_proxy.metrics import ProxyMetrics
-from services.llm_proxy.responses import error_response, json_response, platform_error, read_json
+from services.llm_proxy.responses import error_response, json_response, read_json
 from services.llm_proxy.staging import StageFailed, stage
 from services.llm_proxy.upstream import EngineClient
 from services.llm_proxy.weights import WeightTransaction
@@ -75,7 +75,7 @@ class Admin:
             try:
                 return await handler(await read_json(request))  # type: ignore[no-any-return]
             except ValidationError as exc:
-                return error_response(platform_error(ErrorCode.VALIDATION_ERROR, str(exc)))
+                return error_response(PlatformError(ErrorCode.VALIDATION_ERROR, str(exc)))
             except PlatformError as exc:
                 return error_response(exc)
 
@@ -90,7 +90,8 @@ class Admin:
                 rt = self.view.runtime.get(rec.url)
                 engines.append({**rec.model_dump(), "engine_id": rec.engine_id,
                                 "ejected": bool(rt and rt.ejected), "in_flight": rt.in_flight if rt else 0,
-                                "load": rt.load if rt else 0})  # fmt: skip
+                                "load": rt.load if rt else 0,
+                                "weight_version": rt.weight_version if rt else None})  # fmt: skip
             pools[name] = {**pool.model_dump(), "engines": engines}
         return json_response({"pools": pools})
 
@@ -126,7 +127,7 @@ class Admin:
     async def remove(self, body: dict[str, Any]) -> web.Response:
         url = EngineRef.model_validate(body).url.rstrip("/")
         if not await self.store.remove_engine(url):
-            raise platform_error(ErrorCode.NOT_FOUND, f"no engine {url}")
+            raise PlatformError(ErrorCode.NOT_FOUND, f"no engine {url}")
         return json_response({"url": url, "removed": True})
 
     async def weights(self, body: dict[str, Any]) -> web.Response:
@@ -143,7 +144,7 @@ class Admin:
         fleet = await self.store.read()
         record = fleet.engines.get(url.rstrip("/"))
         if record is None:
-            raise platform_error(ErrorCode.NOT_FOUND, f"no engine {url}")
+            raise PlatformError(ErrorCode.NOT_FOUND, f"no engine {url}")
         return record
 
     async def _pool(self, name: str, *, create: bool) -> PoolRecord:
@@ -151,11 +152,11 @@ class Admin:
         pool = fleet.pools.get(name)
         if pool is None:
             if not create:
-                raise platform_error(ErrorCode.UNKNOWN_POOL, f"no pool named {name!r}")
+                raise PlatformError(ErrorCode.UNKNOWN_POOL, f"no pool named {name!r}")
             pool = PoolRecord(name=name)
             await self.store.put_pool(pool)
         if pool.updating:
-            raise platform_error(ErrorCode.CONFLICT, f"pool {name} is updating its weights; try again")
+            raise PlatformError(ErrorCode.CONFLICT, f"pool {name} is updating its weights; try again")
         return pool
 
     async def _load_pool_weights(self, record: EngineRecord, pool: PoolRecord) -> None:
@@ -169,13 +170,13 @@ class Admin:
         try:
             path = await stage(self.client, record, pool.location, pool.checksum)
         except StageFailed as exc:
-            raise platform_error(
+            raise PlatformError(
                 ErrorCode.WEIGHT_UPDATE_FAILED, f"{base} could not stage {pool.location}: {exc}"
             ) from exc
         body = {"model_path": path, "weight_version": pool.version, "flush_cache": True}
         status, doc = await self.client.call("POST", base + "/update_weights_from_disk", body)
         if status != 200 or not (isinstance(doc, dict) and doc.get("success")):
-            raise platform_error(ErrorCode.WEIGHT_UPDATE_FAILED, f"{base} could not load {pool.location}: {doc}")
+            raise PlatformError(ErrorCode.WEIGHT_UPDATE_FAILED, f"{base} could not load {pool.location}: {doc}")
 
     async def _wait_idle(self, url: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -185,4 +186,4 @@ class Admin:
             if status == 200 and sum(int(e.get("num_reqs", 0)) for e in entries if isinstance(e, dict)) == 0:
                 return
             await asyncio.sleep(0.2)
-        raise platform_error(ErrorCode.CONFLICT, f"{url} did not drain within {timeout_s} s")
+        raise PlatformError(ErrorCode.CONFLICT, f"{url} did not drain within {timeout_s} s")

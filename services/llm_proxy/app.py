@@ -11,6 +11,8 @@ from aiohttp import web
 from services.llm_proxy.admin import Admin
 from services.llm_proxy.calls import Forwarder
 from services.llm_proxy.fleet import FleetView
+from services.llm_proxy.gateway.metrics import GatewayMetrics
+from services.llm_proxy.gateway.service import Gateway
 from services.llm_proxy.health import HealthChecker
 from services.llm_proxy.membership import MembershipStore
 from services.llm_proxy.metrics import ProxyMetrics
@@ -44,6 +46,7 @@ def create_app(settings: ProxySettings, redis_url: str) -> web.Application:
     app = web.Application(client_max_size=1024**3)
     proxy_metrics = ProxyMetrics()
     app[METRICS] = proxy_metrics
+    gateway_metrics = GatewayMetrics(proxy_metrics.registry)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/models", models)
@@ -59,6 +62,7 @@ def create_app(settings: ProxySettings, redis_url: str) -> web.Application:
         forwarder = Forwarder(settings, view, store, session, proxy_metrics, background)
         for path in ("/generate", "/v1/chat/completions", "/v1/completions"):
             app.router.add_post(path, forwarder.handle)
+        Gateway(settings, forwarder, redis, view, gateway_metrics).add_routes(app)
         control = EngineClient(session, settings.engine_call_timeout_s)
         transaction = WeightTransaction(redis, store, control, settings.lock_ttl_s, settings.update_settle_s)
         Admin(view, store, control, transaction, proxy_metrics).add_routes(app)

@@ -25,12 +25,13 @@ from services.llm_proxy.fleet import EngineRuntime, FleetView
 from services.llm_proxy.guard import ContextGuard, is_engine_length_error
 from services.llm_proxy.membership import MembershipStore
 from services.llm_proxy.metrics import ProxyMetrics
-from services.llm_proxy.responses import error_frame, error_response, json_response, platform_error, read_body
+from services.llm_proxy.responses import error_frame, error_response, json_response, read_body
 from services.llm_proxy.routing import Router
 from services.llm_proxy.settings import ProxySettings
 from services.llm_proxy.upstream import JSON_HEADERS, NOT_ANSWERED, BackgroundTasks, EngineClient
 from services.protocol import ErrorCode, PlatformError
 from services.protocol import llm as h
+from services.protocol.status import request_error_code
 
 GENERATE = "/generate"
 
@@ -125,7 +126,7 @@ class Forwarder:
             return model
         pool = request.headers.get(h.HEADER_POOL, self.settings.pool)
         if pool not in pools:
-            raise platform_error(ErrorCode.UNKNOWN_POOL, f"no pool named {pool!r}", field=h.HEADER_POOL)
+            raise PlatformError(ErrorCode.UNKNOWN_POOL, f"no pool named {pool!r}", field=h.HEADER_POOL)
         return pool
 
     async def _hold(self, pool: str) -> None:
@@ -134,9 +135,7 @@ class Forwarder:
         if ready.is_set():
             return
         if self.held_now >= self.settings.hold_queue_max:
-            raise platform_error(
-                ErrorCode.ENGINE_UNAVAILABLE, "weight update running; hold queue full", retry_after_s=5
-            )
+            raise PlatformError(ErrorCode.ENGINE_UNAVAILABLE, "weight update running; hold queue full", retry_after_s=5)
         record = self.view.pool(pool)
         timeout = record.hold_timeout_s if record else 300.0
         self.held_now += 1
@@ -146,7 +145,7 @@ class Forwarder:
         try:
             await asyncio.wait_for(ready.wait(), timeout)
         except TimeoutError:
-            raise platform_error(
+            raise PlatformError(
                 ErrorCode.ENGINE_UNAVAILABLE, f"weight update of pool {pool} still running", retry_after_s=5
             ) from None
         finally:
@@ -173,7 +172,7 @@ class Forwarder:
                 self.view.mark_failed(rt, str(exc))
                 self.metrics.retries.labels(rt.engine_id).inc()
                 self.background.spawn(self.engines.abort(rt.url, call.rid))  # in case it did arrive
-        raise platform_error(
+        raise PlatformError(
             ErrorCode.NO_HEALTHY_ENGINE, f"no healthy engine in pool {call.pool} (tried {len(tried)})", retry_after_s=1
         )
 
@@ -265,17 +264,12 @@ class Forwarder:
         if status == 400 and is_engine_length_error(message):
             return self._fail(call, rt, ErrorCode.CONTEXT_LENGTH_EXCEEDED, message)
         if 400 <= status < 500:
-            code = ErrorCode.NOT_FOUND if status == 404 else ErrorCode.BAD_REQUEST
-            return self._fail(call, rt, code, message, status=status)
+            return self._fail(call, rt, request_error_code(status), message)
         self.view.mark_failed(rt, f"HTTP {status}")
         return self._fail(call, rt, ErrorCode.ENGINE_ERROR, f"engine answered {status}: {message}")
 
-    def _fail(
-        self, call: Call, rt: EngineRuntime, code: ErrorCode, message: str, status: int | None = None
-    ) -> web.Response:
-        exc = platform_error(code, message)
-        if status is not None:
-            exc.status = status
+    def _fail(self, call: Call, rt: EngineRuntime, code: ErrorCode, message: str) -> web.Response:
+        exc = PlatformError(code, message)
         self.metrics.errors.labels(rt.engine_id, code.value).inc()
         self._observe(call, rt, str(exc.status), None)
         return error_response(exc, self._provenance(call, rt, None))
@@ -314,11 +308,11 @@ class Forwarder:
                 await self._pump(call, rt, resp, out)
         except TimeoutError:
             self._abort(rt, call, "deadline")
-            failure = platform_error(ErrorCode.UPSTREAM_TIMEOUT, f"no answer within {call.deadline_s} s")
+            failure = PlatformError(ErrorCode.UPSTREAM_TIMEOUT, f"no answer within {call.deadline_s} s")
         except aiohttp.ClientError as exc:
             self.view.mark_failed(rt, str(exc))
             self._abort(rt, call, "upstream_error")
-            failure = platform_error(ErrorCode.ENGINE_UNAVAILABLE, f"engine connection failed: {exc}")
+            failure = PlatformError(ErrorCode.ENGINE_UNAVAILABLE, f"engine connection failed: {exc}")
         except ConnectionResetError:  # the client went away mid-stream
             self._abort(rt, call, "disconnect")
             return out
@@ -357,11 +351,11 @@ def _deadline(request: web.Request, default: float | None) -> float | None:
     try:
         value = float(raw)
     except ValueError:
-        raise platform_error(
+        raise PlatformError(
             ErrorCode.VALIDATION_ERROR, f"{h.HEADER_DEADLINE} must be seconds", field="deadline"
         ) from None
     if value <= 0:
-        raise platform_error(ErrorCode.VALIDATION_ERROR, f"{h.HEADER_DEADLINE} must be positive", field="deadline")
+        raise PlatformError(ErrorCode.VALIDATION_ERROR, f"{h.HEADER_DEADLINE} must be positive", field="deadline")
     return value
 
 

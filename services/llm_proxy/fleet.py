@@ -14,6 +14,7 @@ from redis.exceptions import RedisError
 from yarl import URL
 
 from services.llm_proxy.membership import EngineRecord, Fleet, MembershipStore, PoolRecord
+from services.runtime.outages import Outage
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ class FleetView:
 
     async def follow(self, redis: Redis) -> None:
         """Refresh on every change notice and at least every ``sync_interval_s``."""
+        outage = Outage("Redis (membership refresh)", log)
         pubsub = redis.pubsub()
         await pubsub.subscribe(self.store.channel)
         try:
@@ -92,8 +94,9 @@ class FleetView:
                     while await pubsub.get_message(ignore_subscribe_messages=True, timeout=0):
                         pass  # coalesce a burst of notices into one refresh
                     await self.refresh()
+                    outage.ok()
                 except (RedisError, OSError, TimeoutError) as exc:  # Redis blip: keep the last view
-                    log.warning("membership refresh failed: %s", exc)
+                    outage.failed(exc)
                     await asyncio.sleep(self.sync_interval_s)
         finally:
             await pubsub.aclose()  # type: ignore[no-untyped-call]

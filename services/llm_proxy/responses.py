@@ -12,30 +12,13 @@ from services.llm_proxy.body import ParsedBody, parse_body
 from services.protocol import ErrorCode, PlatformError
 from services.protocol.errors import ErrorBody
 
-STATUS_OF: dict[ErrorCode, int] = {
-    ErrorCode.NOT_FOUND: 404,
-    ErrorCode.UNKNOWN_POOL: 404,
-    ErrorCode.CONFLICT: 409,
-    ErrorCode.NO_HEALTHY_ENGINE: 503,
-    ErrorCode.ENGINE_UNAVAILABLE: 503,
-    ErrorCode.ENGINE_ERROR: 502,
-    ErrorCode.UPSTREAM_TIMEOUT: 504,
-    ErrorCode.WEIGHT_UPDATE_FAILED: 502,
-    ErrorCode.INTERNAL_ERROR: 500,
-}
-
 
 def json_response(doc: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
     return web.Response(body=orjson.dumps(doc), status=status, content_type="application/json", headers=headers)
 
 
 def error_response(exc: PlatformError, headers: Mapping[str, str] | None = None) -> web.Response:
-    return json_response(exc.body().model_dump(mode="json"), exc.status, headers)
-
-
-def platform_error(code: ErrorCode, message: str, **kwargs: Any) -> PlatformError:
-    """A :class:`PlatformError` with the HTTP status that goes with ``code``."""
-    return PlatformError(code, message, status=STATUS_OF.get(code, 400), **kwargs)
+    return json_response(exc.body().model_dump(mode="json"), exc.status, {**exc.headers(), **(headers or {})})
 
 
 def error_frame(exc: PlatformError) -> bytes:
@@ -53,6 +36,6 @@ async def read_body(request: web.Request, *, whole: bool = False) -> ParsedBody:
     try:
         return parse_body(await request.read(), whole=whole)
     except orjson.JSONDecodeError as exc:
-        raise platform_error(ErrorCode.BAD_REQUEST, f"the body is not JSON: {exc}") from exc
+        raise PlatformError(ErrorCode.BAD_REQUEST, f"the body is not JSON: {exc}") from exc
     except TypeError:
-        raise platform_error(ErrorCode.BAD_REQUEST, "the body must be a JSON object") from None
+        raise PlatformError(ErrorCode.BAD_REQUEST, "the body must be a JSON object") from None

@@ -43,6 +43,20 @@ class ProxySettings(UsesRedis):
     engine_call_timeout_s: float = Field(600.0, gt=0)  # one control-plane call to one engine
     lock_ttl_s: float = Field(900.0, gt=0)
     update_settle_s: float = Field(0.1, ge=0)  # wait after raising "updating" before pausing engines
+    # agent gateway (per-pool "pool=value;pool2=value"; a pool not named uses the default)
+    gateway_tokenizers: str = ""  # pool=HF tokenizer dir; default: the bundled tokenizer, else the pool's weights dir
+    gateway_tool_parsers: str = ""  # pool=hermes|qwen25|qwen3_coder; default hermes
+    gateway_routed_experts: str = ""  # pool=LAYERSxTOPK: request routed experts (routing replay) for the pool
+
+    def gateway_map(self, field: str) -> dict[str, str]:
+        """One of the per-pool gateway settings as {pool: value}."""
+        found: dict[str, str] = {}
+        for part in filter(None, (p.strip() for p in str(getattr(self, field)).split(";"))):
+            name, _, value = part.partition("=")
+            if not name.strip() or not value.strip():
+                raise ValueError(f"{field} entry {part!r} is not pool=value")
+            found[name.strip()] = value.strip()
+        return found
 
     def pool_map(self) -> dict[str, list[str]]:
         """Every seeded pool and its engine URLs."""

@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from services.llm_proxy.membership import EngineRecord, MembershipStore
-from services.llm_proxy.responses import platform_error
 from services.llm_proxy.staging import StageFailed, stage
 from services.llm_proxy.upstream import EngineClient
-from services.protocol import ErrorCode, keys
+from services.protocol import ErrorCode, PlatformError, keys
 from services.protocol.weights import EngineUpdateResult, WeightUpdate, WeightUpdateResult
 
 log = logging.getLogger(__name__)
@@ -58,7 +57,7 @@ class WeightTransaction:
         lock = keys.proxy_weight_lock(update.pool)
         token = uuid.uuid4().hex
         if not await self.redis.set(lock, token, nx=True, px=int(self.lock_ttl_s * 1000)):
-            raise platform_error(ErrorCode.CONFLICT, f"a weight update of pool {update.pool} is already running")
+            raise PlatformError(ErrorCode.CONFLICT, f"a weight update of pool {update.pool} is already running")
         try:
             return await self._locked(update)
         finally:
@@ -69,7 +68,7 @@ class WeightTransaction:
         fleet = await self.store.read()
         pool = fleet.pools.get(update.pool)
         if pool is None:
-            raise platform_error(ErrorCode.UNKNOWN_POOL, f"no pool named {update.pool!r}")
+            raise PlatformError(ErrorCode.UNKNOWN_POOL, f"no pool named {update.pool!r}")
         steps = [
             _Step(rec, EngineUpdateResult(engine_id=rec.engine_id, ok=False))
             for rec in fleet.pool_engines(update.pool)

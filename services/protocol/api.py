@@ -79,6 +79,9 @@ class JobStatus(_Model):
     finished: int
     trajectories_per_hour: float | None = None
     by_status: dict[str, int]
-    infra_errors_by_stage: dict[str, int]
-    infra_error_rate: float | None = None
+    # infrastructure failures, counted two ways: every failed attempt (retried or not), and the
+    # trajectories given up as infra_error (by the stage of their last failure)
+    infra_failed_attempts_by_stage: dict[str, int]
+    infra_error_trajectories_by_stage: dict[str, int]
+    infra_error_rate: float | None = None  # trajectories: infra_error / finished
     tail: TailFigures = Field(default_factory=TailFigures)

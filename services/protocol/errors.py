@@ -33,23 +33,33 @@ class ErrorBody(BaseModel):
 
 
 class PlatformError(Exception):
-    """An error with a code, raised inside a service and turned into an HTTP response."""
+    """An error with a code, raised inside a service and turned into an HTTP response.
+
+    Its HTTP status is the code's (``ErrorCode.http_status``): the same code gets the same status
+    from every service.
+    """
 
     def __init__(
         self,
         code: ErrorCode,
         message: str,
         *,
-        status: int = 400,
         field: str | None = None,
         retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
-        self.status = status
         self.field = field
         self.retry_after_s = retry_after_s
+
+    @property
+    def status(self) -> int:
+        return self.code.http_status
+
+    def headers(self) -> dict[str, str]:
+        """``Retry-After`` (whole seconds, at least 1) when waiting helps."""
+        return {"Retry-After": str(max(1, round(self.retry_after_s)))} if self.retry_after_s else {}
 
     def body(self) -> ErrorBody:
         return ErrorBody.of(self.code, self.message, field=self.field, retry_after_s=self.retry_after_s)

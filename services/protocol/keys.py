@@ -62,7 +62,7 @@ def published(job: str) -> str:
 
 
 def job_stats(job: str) -> str:
-    """Hash of the job's counters (status counts, infra errors by stage)."""
+    """Hash of the job's counters: fields in ``services.protocol.counters``."""
     return f"{_job(job)}:stats"
 
 
@@ -109,6 +109,29 @@ def proxy_weight_lock(pool: str) -> str:
     return f"{PREFIX}:proxy:{{fleet}}:lock:{pool}"
 
 
+# -- agent gateway (one hash tag per session: its keys share a slot) --------------------------
+
+
+def gateway_session(session: str) -> str:
+    """String: the ``GatewaySession`` JSON, written by the worker; expires with the episode."""
+    return f"{PREFIX}:gw:{{{session}}}:session"
+
+
+def gateway_calls(session: str) -> str:
+    """List of msgpack ``GatewayCall`` records, one per LLM call, in call order."""
+    return f"{PREFIX}:gw:{{{session}}}:calls"
+
+
+def gateway_state(session: str) -> str:
+    """String: the msgpack ``SessionState`` (counters, caps hit) of the session."""
+    return f"{PREFIX}:gw:{{{session}}}:state"
+
+
+def gateway_context(session: str) -> str:
+    """String: the last call's normalised messages and reply (JSON), for token-in merging."""
+    return f"{PREFIX}:gw:{{{session}}}:context"
+
+
 # -- sandbox broker --------------------------------------------------------------------------
 
 
@@ -145,3 +168,21 @@ def sandbox_reap_lock(sandbox_id: str) -> str:
 def broker_templates() -> str:
     """Hash: template name -> ``Template`` JSON registered with the broker."""
     return f"{PREFIX}:broker:{{leases}}:templates"
+
+
+# -- dashboard (rollout API) -----------------------------------------------------------------
+
+
+def dashboard_job_samples(job: str) -> str:
+    """List of the job's dashboard samples (``JobSample`` JSON), newest first, trimmed to an hour."""
+    return f"{_job(job)}:dash:samples"
+
+
+def dashboard_fleet_samples() -> str:
+    """List of fleet-wide dashboard samples (``FleetSample`` JSON), newest first."""
+    return f"{PREFIX}:dash:{{fleet}}:samples"
+
+
+def dashboard_sample_lock() -> str:
+    """String lock with a short TTL: one API replica takes each round of samples."""
+    return f"{PREFIX}:dash:{{fleet}}:lock"

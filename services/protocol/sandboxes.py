@@ -16,11 +16,34 @@ Routes (all JSON; errors are ``ErrorBody`` with a code from ``ErrorCode``):
 
 from __future__ import annotations
 
-from typing import Literal
+import ipaddress
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from services.protocol.tasks import Name
+
+
+def split_destination(entry: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, int | None]:
+    """``"10.0.0.0/8"`` -> (network, None); ``"10.0.0.5:5432"`` or ``"[fd00::1]:443"`` -> (network, port)."""
+    address, port = entry, None
+    if entry.startswith("["):
+        address, _, rest = entry[1:].partition("]")
+        port = int(rest[1:]) if rest.startswith(":") and rest[1:].isdigit() else -1 if rest else None
+    elif entry.count(":") == 1:
+        address, _, text = entry.partition(":")
+        port = int(text) if text.isdigit() else -1
+    if port is not None and not 0 < port < 65536:
+        raise ValueError(f"{entry!r}: the port must be 1-65535")
+    return ipaddress.ip_network(address, strict=False), port
+
+
+def _destination(entry: str) -> str:
+    split_destination(entry)  # raises ValueError on anything else
+    return entry
+
+
+EgressDestination = Annotated[str, Field(max_length=64), AfterValidator(_destination)]
 
 
 class _Model(BaseModel):
@@ -46,6 +69,9 @@ class Template(_Model):
     setup: list[str] = Field(default_factory=list)  # run once when a sandbox is created, before pooling
     resources: Resources = Field(default_factory=Resources)
     warm_pool: int = Field(0, ge=0)  # sandboxes kept started and ready
+    # destinations an egress sandbox may reach although they are private, link-local or the host's:
+    # "10.1.2.0/24", "10.1.2.3:5432" (TCP and UDP to that port), "[fd00::1]:443"
+    egress_allow: list[EgressDestination] = Field(default_factory=list, max_length=64)
 
 
 class LeaseRequest(_Model):
@@ -89,6 +115,9 @@ class ExecRequest(_Model):
     cwd: str | None = None  # default: the lease's workdir
     stdin: str | None = None
     max_output_bytes: int = Field(1_000_000, ge=0)  # per stream; the rest is cut and flagged
+    # leave the command's background processes running after it ends (servers); docker only: on local
+    # every command has its own pid namespace, so they always end with it
+    keep_background: bool = False
 
 
 class ExecResult(_Model):

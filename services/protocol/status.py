@@ -89,6 +89,11 @@ class ErrorCode(StrEnum):
         """True for infrastructure failures, False for request errors."""
         return self in INFRA_CODES
 
+    @property
+    def http_status(self) -> int:
+        """The HTTP status every service answers this code with (:data:`HTTP_STATUS`)."""
+        return HTTP_STATUS[self]
+
 
 INFRA_CODES: frozenset[ErrorCode] = frozenset(
     {
@@ -106,3 +111,52 @@ INFRA_CODES: frozenset[ErrorCode] = frozenset(
         ErrorCode.INTERNAL_ERROR,
     }
 )
+
+
+# The one code -> HTTP status map: every service answers a code with this status, whatever raised it.
+HTTP_STATUS: dict[ErrorCode, int] = {
+    ErrorCode.BAD_REQUEST: 400,
+    ErrorCode.VALIDATION_ERROR: 422,
+    ErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.CONFLICT: 409,
+    ErrorCode.QUOTA_EXCEEDED: 429,
+    ErrorCode.RATE_LIMITED: 429,
+    ErrorCode.CONTEXT_LENGTH_EXCEEDED: 400,  # SGLang's own status for it
+    ErrorCode.UNKNOWN_TEMPLATE: 400,
+    ErrorCode.UNKNOWN_POOL: 404,
+    ErrorCode.UNKNOWN_JOB: 404,
+    ErrorCode.LEASE_NOT_FOUND: 404,
+    ErrorCode.NO_HEALTHY_ENGINE: 503,
+    ErrorCode.ENGINE_ERROR: 502,
+    ErrorCode.ENGINE_UNAVAILABLE: 503,
+    ErrorCode.UPSTREAM_TIMEOUT: 504,
+    ErrorCode.WEIGHT_UPDATE_FAILED: 502,
+    ErrorCode.SANDBOX_DIED: 410,
+    ErrorCode.SANDBOX_CREATE_FAILED: 502,
+    ErrorCode.TRANSPORT_ERROR: 502,
+    ErrorCode.BACKEND_UNAVAILABLE: 503,
+    ErrorCode.CAPACITY_EXHAUSTED: 503,
+    ErrorCode.STORE_UNAVAILABLE: 503,
+    ErrorCode.INTERNAL_ERROR: 500,
+}
+
+# For a status that arrives without a platform code (a framework's 404/405, an engine's 4xx):
+# the request-error code that owns it, else BAD_REQUEST.
+_CODE_OF_REQUEST_STATUS: dict[int, ErrorCode] = {
+    400: ErrorCode.BAD_REQUEST,
+    401: ErrorCode.UNAUTHORIZED,
+    403: ErrorCode.FORBIDDEN,
+    404: ErrorCode.NOT_FOUND,
+    409: ErrorCode.CONFLICT,
+    413: ErrorCode.PAYLOAD_TOO_LARGE,
+    422: ErrorCode.VALIDATION_ERROR,
+    429: ErrorCode.RATE_LIMITED,
+}
+
+
+def request_error_code(status: int) -> ErrorCode:
+    """The code of a 4xx answer that carried none."""
+    return _CODE_OF_REQUEST_STATUS.get(status, ErrorCode.BAD_REQUEST)

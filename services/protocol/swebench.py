@@ -7,11 +7,11 @@ template, setup, and a reward command that runs the instance's tests); workers o
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from services.protocol.tasks import DEFAULT_GROUP_SIZE, AgentLimits, Name, SamplingParams
+from services.protocol.tasks import Name, RolloutOptions
 
 
 class SweInstance(BaseModel):
@@ -36,19 +36,10 @@ class SweInstance(BaseModel):
         return json.loads(value) if isinstance(value, str) else value
 
 
-class SweBenchRolloutRequest(BaseModel):
-    """``POST /rollouts/swebench``: like ``RolloutRequest``, with instances instead of tasks."""
+class SweBenchRolloutRequest(RolloutOptions):
+    """``POST /rollouts/swebench``: the options of ``RolloutRequest``, with instances instead of tasks."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    job: Name
     instances: list[SweInstance] = Field(min_length=1)
-    group_size: int = Field(DEFAULT_GROUP_SIZE, ge=1, le=1024)
-    limits: AgentLimits = Field(default_factory=AgentLimits)
-    sampling: SamplingParams = Field(default_factory=SamplingParams)
-    priority: int = Field(0, ge=-100, le=100)
-    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
-    max_attempts: int = Field(3, ge=1, le=10)
     template: Name | None = None  # broker template for every instance; default: derived from its image
     # the instance's image when the row has no ``image_name``: SWE-bench's own naming (lower-cased
     # id; with a namespace, "__" becomes "_1776_"); the template is named after the image

@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from services.protocol.agents import AgentSpec, BashAgent
+
 # Job, pool, task and template names end up inside Redis keys and URLs: keep them tame.
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")]
 
@@ -71,6 +73,7 @@ class Task(_Model):
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
     reward: RewardSpec
     metadata: dict[str, Any] = Field(default_factory=dict)  # carried to the trajectory untouched
+    agent: AgentSpec | None = None  # overrides the rollout request's agent for this task
 
 
 class AgentLimits(_Model):
@@ -95,17 +98,27 @@ class SamplingParams(BaseModel):
     stop: list[str] = Field(default_factory=list)
 
 
-class RolloutRequest(_Model):
-    """``POST /rollouts``: a batch of tasks for one job."""
+class RolloutOptions(_Model):
+    """What every rollout request carries beside its tasks (``RolloutRequest``, ``SweBenchRolloutRequest``)."""
 
     job: Name
-    tasks: list[Task] = Field(min_length=1)
     group_size: int = Field(DEFAULT_GROUP_SIZE, ge=1, le=1024)  # samples per task (a GRPO group)
     limits: AgentLimits = Field(default_factory=AgentLimits)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     priority: int = Field(0, ge=-100, le=100)  # higher first within the job
     idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
     max_attempts: int = Field(3, ge=1, le=10)  # infra retries per trajectory, first attempt included
+    agent: AgentSpec = Field(default_factory=BashAgent)  # the agent of every task that names none
+
+    def options(self) -> dict[str, Any]:
+        """These fields, to build another request kind with the same options."""
+        return {name: getattr(self, name) for name in RolloutOptions.model_fields}
+
+
+class RolloutRequest(RolloutOptions):
+    """``POST /rollouts``: a batch of tasks for one job."""
+
+    tasks: list[Task] = Field(min_length=1)
 
 
 class WorkItem(_Model):
@@ -129,6 +142,7 @@ class WorkItem(_Model):
     pool: Name = DEFAULT_POOL  # the proxy pool that serves this job's policy
     priority: int = 0
     enqueued_at: float = 0.0  # unix seconds
+    agent: AgentSpec = Field(default_factory=BashAgent)  # the task's agent, else the request's
 
     @staticmethod
     def make_trajectory_id(rollout_id: str, task_id: str, sample_index: int) -> str:

@@ -11,6 +11,11 @@ Token layout of a multi-turn episode: ``prompt_ids`` is the first prompt (system
 tokens of the next observation message. ``loss_mask`` and ``response_logprobs`` are aligned with
 ``response_ids``: mask 1 and the engine's logprob on generated tokens, mask 0 and logprob 0.0 on
 observation (tool) tokens. ``Turn.response_offset`` locates each turn's generated tokens.
+
+Agents served by the gateway (``tools``, ``command``) may rewrite their history (summaries,
+truncation, sub-agents). A call whose prompt does not extend the open token sequence starts a new
+:class:`Segment`: the top-level token fields hold the first segment, ``segments`` the later
+ones, each token-exact with its own loss mask. Trainers train on every segment.
 """
 
 from __future__ import annotations
@@ -65,6 +70,52 @@ class Turn(msgspec.Struct, kw_only=True):
     observation_tokens: int = 0  # tokens of the tool/user message that followed
 
 
+class RoutedExperts(msgspec.Struct, kw_only=True):
+    """Routing replay: the engine's per-token routed experts (SGLang ``return_routed_experts``).
+
+    ``data`` is the engine's int32 array, raw little-endian, of shape ``(rows, layers, topk)`` where
+    row ``i`` is the routing of token ``i`` of ``prompt_ids + response_ids`` (the last token has none).
+    """
+
+    data: bytes
+    layers: int
+    topk: int
+
+    @property
+    def rows(self) -> int:
+        return len(self.data) // (4 * max(1, self.layers * self.topk))
+
+
+class Segment(msgspec.Struct, kw_only=True):
+    """One token-exact sequence of a trajectory (same layout as the top-level token fields)."""
+
+    prompt_ids: array = msgspec.field(default_factory=token_ids)  # type: ignore[type-arg]
+    response_ids: array = msgspec.field(default_factory=token_ids)  # type: ignore[type-arg]
+    loss_mask: array = msgspec.field(default_factory=mask)  # type: ignore[type-arg]
+    response_logprobs: array = msgspec.field(default_factory=logprobs)  # type: ignore[type-arg]
+    routed_experts: RoutedExperts | None = None
+    calls: list[int] = msgspec.field(default_factory=list)  # gateway call indices merged into it
+
+    def check(self) -> None:
+        n = len(self.response_ids)
+        if len(self.loss_mask) != n or len(self.response_logprobs) != n:
+            raise ValueError(
+                f"segment arrays disagree: {n} ids, {len(self.loss_mask)} mask, {len(self.response_logprobs)} logprobs"
+            )
+
+
+class AgentRun(msgspec.Struct, kw_only=True):
+    """What an agent that is not the built-in bash loop did (``tools``, ``command``)."""
+
+    kind: str  # the agent spec's kind
+    exit_code: int | None = None  # of the command agent's program; None when it was stopped
+    last_output: str = ""  # tail of the program's stdout+stderr (command) or the last reply (tools)
+    calls: int = 0  # gateway calls recorded
+    retokenization_mismatches: int = 0  # calls whose re-rendered history differed from the recorded ids
+    format_errors: int = 0  # malformed tool calls fed back to the model
+    session: str = ""  # the gateway session id
+
+
 class RewardDetails(msgspec.Struct, kw_only=True):
     """What the reward command did."""
 
@@ -112,7 +163,7 @@ class Trajectory(msgspec.Struct, kw_only=True):
     status: Status
     truncation: Cap | None = None  # set when status is truncated
     infra: InfraFailure | None = None  # set when status is infra_error
-    reward: float = 0.0  # meaningless unless status is trainable
+    reward: float | None = None  # set exactly when status is trainable; None for infra_error and cancelled
     reward_details: RewardDetails | None = None
     # token data: see the module docstring for the layout
     prompt_ids: array = msgspec.field(default_factory=token_ids)  # type: ignore[type-arg]
@@ -122,6 +173,9 @@ class Trajectory(msgspec.Struct, kw_only=True):
     turns: list[Turn] = msgspec.field(default_factory=list)
     timings: Timings = msgspec.field(default_factory=Timings)
     messages: list[Message] | None = None
+    segments: list[Segment] = msgspec.field(default_factory=list)  # segments after the first (history rewrites)
+    routed_experts: RoutedExperts | None = None  # routing replay of the first segment, when the pool returns it
+    agent: AgentRun | None = None  # set for agents served by the gateway
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)  # the task's metadata, untouched
     worker: str = ""
     started_at: float = 0.0  # unix seconds
@@ -141,6 +195,24 @@ class Trajectory(msgspec.Struct, kw_only=True):
     def total_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
 
+    @property
+    def trainable_reward(self) -> float:
+        """The reward of a trainable trajectory; ValueError for one that has none (never a fake 0)."""
+        if self.reward is None or not self.status.trainable:
+            raise ValueError(f"{self.trajectory_id} ({self.status.value}) has no reward to train on")
+        return self.reward
+
+    def all_segments(self) -> list[Segment]:
+        """Every token-exact sequence: the top-level one first, then ``segments``."""
+        first = Segment(
+            prompt_ids=self.prompt_ids,
+            response_ids=self.response_ids,
+            loss_mask=self.loss_mask,
+            response_logprobs=self.response_logprobs,
+            routed_experts=self.routed_experts,
+        )
+        return [first, *self.segments]
+
     def check(self) -> None:
         """Raise ValueError if the token arrays or the outcome fields disagree."""
         n = len(self.response_ids)
@@ -149,10 +221,14 @@ class Trajectory(msgspec.Struct, kw_only=True):
                 f"loss_mask ({len(self.loss_mask)}) and response_logprobs "
                 f"({len(self.response_logprobs)}) must match response_ids ({n})"
             )
+        for segment in self.segments:
+            segment.check()
         if (self.status is Status.TRUNCATED) != (self.truncation is not None):
             raise ValueError("truncation is set exactly when status is truncated")
         if (self.status is Status.INFRA_ERROR) != (self.infra is not None):
             raise ValueError("infra is set exactly when status is infra_error")
+        if self.status.trainable != (self.reward is not None):
+            raise ValueError("reward is set exactly when status is completed or truncated")
 
 
 # -- codec -----------------------------------------------------------------------------------
@@ -212,9 +288,10 @@ def trajectory_to_json(traj: Trajectory) -> bytes:
 
 def trajectory_from_json(data: bytes | str) -> Trajectory:
     raw = msgspec.json.decode(data)
-    for name, typecode in _ARRAY_FIELDS.items():
-        if name in raw:
-            raw[name] = [typecode, array(typecode, raw[name]).tobytes()]
+    for part in [raw, *(raw.get("segments") or [])]:
+        for name, typecode in _ARRAY_FIELDS.items():
+            if name in part:
+                part[name] = [typecode, array(typecode, part[name]).tobytes()]
     return msgspec.convert(raw, Trajectory, dec_hook=_dec_hook)
 
 
@@ -233,7 +310,7 @@ def to_stream_fields(traj: Trajectory) -> dict[str, str | bytes]:
         "trajectory": traj.trajectory_id,
         "attempt": str(traj.attempt),
         "status": traj.status.value,
-        "reward": repr(float(traj.reward)),
+        "reward": "" if traj.reward is None else repr(float(traj.reward)),  # empty: nothing to train on
         ENTRY_BODY: encode_trajectory(traj),
     }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -12,11 +14,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.rollout_api import jobs, rollouts, sse
 from services.rollout_api.context import ApiContext, Ctx
-from services.rollout_api.errors import install_error_handlers
+from services.rollout_api.dashboard import routes as dashboard
 from services.rollout_api.metrics import ApiMetrics
-from services.rollout_api.scripts import Scripts
+from services.rollout_api.redis_scripts import Scripts
 from services.rollout_api.settings import ApiSettings
 from services.rollout_api.templates import TemplateCatalog
+from services.runtime.http_errors import install_error_handlers
 from services.runtime.redis_pool import observe_pools, open_redis
 from services.runtime.settings import RedisSettings
 
@@ -33,9 +36,14 @@ def create_app(settings: ApiSettings, redis_url: str, redis_settings: RedisSetti
                 settings=settings, redis=redis, streams=streams, scripts=Scripts(redis), http=http,
                 templates=TemplateCatalog(settings.broker_url, settings.template_cache_s), metrics=metrics,
             )  # fmt: skip
+            app.state.dashboard = dashboard.build(settings, redis, http)
+            sampling = asyncio.create_task(app.state.dashboard.sampler.run(), name="dashboard-sampler")
             try:
                 yield
             finally:
+                sampling.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sampling
                 await streams.aclose(close_connection_pool=True)
                 await redis.aclose(close_connection_pool=True)
 
@@ -44,6 +52,7 @@ def create_app(settings: ApiSettings, redis_url: str, redis_settings: RedisSetti
     app.include_router(jobs.router)
     app.include_router(rollouts.router)
     app.include_router(sse.router)
+    dashboard.install(app)
 
     @app.middleware("http")
     async def count_requests(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:

@@ -23,11 +23,11 @@ class Caller:
 
     def require_admin(self) -> None:
         if not self.admin:
-            raise PlatformError(ErrorCode.FORBIDDEN, "this route needs the admin token", status=403)
+            raise PlatformError(ErrorCode.FORBIDDEN, "this route needs the admin token")
 
     def require_job(self, job: str) -> None:
         if not self.admin and self.job != job:
-            raise PlatformError(ErrorCode.FORBIDDEN, f"this token does not belong to job {job!r}", status=403)
+            raise PlatformError(ErrorCode.FORBIDDEN, f"this token does not belong to job {job!r}")
 
 
 def new_token() -> str:
@@ -40,7 +40,7 @@ def hash_token(token: str) -> str:
 
 def bearer(header: str | None) -> str:
     if not header or not header.lower().startswith("bearer ") or not header[7:].strip():
-        raise PlatformError(ErrorCode.UNAUTHORIZED, "missing bearer token", status=401)
+        raise PlatformError(ErrorCode.UNAUTHORIZED, "missing bearer token")
     return header[7:].strip()
 
 
@@ -50,5 +50,5 @@ async def resolve_caller(redis: Redis, admin_token: str, header: str | None) -> 
         return Caller(admin=True, job=None)
     job: Any = await redis.hget(keys.job_tokens(), hash_token(token))
     if job is None:
-        raise PlatformError(ErrorCode.UNAUTHORIZED, "unknown token", status=401)
+        raise PlatformError(ErrorCode.UNAUTHORIZED, "unknown token")
     return Caller(admin=False, job=job.decode() if isinstance(job, bytes) else str(job))

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from services.protocol import Status, WorkItem, keys
 from services.protocol.keys import WORKERS_GROUP
 from services.rollout_api.publishing import publish, trajectory_shell
-from services.rollout_api.scripts import Scripts
+from services.rollout_api.redis_scripts import Scripts
 
 log = logging.getLogger(__name__)
 PAGE = 500

@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 
 from services.rollout_api.auth import Caller, resolve_caller
 from services.rollout_api.metrics import ApiMetrics
-from services.rollout_api.scripts import Scripts
+from services.rollout_api.redis_scripts import Scripts
 from services.rollout_api.settings import ApiSettings
 from services.rollout_api.templates import TemplateCatalog
 

@@ -27,7 +27,7 @@ async def create_job(body: JobCreate, ctx: Ctx, caller: AuthCaller) -> JobCreate
     token_hash = hash_token(token)
     created: Any = await ctx.redis.hsetnx(keys.job_record(body.job), "job", body.job)
     if not created:
-        raise PlatformError(ErrorCode.CONFLICT, f"job {body.job!r} exists", status=409, field="job")
+        raise PlatformError(ErrorCode.CONFLICT, f"job {body.job!r} exists", field="job")
     async with ctx.redis.pipeline(transaction=True) as pipe:
         mapping: dict[Any, Any] = record.to_hash(token_hash, time.time())
         pipe.hset(keys.job_record(body.job), mapping=mapping)
@@ -49,7 +49,7 @@ async def ensure_group(ctx: Ctx, job: str) -> None:
 async def job_or_404(ctx: Ctx, job: str) -> JobRecord:
     record = await read_job(ctx.redis, job)
     if record is None:
-        raise PlatformError(ErrorCode.UNKNOWN_JOB, f"no job {job!r}", status=404, field="job")
+        raise PlatformError(ErrorCode.UNKNOWN_JOB, f"no job {job!r}", field="job")
     return record
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from services.protocol import Cap, Status, Trajectory, WorkItem, to_stream_fields
-from services.rollout_api.scripts import Outcome, Scripts
+from services.rollout_api.redis_scripts import Outcome, Scripts
 
 
 def trajectory_shell(item: WorkItem, attempt: int, status: Status, *, worker: str = "") -> Trajectory:
@@ -39,6 +39,7 @@ async def publish(scripts: Scripts, traj: Trajectory, *, maxlen: int, ran: bool)
         turn_cap=traj.truncation is Cap.TURNS,
         turns=len(traj.turns),
         ran=ran,
+        infra_stage=traj.infra.stage.value if traj.infra else None,
     )
     return await scripts.publish(
         traj.job, traj.rollout_id, outcome, to_stream_fields(traj), maxlen=maxlen, now=traj.finished_at

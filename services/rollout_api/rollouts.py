@@ -46,7 +46,7 @@ async def _status_or_404(ctx: ApiContext, caller: Caller, rollout_id: str) -> Ro
     caller.require_job(job)
     status = await rollout_status(ctx.redis, job, rollout_id)
     if status is None:
-        raise PlatformError(ErrorCode.NOT_FOUND, f"no rollout {rollout_id!r}", status=404)
+        raise PlatformError(ErrorCode.NOT_FOUND, f"no rollout {rollout_id!r}")
     return status
 
 

@@ -27,6 +27,14 @@ class ApiSettings(UsesRedis, UsesAdminToken):
     )  # XREAD BLOCK of a trajectory stream; a keep-alive follows each empty wait
     sse_connections: int = Field(4096, ge=1)  # Redis pool of the SSE readers (one connection per blocked reader)
     trajectory_stream_maxlen: int = 100_000  # MAXLEN ~ of trajectory streams (cancellations published here)
+    # dashboard (/ui): the page reads the proxy's and the broker's admin/metrics routes server-side
+    proxy_url: str | None = None  # the LLM proxy (pools, engines); None: the page shows no engines
+    proxy_admin_token: str = Field("", repr=False)  # bearer token for the proxy's /admin routes; empty: admin_token
+    broker_token: str = Field("", repr=False)  # bearer token for the broker's /metrics; empty: admin_token
+    tokenizer_path: Path | None = None  # HF tokenizer dir: the viewer shows token texts (else token ids)
+    dashboard_cache_s: float = 2.0  # how long one replica reuses the proxy's and broker's answers
+    dashboard_sample_s: float = 5.0  # one replica samples every job and the fleet this often (history)
+    dashboard_history_s: float = 3600.0  # how much history is kept
 
 
 class WorkerSettings(UsesRedis):

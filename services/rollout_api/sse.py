@@ -23,6 +23,7 @@ from services.protocol import ErrorCode, PlatformError, from_stream_fields, keys
 from services.rollout_api.context import AuthCaller, Ctx
 from services.rollout_api.jobs import job_or_404
 from services.rollout_api.metrics import ApiMetrics
+from services.runtime.outages import Outage
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -33,7 +34,7 @@ def _start_id(last_event_id: str | None, after: str | None) -> str:
     chosen = last_event_id or after or "0-0"
     if chosen == "$" or _ENTRY_ID.match(chosen):
         return chosen
-    raise PlatformError(ErrorCode.BAD_REQUEST, f"bad event id {chosen!r}", status=400, field="Last-Event-ID")
+    raise PlatformError(ErrorCode.BAD_REQUEST, f"bad event id {chosen!r}", field="Last-Event-ID")
 
 
 async def events(
@@ -41,13 +42,15 @@ async def events(
 ) -> AsyncIterator[bytes]:
     stream = keys.trajectory_stream(job)
     last, sent = start, 0
+    outage = Outage(f"Redis (SSE of job {job})", log)
     yield b"retry: 1000\n\n"
     while limit is None or sent < limit:
         count = 100 if limit is None else min(100, limit - sent)
         try:
             reply: Any = await redis.xread({stream: last}, count=count, block=block_ms)
+            outage.ok()
         except (RedisConnectionError, RedisTimeoutError) as exc:  # Redis is away: keep the stream, try again
-            log.warning("SSE of job %s: Redis unavailable (%s); retrying", job, exc)
+            outage.failed(exc)
             metrics.sse_redis_errors.inc()
             yield b": redis unavailable, retrying\n\n"
             await asyncio.sleep(min(1.0, block_ms / 1000))

@@ -6,7 +6,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from services.protocol import InfraStage, Status, keys
+from services.protocol import InfraStage, Status, counters, keys
 from services.protocol.api import JobStatus, RolloutStatus, TailFigures
 from services.rollout_api.figures import percentile, rate_per_hour, ratio, tail_share
 from services.rollout_api.records import JobRecord, decode_hash, int_field
@@ -102,7 +102,12 @@ async def job_status(redis: Redis, record: JobRecord) -> JobStatus:
         finished=finished,
         trajectories_per_hour=rate_per_hour([float(r[0]) for r in rows[:RATE_WINDOW]]),
         by_status=counts,
-        infra_errors_by_stage={s.value: int_field(values, f"infra:{s.value}") for s in InfraStage},
+        infra_failed_attempts_by_stage={
+            s.value: int_field(values, counters.failed_attempts(s.value)) for s in InfraStage
+        },
+        infra_error_trajectories_by_stage={
+            s.value: int_field(values, counters.infra_error_trajectories(s.value)) for s in InfraStage
+        },
         infra_error_rate=ratio(counts[Status.INFRA_ERROR.value], finished),
         tail=tail,
     )

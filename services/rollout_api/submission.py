@@ -12,9 +12,9 @@ from pydantic import BaseModel, ValidationError
 from services.protocol import ErrorCode, PlatformError, RolloutRequest, WorkItem, keys
 from services.protocol.api import RolloutAccepted
 from services.rollout_api.context import ApiContext
-from services.rollout_api.errors import validation_error
 from services.rollout_api.records import JobRecord, int_field
-from services.rollout_api.scripts import Admitted
+from services.rollout_api.redis_scripts import Admitted
+from services.runtime.http_errors import validation_error
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -35,7 +35,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def _too_large(limit: int) -> PlatformError:
-    return PlatformError(ErrorCode.PAYLOAD_TOO_LARGE, f"request body over {limit} bytes", status=413)
+    return PlatformError(ErrorCode.PAYLOAD_TOO_LARGE, f"request body over {limit} bytes")
 
 
 def parse(model: type[M], body: bytes) -> M:
@@ -53,7 +53,7 @@ def new_rollout_id(job: str) -> str:
 def job_of(rollout_id: str) -> str:
     job, sep, _ = rollout_id.rpartition(".")
     if not sep or not job:
-        raise PlatformError(ErrorCode.NOT_FOUND, f"no rollout {rollout_id!r}", status=404)
+        raise PlatformError(ErrorCode.NOT_FOUND, f"no rollout {rollout_id!r}")
     return job
 
 
@@ -61,9 +61,7 @@ def check_unique_tasks(request: RolloutRequest) -> None:
     seen: set[str] = set()
     for index, task in enumerate(request.tasks):
         if task.id in seen:
-            raise PlatformError(
-                ErrorCode.VALIDATION_ERROR, f"duplicate task id {task.id!r}", status=422, field=f"tasks.{index}.id"
-            )
+            raise PlatformError(ErrorCode.VALIDATION_ERROR, f"duplicate task id {task.id!r}", field=f"tasks.{index}.id")
         seen.add(task.id)
 
 
@@ -76,7 +74,6 @@ async def check_templates(ctx: ApiContext, request: RolloutRequest) -> None:
             raise PlatformError(
                 ErrorCode.UNKNOWN_TEMPLATE,
                 f"the broker has no template {task.sandbox.template!r}",
-                status=400,
                 field=f"tasks.{index}.sandbox.template",
             )
 
@@ -99,6 +96,7 @@ def work_items(request: RolloutRequest, rollout_id: str, pool: str, now: float) 
                 pool=pool,
                 priority=request.priority,
                 enqueued_at=now,
+                agent=task.agent or request.agent,
             )
             items.append((item.trajectory_id, item.model_dump_json().encode()))
     return items
@@ -133,7 +131,6 @@ async def _answer(
             ErrorCode.QUOTA_EXCEEDED,
             f"job {job.job!r} has {admitted.value} items queued; {n_items} more would pass max_queued "
             f"{job.quotas.max_queued}",
-            status=429,
             retry_after_s=5.0,
         )
     if admitted.outcome == 0:

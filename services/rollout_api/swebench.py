@@ -123,13 +123,4 @@ def instance_task(instance: SweInstance, request: SweBenchRolloutRequest) -> Tas
 
 
 def to_rollout_request(request: SweBenchRolloutRequest) -> RolloutRequest:
-    return RolloutRequest(
-        job=request.job,
-        tasks=[instance_task(i, request) for i in request.instances],
-        group_size=request.group_size,
-        limits=request.limits,
-        sampling=request.sampling,
-        priority=request.priority,
-        idempotency_key=request.idempotency_key,
-        max_attempts=request.max_attempts,
-    )
+    return RolloutRequest(**request.options(), tasks=[instance_task(i, request) for i in request.instances])

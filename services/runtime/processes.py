@@ -4,13 +4,14 @@ Used by ``rollout up`` (the whole fleet on one machine) and by the tests."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,16 +110,26 @@ def start_service(
             start_new_session=True,
         )  # fmt: skip
     service = ServiceProcess(argv=argv, port=port, proc=proc, log_path=log_path)
+    try:
+        wait_healthy(proc, service.url + health_path, timeout_s, str(argv), lambda: ":\n" + service.log()[-3000:])
+    except TimeoutError:
+        service.stop()
+        raise
+    return service
+
+
+def wait_healthy(
+    proc: subprocess.Popen[bytes], url: str, timeout_s: float, name: str, detail: Callable[[], str] = str
+) -> None:
+    """Poll ``url`` until it answers 200: RuntimeError if ``proc`` exits first, TimeoutError after
+    ``timeout_s``; ``detail()`` (e.g. the log's tail) ends either message."""
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=2.0) as client:
         while time.monotonic() < deadline:
-            if not service.alive():
-                raise RuntimeError(f"{argv} exited with {proc.returncode}:\n{service.log()[-3000:]}")
-            try:
-                if client.get(service.url + health_path).status_code == 200:
-                    return service
-            except httpx.HTTPError:
-                pass
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}{detail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(url).status_code == 200:
+                    return
             time.sleep(0.05)
-    service.stop()
-    raise TimeoutError(f"{argv} did not answer {health_path} within {timeout_s}s:\n{service.log()[-3000:]}")
+    raise TimeoutError(f"{name} did not answer {url} within {timeout_s}s{detail()}")

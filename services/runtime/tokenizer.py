@@ -17,12 +17,40 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
 
-# Qwen/ChatML style; ``add_generation_prompt`` opens the assistant turn.
+# Qwen2.5/Hermes style (ChatML); ``add_generation_prompt`` opens the assistant turn. With ``tools``
+# the system turn lists them and asks for ``<tool_call>{json}</tool_call>``; assistant tool calls
+# are re-rendered from ``tool_calls`` and consecutive ``tool`` messages share one user turn, as in
+# Qwen2.5's own template. Without tools every message is ``<|im_start|>role\ncontent<|im_end|>\n``.
 CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, '
+    '"arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n\' }}'
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' and tools and loop.first %}"
+    "{%- elif message['role'] == 'assistant' and message.get('tool_calls') %}"
+    "{{- '<|im_start|>assistant\\n' + (message['content'] or '') }}"
+    "{%- for call in message['tool_calls'] %}"
+    "{%- if message['content'] or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": '"
+    " + (call['function']['arguments'] | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
 

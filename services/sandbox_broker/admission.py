@@ -125,10 +125,10 @@ def _refusal(reason: int, waited_s: float) -> PlatformError:
     retry = max(1.0, min(30.0, waited_s or 1.0))
     if reason == JOB_FULL:
         return PlatformError(ErrorCode.QUOTA_EXCEEDED, f"the job's lease quota stayed full for {waited_s:.1f}s",
-                             status=429, retry_after_s=retry)  # fmt: skip
+                             retry_after_s=retry)  # fmt: skip
     where = "backend" if reason == BACKEND_FULL else "broker"
     return PlatformError(ErrorCode.CAPACITY_EXHAUSTED, f"{where} lease capacity stayed full for {waited_s:.1f}s",
-                         status=503, retry_after_s=retry)  # fmt: skip
+                         retry_after_s=retry)  # fmt: skip
 
 
 class TokenBucket:
@@ -151,7 +151,7 @@ class TokenBucket:
             self.stamp = now
             wait = (1.0 - self.tokens) / self.rate if self.tokens < 1.0 else 0.0
             if deadline is not None and now + wait > deadline:
-                raise PlatformError(ErrorCode.RATE_LIMITED, "sandbox create rate limit", status=429,
+                raise PlatformError(ErrorCode.RATE_LIMITED, "sandbox create rate limit",
                                     retry_after_s=max(wait, 0.1))  # fmt: skip
             self.tokens -= 1.0
         if wait > 0:

@@ -8,15 +8,14 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-import redis
 from fastapi import Depends, FastAPI, Query, Request, Response
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from services.protocol.errors import ErrorBody, PlatformError
+from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import ExecChunk, ExecRequest, ExecResult, Lease, LeaseRequest, RenewRequest, Template
 from services.protocol.status import ErrorCode
+from services.runtime.http_errors import install_error_handlers
 from services.runtime.redis_pool import observe_pools, open_redis
 from services.runtime.settings import RedisSettings
 from services.sandbox_broker.backends import make_backend
@@ -56,7 +55,7 @@ def create_app(settings: BrokerSettings, redis_url: str) -> FastAPI:
             await client.aclose(close_connection_pool=True)
 
     app = FastAPI(title="rollout sandbox broker", lifespan=lifespan)
-    _install_errors(app, metrics)
+    install_error_handlers(app, lambda code: metrics.errors.labels(code.value).inc())
     _install_routes(app, settings, metrics)
     return app
 
@@ -146,10 +145,10 @@ PathQuery = Annotated[str, Query(min_length=1, max_length=4096)]
 async def _body(request: Request, settings: BrokerSettings) -> bytes:
     size = int(request.headers.get("content-length") or 0)
     if size > settings.max_file_bytes:
-        raise PlatformError(ErrorCode.PAYLOAD_TOO_LARGE, f"body over {settings.max_file_bytes} bytes", status=413)
+        raise PlatformError(ErrorCode.PAYLOAD_TOO_LARGE, f"body over {settings.max_file_bytes} bytes")
     body = await request.body()
     if len(body) > settings.max_file_bytes:
-        raise PlatformError(ErrorCode.PAYLOAD_TOO_LARGE, f"body over {settings.max_file_bytes} bytes", status=413)
+        raise PlatformError(ErrorCode.PAYLOAD_TOO_LARGE, f"body over {settings.max_file_bytes} bytes")
     return body
 
 
@@ -178,33 +177,3 @@ async def _sse(broker: Broker, lease_id: str, request: ExecRequest) -> AsyncIter
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-
-
-def _install_errors(app: FastAPI, metrics: BrokerMetrics) -> None:
-    @app.exception_handler(PlatformError)
-    async def platform_error(request: Request, exc: PlatformError) -> JSONResponse:
-        metrics.errors.labels(exc.code.value).inc()
-        headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))} if exc.retry_after_s else None
-        return JSONResponse(exc.body().model_dump(mode="json"), status_code=exc.status, headers=headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        metrics.errors.labels(ErrorCode.VALIDATION_ERROR.value).inc()
-        first = exc.errors()[0] if exc.errors() else {}
-        field = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        body = ErrorBody.of(ErrorCode.VALIDATION_ERROR, str(first.get("msg", "invalid request")), field=field)
-        return JSONResponse(body.model_dump(mode="json"), status_code=422)
-
-    @app.exception_handler(redis.RedisError)
-    async def redis_error(request: Request, exc: redis.RedisError) -> JSONResponse:
-        log.error("Redis failed on %s %s: %s", request.method, request.url.path, exc)
-        metrics.errors.labels(ErrorCode.BACKEND_UNAVAILABLE.value).inc()
-        body = ErrorBody.of(ErrorCode.BACKEND_UNAVAILABLE, f"lease store: {exc}", retry_after_s=1.0)
-        return JSONResponse(body.model_dump(mode="json"), status_code=503, headers={"Retry-After": "1"})
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        metrics.errors.labels(ErrorCode.INTERNAL_ERROR.value).inc()
-        body = ErrorBody.of(ErrorCode.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")
-        return JSONResponse(body.model_dump(mode="json"), status_code=500)

@@ -93,7 +93,7 @@ class Broker:
             self.pools.settled(sandbox.sandbox_id)
         if not activated:
             await self.backend.destroy(sandbox.sandbox_id)
-            raise PlatformError(ErrorCode.CONFLICT, f"lease {lease_id} was released while starting", status=409)
+            raise PlatformError(ErrorCode.CONFLICT, f"lease {lease_id} was released while starting")
         await self.backend.keepalive(sandbox.sandbox_id, request.ttl_s + self.settings.ttl_grace_s)
         self.metrics.lease_start.labels(self.backend.name, "warm" if warm else "cold").observe(start_s)
         return lease
@@ -136,10 +136,10 @@ class Broker:
             raise
         except TimeoutError:
             message = f"sandbox not ready within {self.settings.create_timeout_s:.0f}s"
-            raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, message, status=504) from None
+            raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, message) from None
         except Exception as exc:
             log.exception("sandbox create failed on %s", self.backend.name)
-            raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, f"sandbox create failed: {exc}", status=502) from exc
+            raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, f"sandbox create failed: {exc}") from exc
         self.metrics.sandbox_create.labels(self.backend.name).observe(time.monotonic() - started)
         return sandbox
 
@@ -159,14 +159,14 @@ class Broker:
     async def live(self, lease_id: str) -> LeaseRecord:
         record = await self.store.get(lease_id)
         if record is None or record.lease.expires_at < time.time():
-            raise PlatformError(ErrorCode.LEASE_NOT_FOUND, f"no live lease {lease_id}", status=404)
+            raise PlatformError(ErrorCode.LEASE_NOT_FOUND, f"no live lease {lease_id}")
         return record
 
     async def renew(self, lease_id: str, ttl_s: float) -> Lease:
         record = await self.live(lease_id)
         lease = record.lease.model_copy(update={"expires_at": time.time() + ttl_s})
         if not await self.store.renew(lease):
-            raise PlatformError(ErrorCode.LEASE_NOT_FOUND, f"lease {lease_id} ended", status=404)
+            raise PlatformError(ErrorCode.LEASE_NOT_FOUND, f"lease {lease_id} ended")
         await self.backend.keepalive(lease.sandbox_id, ttl_s + self.settings.ttl_grace_s)
         return lease
 
@@ -223,4 +223,4 @@ class Broker:
             raise
         except (OSError, ConnectionError, TimeoutError) as exc:
             log.exception("%s backend call failed", self.backend.name)
-            raise PlatformError(ErrorCode.TRANSPORT_ERROR, f"{self.backend.name} backend: {exc}", status=502) from exc
+            raise PlatformError(ErrorCode.TRANSPORT_ERROR, f"{self.backend.name} backend: {exc}") from exc

@@ -13,6 +13,7 @@ import redis
 import redis.asyncio as aioredis
 
 from services.protocol import keys
+from services.runtime.outages import STORE_ERRORS, Outage
 from services.sandbox_broker.backends.base import LABEL_BROKER, LABEL_LEASE, Sandbox
 from services.sandbox_broker.broker import Broker
 from services.sandbox_broker.leases import LeaseRecord
@@ -27,6 +28,7 @@ class Reaper:
     def __init__(self, broker: Broker, client: aioredis.Redis) -> None:
         self.broker = broker
         self.client = client
+        self.outage = Outage("Redis", log)  # the reaper loop logs an outage once
         self.settings = broker.settings
         self.metrics = broker.metrics
         self._task: asyncio.Task[None] | None = None
@@ -66,6 +68,9 @@ class Reaper:
                     last_orphans = time.monotonic()
                     await self.sweep_orphans()
                 await self._observe()
+                self.outage.ok()
+            except STORE_ERRORS as exc:
+                self.outage.failed(exc)
             except Exception:
                 log.exception("reaper pass failed; next pass in %.1fs", self.settings.reap_interval_s)
 

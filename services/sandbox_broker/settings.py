@@ -40,6 +40,10 @@ class BrokerSettings(UsesRedis):
     docker_image: str = "rollout/sandbox:latest"  # image of the built-in default template
     docker_runtime: str | None = None  # e.g. "runsc"
     docker_exec_root: str | None = None  # the engine's exec root on this host: enables the leftover-monitor check
+    docker_bridge: str | None = None  # bridge interface name of the shared network when the broker creates it
+    # iptables rules on this host that keep egress sandboxes from the host and private networks (the broker
+    # runs as root in the docker host's network namespace); otherwise the operator sets them (docs)
+    docker_firewall: bool = False
 
     # e2b backend
     e2b_template: str = "base"  # template of the built-in default template

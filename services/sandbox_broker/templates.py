@@ -39,7 +39,7 @@ class Templates:
         if name == "default":
             return stored or self.default
         if stored is None:
-            raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"no template {name!r}", status=400, field="template")
+            raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"no template {name!r}", field="template")
         return stored
 
     async def put(self, template: Template) -> None:

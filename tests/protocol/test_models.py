@@ -84,3 +84,18 @@ def test_error_codes_say_infra_or_request() -> None:
 
 def test_only_completed_and_truncated_are_trainable() -> None:
     assert {s for s in Status if s.trainable} == {Status.COMPLETED, Status.TRUNCATED}
+
+
+def test_every_error_code_has_one_http_status() -> None:
+    from services.protocol import PlatformError
+    from services.protocol.status import HTTP_STATUS, request_error_code
+
+    assert set(HTTP_STATUS) == set(ErrorCode)
+    for code, status in HTTP_STATUS.items():
+        # request errors are 4xx; infra failures 5xx, bar 410 for a sandbox that is gone
+        assert (status >= 500 or status == 410) if code.infra else (400 <= status < 500), code
+        assert PlatformError(code, "x").status == status
+        if not code.infra:  # a bare status maps back to a code that answers with it
+            assert request_error_code(status).http_status == status
+    assert PlatformError(ErrorCode.QUOTA_EXCEEDED, "x", retry_after_s=0.2).headers() == {"Retry-After": "1"}
+    assert PlatformError(ErrorCode.QUOTA_EXCEEDED, "x").headers() == {}

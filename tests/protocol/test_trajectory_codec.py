@@ -12,6 +12,7 @@ import redis
 
 from services.protocol import (
     Cap,
+    ErrorCode,
     InfraFailure,
     InfraStage,
     Message,
@@ -48,7 +49,7 @@ def make(n_response: int, *, seed: int = 0, status: Status = Status.COMPLETED) -
         infra=InfraFailure(stage=InfraStage.SANDBOX_EXEC, code="sandbox_died", message="gone", attempts=3)
         if status is Status.INFRA_ERROR
         else None,
-        reward=0.5,
+        reward=0.5 if status.trainable else None,
         reward_details=RewardDetails(exit_code=1, output="FAILED tests/test_x.py::test_é\n", duration_s=2.5),
         prompt_ids=token_ids(rng.randrange(2**31 - 1) for _ in range(512)),
         response_ids=token_ids(rng.randrange(151_000) for _ in range(n_response)),
@@ -174,3 +175,19 @@ def test_stream_entry_through_real_redis(redis_client: redis.Redis) -> None:
     assert float(entry[b"reward"]) == 0.5
     assert entry[b"attempt"] == b"2"
     assert from_stream_fields(entry) == traj
+
+
+def test_an_infra_error_has_no_reward_anywhere() -> None:
+    """Null in the body and the JSON, empty in the stream's readable field: nothing to train on."""
+    traj = make(16, seed=4)
+    traj.status, traj.reward = Status.INFRA_ERROR, None
+    traj.infra = InfraFailure(stage=InfraStage.LLM, code=ErrorCode.ENGINE_ERROR, message="engine down")
+    traj.check()
+    fields = to_stream_fields(traj)
+    assert fields["reward"] == "" and from_stream_fields(fields).reward is None  # type: ignore[arg-type]
+    assert msgspec.json.decode(trajectory_to_json(traj))["reward"] is None
+    with pytest.raises(ValueError, match="no reward to train on"):
+        _ = traj.trainable_reward
+    traj.reward = 0.0  # the fake 0 a consumer might train on is refused at publication
+    with pytest.raises(ValueError, match="reward is set exactly when"):
+        traj.check()

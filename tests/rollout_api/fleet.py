@@ -153,8 +153,11 @@ def start_fleet(redis_url: str, script: Path, model_path: Path, logs: Path, stat
         )  # fmt: skip
         started.append(broker)
         api = start_service(
-            ["-m", "services.cli", "api", "--port", "{port}", "--redis-url", redis_url, "--broker-url", broker.url],
-            log_dir=logs, env={"ROLLOUT_API_ADMIN_TOKEN": ADMIN}, name="api",
+            [
+                "-m", "services.cli", "api", "--port", "{port}", "--redis-url", redis_url, "--broker-url", broker.url,
+                "--proxy-url", proxy.url, "--tokenizer-path", str(model_path),
+            ],
+            log_dir=logs, env={"ROLLOUT_API_ADMIN_TOKEN": ADMIN, "ROLLOUT_API_DASHBOARD_SAMPLE_S": "1"}, name="api",
         )  # fmt: skip
     except BaseException:
         for service in started:

@@ -191,7 +191,9 @@ def test_engine_killed_mid_episode_is_an_infra_error(fleet: Fleet, client: httpx
         assert (traj.infra.attempts, traj.attempt) == (2, 2)
         assert not traj.status.trainable
     job = client.get("/jobs/llmfail", headers=headers).json()
-    assert job["infra_errors_by_stage"]["llm"] + job["infra_errors_by_stage"]["llm_timeout"] == 4
+    attempts, given_up = job["infra_failed_attempts_by_stage"], job["infra_error_trajectories_by_stage"]
+    assert attempts["llm"] + attempts["llm_timeout"] == 4  # every failed attempt, retried or not
+    assert given_up["llm"] + given_up["llm_timeout"] == 2  # the trajectories given up
     assert job["infra_error_rate"] == 1.0
 
 

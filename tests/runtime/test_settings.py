@@ -12,6 +12,7 @@ import pytest
 
 from services.engines.settings import EngineSettings
 from services.llm_proxy.settings import ProxySettings
+from services.rollout_api.dump import DumpSettings
 from services.rollout_api.settings import ApiSettings, WorkerSettings
 from services.runtime.settings import SHARED_FIELDS, ServiceSettings, UsesRedis, shared_variable
 from services.sandbox_broker.settings import BrokerSettings
@@ -19,7 +20,7 @@ from trainer_client.settings import TrainSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 PROCESSES: list[type[ServiceSettings]] = [
-    EngineSettings, ProxySettings, BrokerSettings, ApiSettings, WorkerSettings, TrainSettings,
+    EngineSettings, ProxySettings, BrokerSettings, ApiSettings, WorkerSettings, TrainSettings, DumpSettings,
 ]  # fmt: skip
 # which shared settings each process uses: every one logs; all but the engines talk to Redis
 USES = {
@@ -29,6 +30,7 @@ USES = {
     ApiSettings: {"log_level", "redis_url", "admin_token"},
     WorkerSettings: {"log_level", "redis_url"},
     TrainSettings: {"log_level", "redis_url", "admin_token"},
+    DumpSettings: {"log_level", "redis_url"},
 }
 VALUES = {"redis_url": ("redis://shared:1/0", "redis://own:2/0"), "admin_token": ("shared-t", "own-t"),
           "log_level": ("WARNING", "DEBUG")}  # fmt: skip

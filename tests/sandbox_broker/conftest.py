@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,8 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from services.sandbox_broker.backends import overlay
+from services.sandbox_broker.backends.bwrap import SandboxPaths
 from services.sandbox_broker.backends.cgroups import Cgroups
+from services.sandbox_broker.backends.local import teardown
+from tests.sandbox_broker.dockerd import IMAGE, Dockerd, private_dockerd
 from tests.support.processes import ServiceProcess, start_service
 
 BrokerFactory = Callable[..., ServiceProcess]
@@ -32,8 +35,7 @@ def remove_sandboxes(state_dir: Path) -> list[str]:
     cgroups = Cgroups.probe(512, Cgroups.scope_of(root))
     for sandbox_id in left:
         cgroups.remove(sandbox_id)
-        overlay.unmount(root / sandbox_id / "workspace")
-        shutil.rmtree(root / sandbox_id, ignore_errors=True)
+        teardown(SandboxPaths(root / sandbox_id))
     cgroups.remove_scope()
     return left
 
@@ -77,3 +79,27 @@ def run(client: httpx.Client, lease_id: object, shell: str, **body: object) -> d
     assert response.status_code == 200, response.text
     result: dict[str, Any] = response.json()
     return result
+
+
+def _iptables_chains() -> set[str]:
+    chains: set[str] = set()
+    for table in ("filter", "nat"):
+        out = subprocess.run(["iptables", "-t", table, "-S"], capture_output=True, text=True, check=False).stdout
+        chains |= {f"{table}:{line.split()[1]}" for line in out.splitlines() if line.startswith("-N")}
+    return chains
+
+
+@pytest.fixture(scope="module")
+def dockerd() -> Iterator[Dockerd]:
+    """A private dockerd for the module (skips where it cannot start); nothing left in iptables after."""
+    chains_before = _iptables_chains()
+    with private_dockerd() as daemon:
+        if isinstance(daemon, str):
+            pytest.skip(daemon)
+        yield daemon
+    assert _iptables_chains() == chains_before
+
+
+def docker_env(daemon: Dockerd, **extra: str) -> dict[str, str]:
+    return {"ROLLOUT_BROKER_DOCKER_HOST": daemon.url, "ROLLOUT_BROKER_DOCKER_IMAGE": IMAGE,
+            "ROLLOUT_BROKER_DOCKER_EXEC_ROOT": daemon.exec_root, **extra}  # fmt: skip

@@ -14,7 +14,7 @@ from tests.test_cli import rollout
 pytestmark = [needs_bwrap, pytest.mark.slow]
 
 KEYS = ("warm_lease_p50_ms", "warm_lease_p99_ms", "cold_lease_p50_ms", "cold_lease_p99_ms", "exec_overhead_p50_ms",
-        "errors", "leaked")  # fmt: skip
+        "egress_cold_lease_p50_ms", "errors", "leaked")  # fmt: skip
 
 
 def test_broker_benchmark_writes_its_figures(tmp_path: Path, redis_url: str) -> None:

@@ -2,45 +2,20 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
-from collections.abc import Iterator
 
 import docker
 import httpx
 import pytest
 
-from tests.sandbox_broker.conftest import BrokerFactory, lease, run
-from tests.sandbox_broker.dockerd import IMAGE, Dockerd, private_dockerd
+from tests.sandbox_broker.conftest import BrokerFactory, docker_env, lease, run
+from tests.sandbox_broker.dockerd import IMAGE, Dockerd
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
-def _iptables_chains() -> set[str]:
-    chains: set[str] = set()
-    for table in ("filter", "nat"):
-        out = subprocess.run(["iptables", "-t", table, "-S"], capture_output=True, text=True, check=False).stdout
-        chains |= {f"{table}:{line.split()[1]}" for line in out.splitlines() if line.startswith("-N")}
-    return chains
-
-
-@pytest.fixture(scope="module")
-def dockerd() -> Iterator[Dockerd]:
-    chains_before = _iptables_chains()
-    with private_dockerd() as daemon:
-        if isinstance(daemon, str):
-            pytest.skip(daemon)
-        yield daemon
-    assert _iptables_chains() == chains_before  # nothing left in iptables
-
-
-def _env(daemon: Dockerd, **extra: str) -> dict[str, str]:
-    return {"ROLLOUT_BROKER_DOCKER_HOST": daemon.url, "ROLLOUT_BROKER_DOCKER_IMAGE": IMAGE,
-            "ROLLOUT_BROKER_DOCKER_EXEC_ROOT": daemon.exec_root, **extra}  # fmt: skip
-
-
 def test_docker_lease_exec_files_and_release(dockerd: Dockerd, start_broker: BrokerFactory) -> None:
-    broker = start_broker("--backend", "docker", "--warm-pool", "1", env=_env(dockerd))
+    broker = start_broker("--backend", "docker", "--warm-pool", "1", env=docker_env(dockerd))
     engine = docker.DockerClient(base_url=dockerd.url)
     with httpx.Client(base_url=broker.url, timeout=60) as client:
         held = lease(client, job="dj")
@@ -82,7 +57,7 @@ def test_docker_reaper_removes_orphans_including_created(dockerd: Dockerd, start
     running = engine.containers.run(IMAGE, ["sleep", "1000"], labels=labels, detach=True, network_mode="none")
     unrelated = engine.containers.create(IMAGE, ["sleep", "1000"])  # not ours: never touched
     assert engine.containers.get(created.id).status == "created"
-    start_broker("--backend", "docker", env=_env(dockerd))
+    start_broker("--backend", "docker", env=docker_env(dockerd))
     remaining = {c.id for c in engine.containers.list(all=True)}
     assert created.id not in remaining and running.id not in remaining and unrelated.id in remaining
     unrelated.remove(force=True)

@@ -76,7 +76,7 @@ def test_errors_say_whose_fault_they_are(start_broker: BrokerFactory) -> None:
 
         lid = lease(client)["id"]
         both = client.post(f"/leases/{lid}/exec", json={"shell": "true", "argv": ["true"]})
-        assert both.status_code == 400 and both.json()["error"]["code"] == "validation_error"
+        assert both.status_code == 422 and both.json()["error"]["code"] == "validation_error"
         outside = client.put(f"/leases/{lid}/files", params={"path": "/etc/passwd"}, content=b"x")
         assert outside.status_code == 400 and outside.json()["error"]["field"] == "path"
         run(client, lid, "ln -s /etc /workspace/host-etc")
@@ -114,7 +114,8 @@ def test_template_rootfs_is_layered_under_a_private_workspace(
     (rootfs / "repo" / "main.py").write_text("print('v1')\n")
     broker = start_broker()
     with httpx.Client(base_url=broker.url, timeout=30) as client:
-        layered = client.get("/healthz").json()["isolation"]["overlayfs"]
+        isolation = client.get("/healthz").json()["isolation"]
+        layered, quota = isolation["overlayfs"], isolation["disk_quota"] == "loop-ext4"
         assert client.post("/templates", json={"name": "repo", "rootfs": str(rootfs)}).status_code == 201
         first, second = lease(client, template="repo"), lease(client, template="repo")
         assert run(client, first["id"], "python3 repo/main.py")["stdout"] == "v1\n"
@@ -122,7 +123,7 @@ def test_template_rootfs_is_layered_under_a_private_workspace(
         assert run(client, first["id"], "python3 repo/main.py")["stdout"] == "v2\n"
         assert run(client, second["id"], "python3 repo/main.py; ls repo")["stdout"] == "v1\nmain.py\n"
         assert (rootfs / "repo" / "main.py").read_text() == "print('v1')\n"  # the template is untouched
-        assert _mounts_under(state_dir) == (2 if layered else 0)
+        assert _mounts_under(state_dir) == (2 if layered else 0) + (2 if quota else 0)  # overlay, disk
         for held in (first, second):
             client.delete(f"/leases/{held['id']}")
         assert _mounts_under(state_dir) == 0

@@ -45,7 +45,7 @@ def main() -> None:
         settings = TrainSettings(
             job="cpu-run", redis_url=redis_server.url, api_url=url, tasks_path=tasks, proxy_url=url,
             tokenizer_dir=write_tokenizer_dir(args.out / "tokenizer"), work_dir=args.out, model=MODEL,
-            group_size=8, batch_groups=2, max_staleness=1, overprovision=2.0, micro_batch_size=8,
+            group_size=8, batch_groups=2, max_staleness=1, overprovision=2.0, micro_batch_tokens=2048,
             max_steps=args.steps, checkpoint_every=2, wait_timeout_s=60,
         )  # fmt: skip
         run(settings)

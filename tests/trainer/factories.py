@@ -48,7 +48,8 @@ def make_trajectory(
         infra = InfraFailure(stage=InfraStage.SANDBOX_EXEC, code="sandbox_died", message="gone")
     traj = Trajectory(
         trajectory_id=f"r1:{group}:{sample}", attempt=attempt, job=job, rollout_id="r1", task_id=group,
-        group_id=group, sample_index=sample, group_size=group_size, status=status, infra=infra, reward=reward,
+        group_id=group, sample_index=sample, group_size=group_size, status=status, infra=infra,
+        reward=reward if status.trainable else None,
         prompt_ids=token_ids(rng.randrange(256) for _ in range(prompt_len)), response_ids=token_ids(ids),
         loss_mask=mask(lmask), response_logprobs=logprobs(lps), turns=turn_list,
     )  # fmt: skip

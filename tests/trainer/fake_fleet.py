@@ -13,7 +13,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +48,7 @@ class FleetState:
     requested_groups: int = 0
     fail_weights: bool = False
     trajectory_shape: dict[str, int] = field(default_factory=dict)  # make_trajectory's length arguments
+    on_weights: Callable[[WeightUpdate], None] | None = None  # called once an update is accepted (fault injection)
 
 
 def _error(status: int, code: ErrorCode, message: str) -> JSONResponse:
@@ -78,7 +79,8 @@ def build_app(state: FleetState) -> FastAPI:
             return _error(404, ErrorCode.UNKNOWN_JOB, f"no job {job}")
         spec = state.jobs[job]
         return JobStatus(job=job, pool=spec.pool, weight=spec.weight, quotas=JobQuotas(), queue_depth=0,
-                         in_flight=0, finished=0, by_status={}, infra_errors_by_stage={})  # fmt: skip
+                         in_flight=0, finished=0, by_status={}, infra_failed_attempts_by_stage={},
+                         infra_error_trajectories_by_stage={})  # fmt: skip
 
     @app.post("/rollouts", status_code=202)
     def submit(request: RolloutRequest) -> RolloutAccepted:
@@ -118,6 +120,8 @@ def build_app(state: FleetState) -> FastAPI:
         state.updates.append(update)
         if ok:
             state.version = update.version
+        if state.on_weights:
+            state.on_weights(update)
         return WeightUpdateResult(pool=update.pool, version=update.version, ok=ok, engines=[], quarantined=[],
                                   held_calls=0, held_s=0.0, total_s=0.0)  # fmt: skip
 

@@ -14,6 +14,7 @@ from services.protocol.weights import CHECKSUM_FILE
 from services.runtime.net import free_port
 from tests.support.processes import REPO_ROOT, python_env
 from tests.trainer.conftest import TINY
+from tests.trainer.launch import wait_all
 from trainer_client.export import directory_checksum, export_hf
 from trainer_client.hf_map import ARCHITECTURES
 from trainer_client.model import Family, ModelConfig, ParallelConfig, build_gpt, init_parallel, logits
@@ -99,13 +100,7 @@ def test_tensor_parallel_export_matches_transformers(tmp_path: Path, tokenizer_d
                               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})  # fmt: skip
             argv = [sys.executable, "-m", "tests.trainer.tp_worker", str(tmp_path), str(tokenizer_dir)]
             procs.append(subprocess.Popen(argv, env=env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT))
-    try:
-        codes = [p.wait(timeout=100) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    codes = wait_all(procs, 100)
     assert codes == [0, 0], log.read_text()[-3000:]
     for family in ("llama", "qwen2", "qwen3"):
         run = tmp_path / family

@@ -10,6 +10,7 @@ from services.protocol.status import Status
 from services.protocol.trajectory import Trajectory
 from tests.trainer.factories import make_trajectory
 from trainer_client.groups import Drop, GroupAssembler
+from trainer_client.versions import Lineage, Unresolved
 
 pytestmark = [pytest.mark.trainer]
 
@@ -58,8 +59,8 @@ def test_zero_variance_group_counted_no_gradient() -> None:
 
 
 def test_stale_member_dropped_on_arrival() -> None:
-    asm = GroupAssembler(min_valid=2, max_staleness=2)
-    trajs = [make_trajectory("a", i, reward=float(i % 2), version="5" if i else "2") for i in range(4)]
+    asm = GroupAssembler(min_valid=2, max_staleness=2, lineage=Lineage(spans={1: [1, 5]}))
+    trajs = [make_trajectory("a", i, reward=float(i % 2), version="5-e1" if i else "2-e1") for i in range(4)]
     feed(asm, trajs, version=5)  # sample 0 is 3 versions old
     [group] = asm.take(1, version=5)
     assert len(group.members) == 3 and asm.drops[Drop.STALE] == 1
@@ -76,9 +77,9 @@ def test_rejected_members_decided_only_with_their_group() -> None:
 
 
 def test_carried_group_rechecked_for_staleness_when_taken() -> None:
-    asm = GroupAssembler(min_valid=2, max_staleness=1)
+    asm = GroupAssembler(min_valid=2, max_staleness=1, lineage=Lineage(spans={1: [1, 3]}))
     feed(asm, [make_trajectory("a", i, reward=float(i % 2), version="0") for i in range(4)])
-    feed(asm, [make_trajectory("b", i, reward=float(i % 2), version="1") for i in range(4)], version=1)
+    feed(asm, [make_trajectory("b", i, reward=float(i % 2), version="1-e1") for i in range(4)], version=1)
     assert [g.group_id for g in asm.take(1, version=1)] == ["a"]  # oldest first; b carries over
     assert [g.group_id for g in asm.take(1, version=3)] == []  # b is now 2 versions old
     assert asm.drops[Drop.STALE] == 4 and asm.dropped_groups[Drop.GROUP_TOO_SMALL] == 1
@@ -87,7 +88,21 @@ def test_carried_group_rechecked_for_staleness_when_taken() -> None:
 def test_unknown_version_dropped() -> None:
     asm = GroupAssembler(min_valid=1, max_staleness=1)
     feed(asm, [make_trajectory("a", 0, version="base", group_size=1)])
-    assert asm.drops[Drop.UNKNOWN_VERSION] == 1
+    feed(asm, [make_trajectory("b", 0, version="3", group_size=1)])  # a bare step number names no weights
+    assert asm.drops[Drop.UNKNOWN_VERSION] == 2
+
+
+def test_weights_no_checkpoint_kept_are_orphaned() -> None:
+    """Epoch 1 posted step 3 and died before checkpointing it; epoch 2 resumed from step 2."""
+    lineage = Lineage(spans={1: [1, 2], 2: [3, 4]})
+    asm = GroupAssembler(min_valid=2, max_staleness=5, lineage=lineage)
+    versions = ["3-e1", "2-e1", "3-e2", "4-e2"]  # 3-e1: the lost weights
+    feed(asm, [make_trajectory("a", i, reward=float(i % 2), version=v) for i, v in enumerate(versions)], version=4)
+    [group] = asm.take(1, version=4)
+    assert sorted(m.version for m in group.members) == [2, 3, 4]
+    assert asm.drops == {Drop.ORPHANED: 1}
+    with pytest.raises(Unresolved):
+        Lineage(spans={1: [1, 2]}).step_of("2-e2")
 
 
 def test_duplicates_dropped_and_counted() -> None:

@@ -10,11 +10,11 @@ from services.protocol import keys
 from services.protocol.trajectory import Trajectory, logprobs, to_stream_fields
 from tests.trainer.conftest import TINY
 from tests.trainer.factories import make_trajectory
-from trainer_client.batch import micro_batches, samples_from_groups
+from trainer_client.batch import samples_from_groups
 from trainer_client.consumer import TrajectoryConsumer
 from trainer_client.groups import GroupAssembler
-from trainer_client.learner import Learner, LossConfig
-from trainer_client.model import ModelConfig, OptimConfig, ParallelConfig, Policy, build_policy, device, token_logprobs
+from trainer_client.learner import Batching, Learner, LossConfig
+from trainer_client.model import ModelConfig, OptimConfig, ParallelConfig, Policy, build_policy, token_logprobs
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
@@ -51,10 +51,10 @@ def test_train_from_stream_loss_and_logprob_bookkeeping(redis_client: redis.Redi
         assembler.add(entry.entry_id, entry.trajectory, version=0)
     groups = assembler.take(2, version=0)
     samples = samples_from_groups(groups, version=0, normalize_std=True, max_len=128)
-    batches = micro_batches(samples, size=3, device=device())  # uneven lengths and padding on purpose
-    learner = Learner(policy, LossConfig(clip_low=0.2, clip_high=0.2, tis_cap=2.0))
+    # padded rows of uneven lengths on purpose (three rows of at most 22 positions per micro-batch)
+    learner = Learner(policy, LossConfig(clip_low=0.2, clip_high=0.2, tis_cap=2.0), batching=Batching(66, packed=False))
 
-    stats = learner.step(batches)
+    stats = learner.step(samples)
     # bookkeeping: the engine logprobs sit exactly where the trainer predicts the same tokens
     assert stats.logprob_gap < 1e-5 and stats.ess == pytest.approx(1.0) and stats.tis_mean == pytest.approx(1.0)
     masked = [sum(t.loss_mask) for t in trajs]
@@ -65,13 +65,14 @@ def test_train_from_stream_loss_and_logprob_bookkeeping(redis_client: redis.Redi
     assert stats.clip_fraction == 0.0 and stats.grad_norm > 0
 
     before = {t.trajectory_id: sum(own_logprobs(policy, t)) for t in trajs}
+    assert 0 < 1 - stats.sequence_tokens / stats.slots < 0.5  # padding was computed
     for _ in range(3):
-        stats = learner.step(batches)
+        stats = learner.step(samples)
     after = {t.trajectory_id: sum(own_logprobs(policy, t)) for t in trajs}
     # learning: rewarded responses became likelier, unrewarded ones less likely
     for t in trajs:
         moved = after[t.trajectory_id] - before[t.trajectory_id]
-        assert (moved > 0) == (t.reward > 0), (t.trajectory_id, moved)
+        assert (moved > 0) == (t.trainable_reward > 0), (t.trajectory_id, moved)
     assert stats.logprob_gap > 0 and stats.ess < 1.0  # the engine's logprobs are now stale
     assert stats.clip_fraction == 0.0  # one optimizer step per batch: the recomputed 'old' policy is the current one
     assert [d.fate for d in assembler.drain_decided()] == ["used"] * 8
@@ -90,8 +91,11 @@ def test_kl_term_and_several_mini_batches(redis_client: redis.Redis) -> None:
     for i, traj in enumerate(trajs):
         assembler.add(f"{i}-0", traj, version=0)
     samples = samples_from_groups(assembler.take(1, version=0), version=0, normalize_std=True, max_len=128)
-    batches = micro_batches(samples, size=2, device=device())
-    first = Learner(policy, LossConfig(kl_coef=0.1), reference=reference).step(batches)
+    packed = Batching(micro_batch_tokens=40, packed=True)
+    first = Learner(policy, LossConfig(kl_coef=0.1), reference=reference, batching=packed).step(samples)
     assert first.kl == pytest.approx(0.0, abs=1e-6)  # policy == reference during the only forward
-    second = Learner(policy, LossConfig(kl_coef=0.1, mini_batches=2), reference=reference).step(batches)
+    assert first.slots == first.sequence_tokens  # packed: no padding
+    second = Learner(policy, LossConfig(kl_coef=0.1, mini_batches=2), reference=reference, batching=packed).step(
+        samples
+    )
     assert second.kl > 1e-6 and second.grad_norm > 0

@@ -11,8 +11,11 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from redis.asyncio import Redis
+
 from services.protocol import Cap, ErrorCode, InfraStage, Message, Status, Trajectory, Turn, WorkItem
-from services.protocol.sandboxes import ExecRequest, Lease, LeaseRequest, Resources
+from services.protocol.agents import BashAgent
+from services.protocol.sandboxes import ExecRequest, ExecResult, Lease, LeaseRequest, Resources
 from services.rollout_api.publishing import trajectory_shell
 from services.rollout_api.settings import WorkerSettings
 from services.rollout_api.worker.clients import (
@@ -25,12 +28,14 @@ from services.rollout_api.worker.clients import (
     sampling_params,
 )
 from services.rollout_api.worker.conversation import (
-    SYSTEM_PROMPT,
     format_error,
     observation,
     parse_action,
+    submitted_by_output,
+    system_message,
     task_message,
 )
+from services.rollout_api.worker.gateway_agents import run_gateway_agent
 from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.outages import Outages
 from services.rollout_api.worker.reward import Snapshot, score, snapshot
@@ -50,6 +55,7 @@ class AgentDeps:
     metrics: WorkerMetrics
     leases: set[str] = field(default_factory=set)  # held now; renewed by the worker's heartbeat
     pool_tokenizers: dict[str, ChatTokenizer] = field(default_factory=dict)  # a pool's served model's
+    redis: Redis | None = None  # gateway sessions of tools/command agents
     outages: Outages | None = None  # the breakers of the proxy and the broker
 
     def tokenizer_for(self, pool: str) -> ChatTokenizer:
@@ -110,9 +116,15 @@ class Episode:
         try:
             async with asyncio.timeout(self.limits.wall_clock_s):
                 await self._setup(lease)
-                return await self._loop(lease)
+                return await self._agent_loop(lease)
         except TimeoutError:
             return Cap.WALL_CLOCK
+
+    async def _agent_loop(self, lease: Lease) -> Cap | None:
+        agent = self.item.agent
+        if isinstance(agent, BashAgent):
+            return await self._loop(lease, agent)
+        return await run_gateway_agent(self, lease)
 
     async def _setup(self, lease: Lease) -> None:
         spec = self.item.task.sandbox
@@ -131,15 +143,16 @@ class Episode:
         self.saved = await snapshot(self.deps.broker, lease.id, self.item.task.reward, self.workdir)
         self.traj.timings.setup_s = time.monotonic() - started
 
-    async def _loop(self, lease: Lease) -> Cap | None:
+    async def _loop(self, lease: Lease, agent: BashAgent) -> Cap | None:
         tok = self.deps.tokenizer_for(self.item.pool)
         self.messages = [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": task_message(self.item.task.prompt)},
+            {"role": "system", "content": system_message(agent)},
+            {"role": "user", "content": task_message(self.item.task.prompt, agent)},
         ]
+        max_turns = min(self.limits.max_turns, agent.step_limit or self.limits.max_turns)
         self.tokens.set_prompt(tok.prompt_ids(self.messages))
         pending: list[int] = []  # the last observation's tokens, sent with the next call
-        for index in range(self.limits.max_turns):
+        for index in range(max_turns):
             budget = self.limits.max_trajectory_tokens - self.tokens.total - len(pending)
             if budget <= 0:
                 return Cap.TRAJECTORY_TOKENS
@@ -155,16 +168,18 @@ class Episode:
                 raise InfraError(InfraStage.LLM, ErrorCode.ENGINE_ERROR, "the engine aborted the generation")
             reply = tok.decode(generation.output_ids)
             self.messages.append({"role": "assistant", "content": reply})
-            action = parse_action(reply)
+            action = parse_action(reply, agent)
             if action.submits:
                 return None
             if action.command is None:
-                content = format_error(action)
+                content = format_error(action, agent)
             else:
                 result = await self._execute(lease, action.command, turn)
                 if result is None:
                     return Cap.COMMAND_TIMEOUT
-                content = result
+                if submitted_by_output(result, agent):
+                    return None
+                content = observation(result, self.limits.observation_max_bytes, agent)
             message = {"role": "user", "content": content}
             self.messages.append(message)
             ended = bool(generation.output_ids) and generation.output_ids[-1] == tok.eos_id
@@ -203,8 +218,8 @@ class Episode:
         self.traj.timings.llm_s += llm_s
         return generation, turn
 
-    async def _execute(self, lease: Lease, command: str, turn: Turn) -> str | None:
-        """Run the agent's command; its observation, or None when it hit the command timeout."""
+    async def _execute(self, lease: Lease, command: str, turn: Turn) -> ExecResult | None:
+        """Run the agent's command; its result, or None when it hit the command timeout."""
         spec = self.item.task.sandbox
         request = ExecRequest(
             shell=command, timeout_s=self.limits.command_timeout_s, env=spec.env, cwd=self.workdir,
@@ -215,11 +230,12 @@ class Episode:
         turn.exec_s = time.monotonic() - started
         turn.exit_code = result.exit_code
         self.traj.timings.exec_s += turn.exec_s
-        return None if result.timed_out else observation(result, self.limits.observation_max_bytes)
+        return None if result.timed_out else result
 
     def _finish(self) -> Trajectory:
         traj = self.traj
-        traj.prompt_ids, traj.response_ids, traj.loss_mask, traj.response_logprobs = self.tokens.arrays()
+        if isinstance(self.item.agent, BashAgent):  # gateway agents' tokens come from their session log
+            traj.prompt_ids, traj.response_ids, traj.loss_mask, traj.response_logprobs = self.tokens.arrays()
         traj.finished_at = time.time()
         traj.timings.total_s = traj.finished_at - traj.started_at
         if self.deps.settings.keep_messages:

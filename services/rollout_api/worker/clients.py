@@ -27,7 +27,7 @@ T = TypeVar("T")
 class InfraError(Exception):
     """The platform failed the attempt at ``stage``; ``retryable`` is False for request errors."""
 
-    def __init__(self, stage: InfraStage, code: str, message: str, *, retryable: bool = True) -> None:
+    def __init__(self, stage: InfraStage, code: ErrorCode, message: str, *, retryable: bool = True) -> None:
         super().__init__(f"{stage.value}/{code}: {message}")
         self.stage = stage
         self.code = code
@@ -50,18 +50,14 @@ class Generation:
     cached_tokens: int = 0
 
 
-def _error_code(body: Any) -> str | None:
+def _error_code(body: Any, otherwise: ErrorCode) -> ErrorCode:
+    """The platform code of an error answer; ``otherwise`` when it carries none (or an unknown one)."""
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        code = body["error"].get("code")
-        return str(code) if code else None
-    return None
-
-
-def _is_request_error(code: str) -> bool:
-    try:
-        return not ErrorCode(code).infra
-    except ValueError:
-        return False
+        try:
+            return ErrorCode(body["error"].get("code"))
+        except ValueError:
+            pass
+    return otherwise
 
 
 async def _json_body(response: aiohttp.ClientResponse) -> Any:
@@ -136,10 +132,10 @@ class ProxyClient:
         )
         if status == 200 and isinstance(body, dict):
             return parse_generation(body, answer_headers)
-        code = _error_code(body) or ErrorCode.ENGINE_ERROR.value
-        if code == ErrorCode.CONTEXT_LENGTH_EXCEEDED:
+        code = _error_code(body, ErrorCode.ENGINE_ERROR)
+        if code is ErrorCode.CONTEXT_LENGTH_EXCEEDED:
             raise ContextExceeded(str(body))
-        stage = InfraStage.LLM_TIMEOUT if code == ErrorCode.UPSTREAM_TIMEOUT else InfraStage.LLM
+        stage = InfraStage.LLM_TIMEOUT if code is ErrorCode.UPSTREAM_TIMEOUT else InfraStage.LLM
         raise InfraError(stage, code, f"proxy answered {status}: {str(body)[:300]}")
 
     async def _post(self, data: bytes, headers: dict[str, str]) -> tuple[int, Any, dict[str, str]]:
@@ -178,9 +174,10 @@ class BrokerClient:
         status, body = await held(self.outages, BROKER, InfraStage.BROKER, send)
         if status < 300:
             return body
-        code = _error_code(body) or ErrorCode.INTERNAL_ERROR.value
+        code = _error_code(body, ErrorCode.INTERNAL_ERROR)
         message = f"broker {method} {path} answered {status}: {str(body)[:300]}"
-        raise InfraError(stage, code, message, retryable=not _is_request_error(code) or code == "lease_not_found")
+        # a lease that ended (its sandbox reaped, the broker restarted) is retried with a new one
+        raise InfraError(stage, code, message, retryable=code.infra or code is ErrorCode.LEASE_NOT_FOUND)
 
     async def _send(
         self, stage: InfraStage, method: str, path: str, limit: aiohttp.ClientTimeout, kwargs: dict[str, Any]

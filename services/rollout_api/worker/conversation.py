@@ -1,67 +1,78 @@
-"""The mini-swe-agent style protocol: the system prompt, parsing one bash block per reply, and
-turning command output into the next user message. Plain functions."""
+"""The mini-swe-agent style protocol of the ``bash`` agent: its templates (Jinja2, mini-swe-agent's
+variable names, ``StrictUndefined``), parsing one action per reply with the spec's regex, and
+turning command output into the next user message. Plain functions over a :class:`BashAgent`."""
 
 from __future__ import annotations
 
+import functools
+import platform
 import re
 from dataclasses import dataclass
+from typing import Any
 
+from jinja2 import StrictUndefined
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from services.protocol.agents import BASH_SYSTEM_TEMPLATE, SUBMIT_MARKER, BashAgent
 from services.protocol.sandboxes import ExecResult
 
-SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+SUBMIT_COMMAND = f"echo {SUBMIT_MARKER}"
+SYSTEM_PROMPT = BASH_SYSTEM_TEMPLATE
+DEFAULT_AGENT = BashAgent()
 
-SYSTEM_PROMPT = f"""You are a helpful assistant that can interact with a computer shell to solve tasks.
+_ENV = ImmutableSandboxedEnvironment(undefined=StrictUndefined)
 
-Your response must contain exactly ONE bash code block with ONE command (or commands connected
-with && or ||). Include a THOUGHT section before your command explaining your reasoning.
 
-<format_example>
-THOUGHT: Your reasoning and analysis here
+@functools.lru_cache(maxsize=256)
+def _compiled(source: str) -> Any:
+    return _ENV.from_string(source)
 
-```bash
-your_command_here
-```
-</format_example>
 
-Each command runs in a fresh subshell in the task's working directory; its exit code and output
-are shown to you. When you are done, submit with exactly this command and nothing else:
+@functools.lru_cache(maxsize=64)
+def _regex(source: str) -> re.Pattern[str]:
+    return re.compile(source, re.DOTALL)
 
-```bash
-{SUBMIT_COMMAND}
-```"""
 
-FORMAT_ERROR = """Please always provide EXACTLY ONE action in triple backticks, found {count} actions.
-If you want to end the task, please issue the following command: `{submit}`
-without any other command. Otherwise, format your response exactly as follows:
-
-THOUGHT: Here are some thoughts about why you want to perform the action.
-
-```bash
-<action>
-```"""
-
-_BASH_BLOCK = re.compile(r"```bash\s*\n(.*?)\n?```", re.DOTALL)
+def render(template: str, **variables: Any) -> str:
+    """Render one of the agent's templates; mini-swe-agent's platform variables are available too."""
+    uname = platform.uname()
+    base = {"system": uname.system, "release": uname.release, "version": uname.version, "machine": uname.machine}
+    return str(_compiled(template).render(**(base | variables)))
 
 
 @dataclass(frozen=True, slots=True)
 class Action:
-    command: str | None  # the one bash command, or None when the reply was malformed
-    blocks: int  # how many bash blocks the reply had
+    command: str | None  # the one command, or None when the reply was malformed
+    blocks: int  # how many actions the reply had
+    marker: str = SUBMIT_MARKER
 
     @property
     def submits(self) -> bool:
-        return self.command is not None and self.command.strip() in (SUBMIT_COMMAND, "submit")
+        return self.command is not None and self.command.strip() in (f"echo {self.marker}", "submit")
 
 
-def parse_action(reply: str) -> Action:
-    blocks = _BASH_BLOCK.findall(reply)
+def parse_action(reply: str, agent: BashAgent = DEFAULT_AGENT) -> Action:
+    blocks = _regex(agent.action_regex).findall(reply)
     if len(blocks) != 1:
-        return Action(command=None, blocks=len(blocks))
-    return Action(command=blocks[0].strip(), blocks=1)
+        return Action(command=None, blocks=len(blocks), marker=agent.submit_marker)
+    return Action(command=str(blocks[0]).strip(), blocks=1, marker=agent.submit_marker)
 
 
-def format_error(action: Action) -> str:
-    return FORMAT_ERROR.format(count=action.blocks, submit=SUBMIT_COMMAND)
+def submitted_by_output(result: ExecResult, agent: BashAgent = DEFAULT_AGENT) -> bool:
+    """mini-swe-agent's rule: the first line of a successful command's output is the marker."""
+    return result.exit_code == 0 and result.stdout.lstrip().startswith(agent.submit_marker)
+
+
+def system_message(agent: BashAgent = DEFAULT_AGENT) -> str:
+    return render(agent.system_template)
+
+
+def task_message(prompt: str, agent: BashAgent = DEFAULT_AGENT) -> str:
+    return render(agent.instance_template, task=prompt)
+
+
+def format_error(action: Action, agent: BashAgent = DEFAULT_AGENT) -> str:
+    return render(agent.format_error_template, actions=[None] * action.blocks, error="format error")
 
 
 def truncate_middle(text: str, max_bytes: int) -> str:
@@ -75,11 +86,8 @@ def truncate_middle(text: str, max_bytes: int) -> str:
     return f"{head}\n[... {len(raw) - 2 * keep} bytes elided ...]\n{tail}"
 
 
-def observation(result: ExecResult, max_bytes: int) -> str:
+def observation(result: ExecResult, max_bytes: int, agent: BashAgent = DEFAULT_AGENT) -> str:
     output = result.stdout + (("\n" if result.stdout and result.stderr else "") + result.stderr)
-    body = truncate_middle(output, max_bytes)
-    return f"<returncode>{result.exit_code}</returncode>\n<output>\n{body}\n</output>"
-
-
-def task_message(prompt: str) -> str:
-    return f"Please solve this task:\n\n{prompt}"
+    body = truncate_middle(output, agent.observation_max_bytes or max_bytes)
+    out = {"returncode": result.exit_code, "output": body, "exception_info": ""}
+    return render(agent.observation_template, output=out)

@@ -72,7 +72,7 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
             proxy=ProxyClient(session, settings.proxy_url.rstrip("/"), settings.llm_timeout_s, outages),
             broker=BrokerClient(session, settings.broker_url.rstrip("/"), settings.broker_timeout_s, outages),
             tokenizer=tokenizer, settings=settings, worker_id=worker_id, metrics=metrics, pool_tokenizers=by_pool,
-            outages=outages,
+            redis=redis, outages=outages,
         )  # fmt: skip
         worker = Worker(redis, deps, metrics)
         loop = asyncio.get_running_loop()

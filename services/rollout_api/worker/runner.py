@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from services.protocol import ErrorCode, InfraFailure, InfraStage, Status, Trajectory, WorkItem, keys
+from services.protocol import ErrorCode, InfraFailure, InfraStage, Status, Trajectory, WorkItem, counters, keys
 from services.protocol.keys import WORKERS_GROUP
 from services.rollout_api.publishing import publish, trajectory_shell
-from services.rollout_api.scripts import Scripts
+from services.rollout_api.redis_scripts import Scripts
 from services.rollout_api.worker.agent import AgentDeps, Episode
 from services.rollout_api.worker.clients import InfraError
 from services.rollout_api.worker.metrics import WorkerMetrics
@@ -75,7 +75,7 @@ class ItemRunner:
             if await self._outage_kept(delivery, trips):
                 continue  # the attempt was given back: the same attempt number runs again
             error = failure
-            await self.redis.hincrby(keys.job_stats(item.job), f"infra:{error.stage.value}", 1)
+            await self.redis.hincrby(keys.job_stats(item.job), counters.failed_attempts(error.stage.value), 1)
             self.metrics.infra.labels(error.stage.value).inc()
             if not error.retryable or taken.attempt >= item.max_attempts:
                 await self._finish(delivery, self._infra(item, taken.attempt, error), ran=True)
@@ -88,7 +88,7 @@ class ItemRunner:
         try:
             traj = await Episode(self.deps, item, attempt).run()
         except InfraError as exc:
-            log.warning("%s attempt %d: %s", item.trajectory_id, attempt, exc)
+            log.info("%s attempt %d failed: %s", item.trajectory_id, attempt, exc)  # the give-up is the WARNING
             return exc
         except Exception as exc:  # a bug in this worker: record it as the worker's failure, never as reward 0
             log.exception("%s attempt %d crashed", item.trajectory_id, attempt)
@@ -139,6 +139,9 @@ class ItemRunner:
         entry = await publish(self.scripts, traj, maxlen=self.settings.trajectory_stream_maxlen, ran=ran)
         if entry is not None:
             self.metrics.published.labels(traj.job, traj.status.value).inc()
+            if (infra := traj.infra) is not None:  # once per trajectory: only its first record is published
+                log.warning("%s given up as infra_error after %d attempt(s) at %s (%s): %s", traj.trajectory_id,
+                            infra.attempts, infra.stage.value, infra.code, infra.message)  # fmt: skip
         await self._ack(delivery)
 
     async def _ack(self, delivery: Delivery) -> None:

@@ -7,29 +7,17 @@ template adds for that message alone), then tokenized by itself and appended.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jinja2.exceptions import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
+
+from services.runtime.chat import ChatTemplate
 
 _DUMMY = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
 _DUMMY_REPLY = "\x00A\x00"  # a reply that cannot occur in the template's own text
 _BEFORE = [*_DUMMY, {"role": "assistant", "content": "A"}]  # what a delta is rendered after
-
-
-def _raise(message: str) -> None:
-    raise TemplateError(message)
-
-
-def _compile(template: str) -> Any:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = _raise
-    env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent, ensure_ascii=False)
-    return env.from_string(template)
 
 
 @dataclass(frozen=True)
@@ -44,18 +32,12 @@ class ChatTokenizer:
 
     @classmethod
     def from_dir(cls, directory: Path) -> ChatTokenizer:
-        tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-        config = json.loads((directory / "tokenizer_config.json").read_text())
-        eos_text = _token_text(config.get("eos_token"))
-        eos_id = tokenizer.token_to_id(eos_text) if eos_text else None
-        if eos_text is None or eos_id is None:
-            raise ValueError(f"{directory}: eos_token {eos_text!r} is not in the vocabulary")
-        special = {"bos_token": _token_text(config.get("bos_token")) or "", "eos_token": eos_text}
-        template = _compile(config["chat_template"])
+        chat = ChatTemplate.from_dir(directory)
+        template, special, eos_text = chat.template, chat.special, chat.eos_text
         with_reply = _render(template, special, [*_DUMMY, {"role": "assistant", "content": _DUMMY_REPLY}], False)
         after_content = with_reply[with_reply.index(_DUMMY_REPLY) + len(_DUMMY_REPLY) :]
         after_eos = after_content[len(eos_text) :] if after_content.startswith(eos_text) else after_content
-        return cls(tokenizer, template, eos_id, special, after_eos, after_content)
+        return cls(chat.tokenizer, template, chat.eos_id, special, after_eos, after_content)
 
     def _base(self) -> str:
         """The dummy conversation rendered once (the prefix every delta is cut from)."""
@@ -90,9 +72,3 @@ class ChatTokenizer:
 
 def _render(template: Any, special: dict[str, Any], messages: list[dict[str, str]], gen: bool) -> str:
     return str(template.render(messages=messages, add_generation_prompt=gen, **special))
-
-
-def _token_text(value: Any) -> str | None:
-    if isinstance(value, dict):  # {"content": "<|im_end|>", ...} in some configs
-        value = value.get("content")
-    return str(value) if value else None

@@ -17,12 +17,13 @@ from redis.exceptions import ResponseError
 from services.protocol import WorkItem, keys
 from services.protocol.keys import WORKERS_GROUP
 from services.rollout_api.records import read_jobs
-from services.rollout_api.scripts import Scripts
+from services.rollout_api.redis_scripts import Scripts
 from services.rollout_api.worker.agent import AgentDeps
 from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.outages import BROKER
 from services.rollout_api.worker.runner import STOP_CANCELLED, STOP_SHUTDOWN, Delivery, ItemRunner
 from services.rollout_api.worker.scheduler import FairShare
+from services.runtime.outages import STORE_ERRORS, Outage
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class Worker:
         self.max_in_flight: dict[str, int] = {}
         self.running: dict[asyncio.Task[None], Delivery] = {}
         self.slot_freed = asyncio.Event()
+        self.outage = Outage("Redis", log)  # every loop of this worker reports to it
         self.stopping = asyncio.Event()
         self._next_reclaim = 0.0  # monotonic time of the next XAUTOCLAIM scan
         self.renewing: dict[str, asyncio.Task[None]] = {}  # lease renewals in flight
@@ -78,8 +80,12 @@ class Worker:
                 return
             try:
                 await action()
+            except STORE_ERRORS as exc:
+                self.outage.failed(exc)
             except Exception:
                 log.exception("%s failed; retrying in %.1fs", action.__name__, period_s)
+            else:
+                self.outage.ok()
 
     # -- taking work -------------------------------------------------------------------------
 
@@ -112,6 +118,10 @@ class Worker:
                 continue
             try:
                 took = await self._take_round()
+                self.outage.ok()
+            except STORE_ERRORS as exc:
+                self.outage.failed(exc)
+                took = 0
             except Exception:
                 log.exception("taking work failed")
                 took = 0
@@ -212,9 +222,10 @@ class Worker:
         return len(self.running) - before
 
     async def reclaim(self) -> None:
-        """Take over items another worker has not heartbeated for ``reclaim_idle_s``."""
+        """Take over items another worker has not heartbeated for ``reclaim_idle_s``; forget dead workers."""
         for job in self.fair.order():
             await self._reclaim_job(job)
+            await remove_dead_consumers(self.redis, keys.work_stream(job), self.name, self.settings.reclaim_idle_s)
 
     async def _reclaim_job(self, job: str) -> None:
         idle_ms = int(self.settings.reclaim_idle_s * 1000)
@@ -259,3 +270,23 @@ class Worker:
             delivery.stop_reason = delivery.stop_reason or STOP_SHUTDOWN
             task.cancel()
         await asyncio.gather(*list(self.running), return_exceptions=True)
+
+
+async def remove_dead_consumers(redis: Redis, stream: str, keep: str, idle_s: float) -> list[str]:
+    """Delete the consumers of the workers' group that hold nothing and were silent for ``idle_s``
+    (workers that are gone; a live one that was merely idle is recreated by its next XREADGROUP)."""
+    removed = []
+    consumers: Any = await redis.xinfo_consumers(stream, WORKERS_GROUP)
+    for consumer in consumers:
+        name = _text(consumer["name"])
+        if name != keep and int(consumer["pending"]) == 0 and int(consumer["idle"]) > idle_s * 1000:
+            await redis.xgroup_delconsumer(stream, WORKERS_GROUP, name)
+            removed.append(name)
+    if removed:
+        log.info("removed %d consumer(s) of %s with nothing pending, silent for %.0fs: %s", len(removed), stream,
+                 idle_s, ", ".join(removed))  # fmt: skip
+    return removed
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -80,7 +80,7 @@ class Backend(Protocol):
 
 
 def sandbox_gone(sandbox_id: str) -> PlatformError:
-    return PlatformError(ErrorCode.SANDBOX_DIED, f"sandbox {sandbox_id} is gone", status=410)
+    return PlatformError(ErrorCode.SANDBOX_DIED, f"sandbox {sandbox_id} is gone")
 
 
 def bad_path(path: str, why: str) -> PlatformError:

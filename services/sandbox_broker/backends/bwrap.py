@@ -25,7 +25,7 @@ HOST_ETC = (
     "/etc/ca-certificates",
     "/etc/mime.types",
 )
-EGRESS_ETC = ("/etc/resolv.conf", "/etc/hosts", "/etc/gai.conf")
+SANDBOX_NET_ETC = ("resolv.conf", "hosts")  # written per sandbox (netns.py): DNS through slirp4netns only
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
 
 
@@ -36,16 +36,35 @@ class SandboxPaths:
     root: Path
 
     @property
+    def disk(self) -> Path:
+        """Everything the sandbox can write lives here: its size-limited filesystem (disk.py)."""
+        return self.root / "rw"
+
+    @property
     def workspace(self) -> Path:
-        return self.root / "workspace"
+        return self.disk / "workspace"
 
     @property
     def tmp(self) -> Path:
-        return self.root / "tmp"
+        return self.disk / "tmp"
+
+    @property
+    def upper(self) -> Path:
+        """The private writable layer over a template's root filesystem, and its work directory."""
+        return self.disk / "upper"
+
+    @property
+    def work(self) -> Path:
+        return self.disk / "work"
 
     @property
     def etc(self) -> Path:
         return self.root / "etc"
+
+    def resolv_conf(self) -> str:
+        """The sandbox's own resolv.conf (DNS through its NAT) when it has one, else the host's."""
+        own = self.etc / "resolv.conf"
+        return str(own) if own.is_file() else "/etc/resolv.conf"
 
     @property
     def meta(self) -> Path:
@@ -65,15 +84,19 @@ def bwrap_argv(
     if not network:
         argv.append("--unshare-net")
     argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    argv += ["--disable-userns"]  # no nested user namespace: no capabilities to regain, less kernel to attack
     argv += ["--hostname", hostname]
     for path in HOST_RO:
         argv += ["--ro-bind", path, path]
     for target, link in HOST_SYMLINKS:
         argv += ["--symlink", target, link]
-    for path in HOST_ETC + (EGRESS_ETC if network else ()):
+    for path in HOST_ETC:
         argv += ["--ro-bind-try", path, path]
-    for name in ("passwd", "group"):
+    own_etc = ("passwd", "group") + (SANDBOX_NET_ETC if network else ())
+    for name in own_etc:
         argv += ["--ro-bind", str(paths.etc / name), f"/etc/{name}"]
+    if network:
+        argv += ["--ro-bind-try", "/etc/gai.conf", "/etc/gai.conf"]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--bind", str(paths.workspace), "/workspace", "--bind", str(paths.tmp), "/tmp"]
     argv += ["--remount-ro", "/", "--chdir", cwd]

@@ -18,11 +18,12 @@ from typing import Any
 
 import docker
 import docker.errors
+import docker.types
 
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import ExecRequest, ExecResult
 from services.protocol.status import ErrorCode
-from services.sandbox_broker.backends import dockerfiles
+from services.sandbox_broker.backends import docker_firewall, docker_sweep, dockerfiles
 from services.sandbox_broker.backends.base import (
     LABEL_BROKER,
     OutputBuffer,
@@ -51,6 +52,7 @@ class DockerBackend:
         self.max_output_bytes = settings.max_output_bytes
         self._pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="docker")
         self._client: Any = None
+        self._firewalled: str | None = None  # the sandbox bridge whose iptables rules this broker owns
 
     async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: fn(*args, **kwargs))
@@ -58,7 +60,7 @@ class DockerBackend:
     @property
     def client(self) -> Any:
         if self._client is None:
-            raise PlatformError(ErrorCode.BACKEND_UNAVAILABLE, "docker backend not started", status=503)
+            raise PlatformError(ErrorCode.BACKEND_UNAVAILABLE, "docker backend not started")
         return self._client
 
     async def start(self) -> dict[str, Any]:
@@ -71,21 +73,35 @@ class DockerBackend:
             else await self._run(lambda: docker.from_env(**kwargs))
         )
         version = await self._run(self._client.version)
-        await self._run(self._ensure_network)
+        bridge = await self._run(self._ensure_network)
+        if self.settings.docker_firewall:
+            await self._run(docker_firewall.install, bridge)
+            self._firewalled = bridge
         image = self.settings.docker_image
         has_image = await self._run(self._has_image, image)
         if not has_image:
             log.warning("image %s is not on the docker host; prepare it (the broker never pulls)", image)
         return {"isolated": True, "engine": version.get("Version"), "api": version.get("ApiVersion"),
                 "network": self.settings.docker_network, "default_image": image, "default_image_present": has_image,
-                "runtime": self.settings.docker_runtime or "default"}  # fmt: skip
+                "runtime": self.settings.docker_runtime or "default", "bridge": bridge,
+                "firewall": "iptables" if self._firewalled else "operator (docs/sandbox_broker.md)"}  # fmt: skip
 
-    def _ensure_network(self) -> None:
+    def _ensure_network(self) -> str:
+        """The shared egress network (created with inter-container traffic off); its bridge's name."""
         name = self.settings.docker_network
-        if self._client.networks.list(names=[name]):
-            return
-        self._client.networks.create(name, driver="bridge", labels={LABEL_BROKER: "shared"},
-                                     options={"com.docker.network.bridge.enable_icc": "false"})  # fmt: skip
+        found = self._client.networks.list(names=[name])
+        if found:
+            network = found[0]
+            network.reload()
+        else:
+            options = {"com.docker.network.bridge.enable_icc": "false"}
+            if self.settings.docker_bridge:
+                options["com.docker.network.bridge.name"] = self.settings.docker_bridge
+            network = self._client.networks.create(name, driver="bridge", labels={LABEL_BROKER: "shared"},
+                                                   options=options)  # fmt: skip
+            network.reload()
+        bridge: str = network.attrs.get("Options", {}).get("com.docker.network.bridge.name") or f"br-{network.id[:12]}"
+        return bridge
 
     def _has_image(self, image: str) -> bool:
         try:
@@ -95,6 +111,8 @@ class DockerBackend:
             return False
 
     async def close(self) -> None:
+        if self._firewalled:
+            await self._run(docker_firewall.remove, self._firewalled)
         if self._client is not None:
             await self._run(self._client.close)
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -114,9 +132,8 @@ class DockerBackend:
                     container.id, ExecRequest(shell=command, timeout_s=self.settings.setup_timeout_s)
                 )
                 if result.exit_code != 0:
-                    raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED,
-                                        f"template setup {command!r} exited {result.exit_code}: {result.stderr[-500:]}",
-                                        status=502)  # fmt: skip
+                    message = f"template setup {command!r} exited {result.exit_code}: {result.stderr[-500:]}"
+                    raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, message)
         except BaseException:
             await self.destroy(container.id)
             raise
@@ -131,6 +148,7 @@ class DockerBackend:
             "command": KEEP_RUNNING, "detach": True, "labels": spec.labels, "init": True,
             "nano_cpus": int(r.cpus * 1e9), "mem_limit": f"{r.memory_mb}m", "memswap_limit": f"{r.memory_mb}m",
             "pids_limit": self.settings.pids_max, "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"],
+            "ulimits": [docker.types.Ulimit(name="nofile", soft=self.settings.nofile, hard=self.settings.nofile)],
             "working_dir": WORKDIR, "tmpfs": {"/tmp": f"rw,nosuid,size={min(r.disk_mb, 1024)}m"}, **network,
         }  # fmt: skip
         if self.settings.docker_runtime:
@@ -138,12 +156,12 @@ class DockerBackend:
         try:
             container = self._client.containers.create(image, **kwargs)
         except docker.errors.APIError as exc:
-            raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, f"container create: {exc}", status=502) from exc
+            raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, f"container create: {exc}") from exc
         try:
             container.start()
         except docker.errors.APIError as exc:  # do not leave it in "Created"
             container.remove(force=True)
-            raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, f"container start: {exc}", status=502) from exc
+            raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, f"container start: {exc}") from exc
         return container
 
     async def alive(self, sandbox_id: str) -> bool:
@@ -173,13 +191,15 @@ class DockerBackend:
     # -- commands ------------------------------------------------------------------------------
 
     async def exec(self, sandbox_id: str, request: ExecRequest, sink: OutputSink | None = None) -> ExecResult:
+        """Runs under the sweep wrapper (docker_sweep.py): the command's processes end with it."""
         command = request.argv if request.argv is not None else ["sh", "-c", request.shell or ""]
         env = dict(request.env)
         if request.stdin is not None:  # the SDK's exec has no stdin without a raw socket: pipe it from env
             env["ROLLOUT_STDIN"] = request.stdin
             command = ["sh", "-c", 'printf %s "$ROLLOUT_STDIN" | "$@"', "sh", *command]
         timeout = max(1, round(request.timeout_s + 0.499))
-        argv = ["timeout", "-k", str(KILL_GRACE_S), str(timeout), *command]
+        argv = docker_sweep.wrap(["timeout", "-k", str(KILL_GRACE_S), str(timeout), *command], env,
+                                 request.keep_background)  # fmt: skip
         limit = min(request.max_output_bytes, self.max_output_bytes)
         loop = asyncio.get_running_loop()
         started = time.monotonic()
@@ -195,7 +215,7 @@ class DockerBackend:
         except docker.errors.APIError as exc:
             if "is not running" in str(exc):
                 raise sandbox_gone(sandbox_id) from exc
-            raise PlatformError(ErrorCode.TRANSPORT_ERROR, f"docker exec: {exc}", status=502) from exc
+            raise PlatformError(ErrorCode.TRANSPORT_ERROR, f"docker exec: {exc}") from exc
         duration = time.monotonic() - started
         timed_out = code in TIMEOUT_CODES and duration >= request.timeout_s
         return ExecResult(exit_code=124 if timed_out else code, stdout=out.text(), stderr=err.text(),
@@ -224,9 +244,9 @@ class DockerBackend:
         except docker.errors.NotFound as exc:
             if "No such container" in str(exc):
                 raise sandbox_gone(sandbox_id) from exc
-            raise PlatformError(ErrorCode.NOT_FOUND, f"not found in the sandbox: {args[0]!r}", status=404) from exc
+            raise PlatformError(ErrorCode.NOT_FOUND, f"not found in the sandbox: {args[0]!r}") from exc
         except docker.errors.APIError as exc:
-            raise PlatformError(ErrorCode.TRANSPORT_ERROR, f"docker: {exc}", status=502) from exc
+            raise PlatformError(ErrorCode.TRANSPORT_ERROR, f"docker: {exc}") from exc
 
 
 def _created(stamp: str) -> float:

@@ -86,7 +86,7 @@ class E2BBackend:
     async def create(self, spec: SandboxSpec) -> Sandbox:
         if self._live >= self.settings.e2b_max_sandboxes:
             raise PlatformError(ErrorCode.CAPACITY_EXHAUSTED, f"E2B concurrency cap {self.settings.e2b_max_sandboxes}",
-                                status=503, retry_after_s=1.0)  # fmt: skip
+                                retry_after_s=1.0)  # fmt: skip
         metadata = {**spec.labels, MANAGED: "true"}
         template = spec.template.image or self.settings.e2b_template
         self._live += 1
@@ -105,7 +105,7 @@ class E2BBackend:
                 )
                 if result.exit_code != 0:
                     raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, f"template setup {command!r} exited "
-                                        f"{result.exit_code}: {result.stderr[-500:]}", status=502)  # fmt: skip
+                                        f"{result.exit_code}: {result.stderr[-500:]}")  # fmt: skip
         except BaseException:
             await self.destroy(sandbox.sandbox_id)
             raise
@@ -220,7 +220,7 @@ class E2BBackend:
         script = f"tar -cf {staged} -C {shlex.quote(self._path(directory))} ."
         result = await self.exec(sandbox_id, ExecRequest(shell=script, timeout_s=300))
         if result.exit_code != 0:
-            raise PlatformError(ErrorCode.NOT_FOUND, f"no directory {directory!r} in the sandbox", status=404)
+            raise PlatformError(ErrorCode.NOT_FOUND, f"no directory {directory!r} in the sandbox")
         try:
             return await self.read_file(sandbox_id, staged)
         finally:

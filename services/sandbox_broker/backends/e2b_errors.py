@@ -28,21 +28,21 @@ def classify(exc: BaseException, what: str) -> PlatformError:
         return exc
     message = f"e2b {what}: {exc}"
     if isinstance(exc, RateLimitException):
-        return PlatformError(ErrorCode.CAPACITY_EXHAUSTED, message, status=503, retry_after_s=2.0)
+        return PlatformError(ErrorCode.CAPACITY_EXHAUSTED, message, retry_after_s=2.0)
     if isinstance(exc, SandboxNotRunningException | SandboxNotFoundException):
-        return PlatformError(ErrorCode.SANDBOX_DIED, message, status=410)
+        return PlatformError(ErrorCode.SANDBOX_DIED, message)
     if isinstance(exc, TimeoutException):  # also E2B's 502s: the sandbox or its proxy did not answer
-        return PlatformError(ErrorCode.TRANSPORT_ERROR, message, status=502)
+        return PlatformError(ErrorCode.TRANSPORT_ERROR, message)
     if isinstance(exc, NotFoundException):
         if what == "read":
-            return PlatformError(ErrorCode.NOT_FOUND, message, status=404)
-        return PlatformError(ErrorCode.SANDBOX_DIED, message, status=410)
+            return PlatformError(ErrorCode.NOT_FOUND, message)
+        return PlatformError(ErrorCode.SANDBOX_DIED, message)
     if isinstance(exc, TemplateException):
         return PlatformError(ErrorCode.UNKNOWN_TEMPLATE, message, field="template")
     if isinstance(exc, InvalidArgumentException):
         return PlatformError(ErrorCode.BAD_REQUEST, message)
     if isinstance(exc, AuthenticationException | ServiceBusyException):
-        return PlatformError(ErrorCode.BACKEND_UNAVAILABLE, message, status=503, retry_after_s=5.0)
+        return PlatformError(ErrorCode.BACKEND_UNAVAILABLE, message, retry_after_s=5.0)
     if what == "create":
-        return PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, message, status=502)
-    return PlatformError(ErrorCode.TRANSPORT_ERROR, message, status=502)
+        return PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, message)
+    return PlatformError(ErrorCode.TRANSPORT_ERROR, message)

@@ -132,7 +132,7 @@ def bwrap_image_argv(
     argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if not network:
         argv.append("--unshare-net")
-    argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox"]
+    argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--disable-userns", "--hostname", "sandbox"]
     argv += ["--bind", str(root_dir(paths)), "/", "--proc", "/proc", "--dev", "/dev"]
     if root.host_usr:  # and the merged-/usr links where the image has no /lib, /bin, ...
         argv += ["--ro-bind", "/usr", "/usr"]
@@ -140,7 +140,7 @@ def bwrap_image_argv(
             if not os.path.lexists(root_dir(paths) / link.lstrip("/")):
                 argv += ["--symlink", target, link]
     if network:
-        argv += ["--ro-bind-try", "/etc/resolv.conf", "/etc/resolv.conf"]
+        argv += ["--ro-bind-try", paths.resolv_conf(), "/etc/resolv.conf"]
     argv += ["--chdir", cwd]
     return argv
 

@@ -11,6 +11,7 @@ this one after a restart, finds it again by id; nothing runs between commands.
 from __future__ import annotations
 
 import asyncio
+import errno
 import io
 import json
 import logging
@@ -26,7 +27,7 @@ from typing import Any
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import ExecRequest, ExecResult
 from services.protocol.status import ErrorCode
-from services.sandbox_broker.backends import imageroot, overlay
+from services.sandbox_broker.backends import disk, imageroot, netns, overlay
 from services.sandbox_broker.backends.base import OutputSink, Sandbox, SandboxSpec, bad_path, sandbox_gone
 from services.sandbox_broker.backends.bwrap import (
     BASE_PATH,
@@ -63,6 +64,8 @@ class LocalBackend:
         self.cgroups = Cgroups("none")
         self.probe = HostProbe(None, None, False, "none")
         self.overlay = False
+        self.disk_quota = False  # each sandbox's writable state on a loop-mounted, size-limited ext4
+        self.egress_problem = "not probed"  # '' when egress sandboxes get their own isolated namespace
         self._bwrap: str | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -79,6 +82,8 @@ class LocalBackend:
         binary, version, ok, detail = await probe_bwrap(paths, self.uid)
         await asyncio.to_thread(shutil.rmtree, paths.root, True)
         self.overlay = await asyncio.to_thread(overlay.probe, self.root.parent / f"overlay-probe-{os.getpid()}")
+        self.disk_quota = await asyncio.to_thread(disk.probe, self.root.parent / f"disk-probe-{os.getpid()}")
+        self.egress_problem = await asyncio.to_thread(netns.probe, self.root.parent / f"netns-probe-{os.getpid()}")
         self.probe = HostProbe(binary, version, ok, self.cgroups.mode, detail, self.overlay)
         self._bwrap = binary if ok else None
         if not ok and not self.allow_unisolated:
@@ -86,8 +91,17 @@ class LocalBackend:
                                "pass --allow-unisolated to run commands without isolation (UNSAFE)")  # fmt: skip
         if not ok:
             log.warning("UNSAFE: local sandboxes run WITHOUT isolation: %s", detail)
-        log.info("local backend host probe: %s", self.probe.as_dict())
-        return {**self.probe.as_dict(), "unsafe_unisolated": not ok}
+        found = {**self.probe.as_dict(), "unsafe_unisolated": not ok, **self._limits_probe()}
+        log.info("local backend host probe: %s", found)
+        return found
+
+    def _limits_probe(self) -> dict[str, str]:
+        if self.egress_problem:
+            fallback = ", or run UNSAFE on the host network (--allow-unisolated)" if self.allow_unisolated else ""
+            log.warning("egress sandboxes cannot be isolated here (%s): egress leases are refused%s",
+                        self.egress_problem, fallback)  # fmt: skip
+        egress = f"unavailable: {self.egress_problem}" if self.egress_problem else netns.KIND
+        return {"disk_quota": disk.KIND if self.disk_quota else "none (file-size rlimit only)", "egress": egress}
 
     async def close(self) -> None:
         await asyncio.to_thread(self.cgroups.remove_scope)
@@ -108,7 +122,6 @@ class LocalBackend:
                     raise PlatformError(
                         ErrorCode.SANDBOX_CREATE_FAILED,
                         f"template setup {command!r} exited {result.exit_code}: {result.stderr[-500:]}",
-                        status=502,
                     )
         except BaseException:
             await self.destroy(sandbox_id)
@@ -116,7 +129,12 @@ class LocalBackend:
         return Sandbox(sandbox_id, spec.labels, workdir_of(meta), float(str(meta["created_at"])))
 
     def _prepare(self, paths: SandboxPaths, spec: SandboxSpec, meta: dict[str, object]) -> None:
+        paths.root.mkdir(parents=True)
+        if self.disk_quota:  # first: the workspace, /tmp and an image's upper layer all live on it
+            disk.create(paths.root, paths.disk, spec.resources.disk_mb)
         self._layout(paths)
+        if spec.network == "egress":
+            meta["netns"] = self._network(paths, spec)
         self.images.prepare(paths, spec.template, self.overlay, meta)
         self.cgroups.create(paths.root.name, spec.resources)
         rlimits = {"n": self.nofile, "f": spec.resources.disk_mb * 2048}  # dash counts 512-byte blocks
@@ -124,6 +142,20 @@ class LocalBackend:
             rlimits["v"] = spec.resources.memory_mb * 1024
         meta["rlimits"] = rlimits
         paths.meta.write_text(json.dumps(meta))
+
+    def _network(self, paths: SandboxPaths, spec: SandboxSpec) -> bool:
+        """Give an egress sandbox its own namespace behind NAT and rules (netns.py); whether it has one."""
+        if self.egress_problem and not self.allow_unisolated:
+            raise PlatformError(ErrorCode.BAD_REQUEST, f"egress sandboxes cannot be isolated on this broker's host "
+                                f"({self.egress_problem})", field="network")  # fmt: skip
+        if self.egress_problem:  # --allow-unisolated: the host's network (UNSAFE)
+            for name in ("resolv.conf", "hosts"):
+                shutil.copyfile(f"/etc/{name}", paths.etc / name)
+            return False
+        (paths.etc / "resolv.conf").write_text(netns.RESOLV_CONF)
+        (paths.etc / "hosts").write_text(netns.HOSTS)
+        netns.open_namespace(paths.root, netns.ruleset(spec.template.egress_allow, netns.host_networks()))
+        return True
 
     def _layout(self, paths: SandboxPaths) -> None:
         for d in (paths.workspace, paths.tmp, paths.etc):
@@ -147,8 +179,7 @@ class LocalBackend:
         paths = self._paths(sandbox_id)
         paths.meta.unlink(missing_ok=True)  # first: a command cut short now reports the sandbox gone
         await asyncio.to_thread(self.cgroups.remove, sandbox_id)
-        await asyncio.to_thread(overlay.unmount_under, paths.root)
-        await asyncio.to_thread(shutil.rmtree, paths.root, True)
+        await asyncio.to_thread(teardown, paths)
 
     async def list_sandboxes(self) -> list[Sandbox]:
         return await asyncio.to_thread(self._scan)
@@ -185,6 +216,9 @@ class LocalBackend:
             meta = json.loads(paths.meta.read_text())
         except FileNotFoundError:
             raise sandbox_gone(sandbox_id) from None
+        if request.keep_background:
+            why = "local commands run in their own pid namespace: their processes always end with them"
+            raise PlatformError(ErrorCode.BAD_REQUEST, why, field="keep_background")
         command = request.argv if request.argv is not None else shell_argv(request.shell or "", meta)
         cwd = request.cwd or workdir_of(meta)
         image = image_of(meta)
@@ -201,6 +235,8 @@ class LocalBackend:
         else:
             argv = [*bwrap_argv(self._bwrap, paths, uid=self.uid, network=network, cwd=cwd), *command]
             host_cwd = None
+        if meta.get("netns") and self._bwrap is not None:
+            argv = [*netns.enter_prefix(paths.root), *argv]
         argv = [*limits_prefix(meta.get("rlimits", {}), self.cgroups.procs_files(sandbox_id)), *argv]
         result = await run_process(
             argv,
@@ -252,7 +288,7 @@ class LocalBackend:
         try:
             return await asyncio.to_thread(_read, host)
         except FileNotFoundError:
-            raise PlatformError(ErrorCode.NOT_FOUND, f"no file {path!r} in the sandbox", status=404) from None
+            raise PlatformError(ErrorCode.NOT_FOUND, f"no file {path!r} in the sandbox") from None
         except IsADirectoryError:
             raise bad_path(path, "is a directory") from None
 
@@ -264,7 +300,7 @@ class LocalBackend:
     async def get_archive(self, sandbox_id: str, directory: str) -> bytes:
         host = self._host_path(self._existing(sandbox_id), directory)
         if not host.is_dir():
-            raise PlatformError(ErrorCode.NOT_FOUND, f"no directory {directory!r} in the sandbox", status=404)
+            raise PlatformError(ErrorCode.NOT_FOUND, f"no directory {directory!r} in the sandbox")
         return await asyncio.to_thread(_pack, host)
 
     def _existing(self, sandbox_id: str) -> SandboxPaths:
@@ -295,10 +331,24 @@ class LocalBackend:
         return SandboxPaths(self.root / sandbox_id)
 
 
+def teardown(paths: SandboxPaths) -> None:
+    """Remove a sandbox's namespace, mounts and directory (its processes must be gone); idempotent."""
+    netns.close_namespace(paths.root)
+    overlay.unmount_under(paths.root)
+    disk.release(paths.root, paths.disk)
+    shutil.rmtree(paths.root, ignore_errors=True)
+
+
 def _write(host: Path, data: bytes) -> None:
     fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise PlatformError(ErrorCode.PAYLOAD_TOO_LARGE, "the sandbox's disk quota is full",
+                                field="body") from exc  # fmt: skip
+        raise
 
 
 def _read(host: Path) -> bytes:

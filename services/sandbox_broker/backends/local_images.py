@@ -42,7 +42,7 @@ class LocalImages:
             elif template.rootfs:
                 self._seed_workspace(paths, template.rootfs, use_overlay, meta)
         except (ImageError, ValueError) as exc:
-            raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"template {template.name!r}: {exc}", status=400,
+            raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"template {template.name!r}: {exc}",
                                 field="template") from exc  # fmt: skip
 
     def _seed_workspace(self, paths: SandboxPaths, rootfs: str, use_overlay: bool, meta: dict[str, Any]) -> None:

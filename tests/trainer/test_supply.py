@@ -15,8 +15,8 @@ from tests.trainer.conftest import TINY
 from tests.trainer.fake_fleet import serve_fleet
 from trainer_client.main import run
 from trainer_client.metrics import StepLog
-from trainer_client.pipeline import Admission
 from trainer_client.settings import TrainSettings
+from trainer_client.supply import Admission
 
 
 def test_admission_cap_is_staleness_plus_one_batches() -> None:
@@ -42,7 +42,7 @@ def test_training_loop_with_api_and_proxy(tmp_path: Path, redis_url: str, tokeni
         settings = TrainSettings(
             job="job1", redis_url=redis_url, api_url=url, tasks_path=tasks, proxy_url=url, pool="default",
             tokenizer_dir=tokenizer_dir, work_dir=tmp_path / "run", model=TINY, group_size=4, batch_groups=1,
-            max_staleness=1, overprovision=2.0, max_steps=4, checkpoint_every=2, micro_batch_size=4,
+            max_staleness=1, overprovision=2.0, max_steps=4, checkpoint_every=2, micro_batch_tokens=256,
             wait_timeout_s=20,
         )  # fmt: skip
         run(settings.model_copy(update={"max_steps": 3}))
@@ -61,10 +61,12 @@ def test_training_loop_with_api_and_proxy(tmp_path: Path, redis_url: str, tokeni
     unfinished = fleet.requested_groups - trained - dropped
     info = redis.Redis.from_url(redis_url).xinfo_groups(keys.trajectory_stream("job1"))[0]
     assert info["pending"] + info["lag"] == unfinished * 4  # held (unacknowledged) or not yet read
-    # weight notices: every step's export reached the proxy with its checksum and was accepted
-    assert [u.version for u in fleet.updates] == ["1", "2", "3", "4"] and all(r.sync_ok for r in records)
+    # weight notices: every step's export reached the proxy with its checksum and was accepted; the restart
+    # (run epoch 2) first puts back the weights of its checkpoint, then labels its own steps with its epoch
+    assert [u.version for u in fleet.updates] == ["1-e1", "2-e1", "3-e1", "3-e1", "4-e2"]
+    assert all(r.sync_ok for r in records)
     # staleness is measured against the version that generated the tokens (carried groups are 1 behind)
     assert any("1" in r.staleness for r in records) and all(set(r.staleness) <= {"0", "1"} for r in records)
     assert all(r.timings["update_s"] > 0 and r.timings["export_sync_s"] > 0 for r in records)
     assert (settings.work_dir / "steps.png").stat().st_size > 10_000
-    assert json.loads((settings.export_dir / "v4" / "config.json").read_text())["eos_token_id"] == 258
+    assert json.loads((settings.export_dir / "v4-e2" / "config.json").read_text())["eos_token_id"] == 258

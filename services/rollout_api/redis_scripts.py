@@ -17,7 +17,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from services.protocol import keys
+from services.protocol import counters, keys
 
 ADMIT = """
 if KEYS[1] ~= KEYS[7] then
@@ -78,7 +78,7 @@ return attempt
 PUBLISH = """
 local tid = ARGV[1]
 if redis.call('HSETNX', KEYS[1], tid, ARGV[2]) == 0 then return 0 end
-local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', unpack(ARGV, 10))
+local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', unpack(ARGV, 11))
 local status = ARGV[4]
 local now = tonumber(ARGV[5])
 local taken = redis.call('HEXISTS', KEYS[7], tid) == 1
@@ -88,6 +88,7 @@ redis.call('HINCRBY', KEYS[4], field, -1)
 redis.call('HINCRBY', KEYS[3], 'status:' .. status, 1)
 redis.call('HINCRBY', KEYS[4], 'status:' .. status, 1)
 redis.call('HINCRBY', KEYS[3], 'finished', 1)
+if ARGV[10] ~= '' then redis.call('HINCRBY', KEYS[3], ARGV[10], 1) end
 redis.call('HINCRBY', KEYS[3], 'turns', tonumber(ARGV[8]))
 if ARGV[7] == '1' then
   redis.call('HINCRBY', KEYS[3], 'turn_cap', 1)
@@ -131,6 +132,7 @@ class Outcome:
     turn_cap: bool
     turns: int
     ran: bool  # an episode ran (not dropped from the queue): its duration enters the tail figures
+    infra_stage: str | None = None  # an infra_error: the stage of its last failure (counted per stage)
 
 
 class Scripts:
@@ -189,6 +191,7 @@ class Scripts:
         args: list[Any] = [
             outcome.trajectory_id, outcome.attempt, maxlen, outcome.status, repr(now),
             f"{outcome.duration_s:.3f}", "1" if outcome.turn_cap else "0", outcome.turns, "1" if outcome.ran else "0",
+            counters.infra_error_trajectories(outcome.infra_stage) if outcome.infra_stage else "",
         ]  # fmt: skip
         for name, value in fields.items():
             args += [name, value]

@@ -1,0 +1,59 @@
+"""Per-pool gateway configuration: the chat template (tokenizer) that renders the pool's prompts,
+its tool-call parser, and whether it returns routed experts (and their shape)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from services.llm_proxy.fleet import FleetView
+from services.llm_proxy.gateway.parsers import PARSERS
+from services.llm_proxy.settings import ProxySettings
+from services.runtime.chat import ChatTemplate, bundled_chat_template
+
+log = logging.getLogger(__name__)
+
+
+class PoolConfigs:
+    def __init__(self, settings: ProxySettings, view: FleetView) -> None:
+        self.view = view
+        self.tokenizers = settings.gateway_map("gateway_tokenizers")
+        self.parsers = settings.gateway_map("gateway_tool_parsers")
+        for pool, name in self.parsers.items():
+            if name not in PARSERS:
+                raise ValueError(f"gateway_tool_parsers: {pool}={name} is not one of {', '.join(PARSERS)}")
+        self.experts = {p: _shape(v) for p, v in settings.gateway_map("gateway_routed_experts").items()}
+        self._loaded: dict[str, ChatTemplate] = {}
+
+    def template(self, pool: str) -> ChatTemplate:
+        """The configured tokenizer directory, else the pool's current weights directory when it has a
+        tokenizer, else the bundled one (logged)."""
+        directory = self.tokenizers.get(pool)
+        if directory is None:
+            record = self.view.pool(pool)
+            location = record.location if record else None
+            if location and (Path(location) / "tokenizer.json").exists():
+                directory = location
+        key = directory or ""
+        found = self._loaded.get(key)
+        if found is None:
+            if directory:
+                found = ChatTemplate.from_dir(Path(directory))
+            else:
+                log.warning("pool %s has no tokenizer configured: the gateway renders with the bundled one", pool)
+                found = bundled_chat_template()
+            self._loaded[key] = found
+        return found
+
+    def parser(self, pool: str) -> str:
+        return self.parsers.get(pool, "hermes")
+
+    def routed_experts(self, pool: str) -> tuple[int, int] | None:
+        return self.experts.get(pool)
+
+
+def _shape(value: str) -> tuple[int, int]:
+    layers, _, topk = value.lower().partition("x")
+    if not layers.strip().isdigit() or not topk.strip().isdigit():
+        raise ValueError(f"gateway_routed_experts: {value!r} is not LAYERSxTOPK")
+    return int(layers), int(topk)

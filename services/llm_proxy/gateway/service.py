@@ -1,0 +1,152 @@
+"""The agent gateway's routes, per session (``/e/{session}/...``):
+
+- ``POST /e/{s}/v1/chat/completions`` (tools, streaming and not), ``POST /e/{s}/v1/completions``,
+  ``GET /e/{s}/v1/models``: OpenAI (base URL ``{proxy}/e/{s}/v1``);
+- ``POST /e/{s}/v1/messages`` (tools, streaming and not): Anthropic (base URL ``{proxy}/e/{s}``).
+
+Authenticated by the session's token as ``Authorization: Bearer`` or ``x-api-key``. Errors are
+the platform's ``ErrorBody`` with the keys each SDK reads added.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from redis.asyncio import Redis
+
+from services.llm_proxy.calls import Forwarder
+from services.llm_proxy.fleet import FleetView
+from services.llm_proxy.gateway import anthropic_wire, openai_wire
+from services.llm_proxy.gateway.metrics import GatewayMetrics
+from services.llm_proxy.gateway.pools import PoolConfigs
+from services.llm_proxy.gateway.requests import (
+    ChatRequest,
+    CompletionRequest,
+    MessagesRequest,
+    anthropic_messages,
+    anthropic_tools,
+    chat_messages,
+    completion_prompt,
+    openai_tools,
+    parse,
+    refuse_n,
+)
+from services.llm_proxy.gateway.sessions import SessionStore, request_token
+from services.llm_proxy.gateway.turns import TurnRequest, Turns
+from services.llm_proxy.responses import json_response, read_json
+from services.llm_proxy.settings import ProxySettings
+from services.protocol import ErrorCode, PlatformError
+from services.protocol.gateway import GatewaySession
+
+Handler = Callable[[web.Request, GatewaySession, dict[str, Any]], Awaitable[web.StreamResponse]]
+
+
+class Gateway:
+    def __init__(
+        self, settings: ProxySettings, forwarder: Forwarder, redis: Redis, view: FleetView, metrics: GatewayMetrics
+    ) -> None:
+        self.store = SessionStore(redis)
+        self.pools = PoolConfigs(settings, view)
+        self.metrics = metrics
+        self.turns = Turns(forwarder, self.store, self.pools, metrics)
+
+    def add_routes(self, app: web.Application) -> None:
+        openai, anthropic = openai_wire.error_doc, anthropic_wire.error_doc
+        app.router.add_post("/e/{session}/v1/chat/completions", self._serve(self.chat, openai))
+        app.router.add_post("/e/{session}/v1/completions", self._serve(self.completions, openai))
+        app.router.add_post("/e/{session}/v1/messages", self._serve(self.messages, anthropic))
+        app.router.add_get("/e/{session}/v1/models", self._serve(self.models, openai))
+
+    def _serve(
+        self, handler: Handler, error_doc: Callable[[PlatformError], dict[str, Any]]
+    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def serve(request: web.Request) -> web.StreamResponse:
+            try:
+                session = await self.store.authorize(request.match_info["session"], request_token(request.headers))
+                body = await read_json(request) if request.method == "POST" else {}
+                return await handler(request, session, body)
+            except PlatformError as exc:
+                self.metrics.refused.labels(exc.code.value).inc()
+                return json_response(error_doc(exc), exc.status)
+
+        return serve
+
+    async def models(self, request: web.Request, session: GatewaySession, body: dict[str, Any]) -> web.Response:
+        card = {"id": session.model, "object": "model", "created": 0, "owned_by": "rollout"}
+        return json_response({"object": "list", "data": [card]})
+
+    async def chat(self, request: web.Request, session: GatewaySession, body: dict[str, Any]) -> web.StreamResponse:
+        req = parse(ChatRequest, body)
+        refuse_n(req.n)
+        top = _top_logprobs(req.logprobs, req.top_logprobs)
+        turn = TurnRequest(
+            route="chat",
+            messages=chat_messages(req),
+            tools=openai_tools(req.tools),
+            prompt=None,
+            max_tokens=req.max_completion_tokens or req.max_tokens,
+            top_logprobs=top or 0,
+            stop=_stops(req.stop),
+        )
+        result = await self.turns.run(request, session, turn)
+        chat, model = self.pools.template(session.pool), req.model or session.model
+        if req.stream:
+            usage = bool((req.stream_options or {}).get("include_usage"))
+            return await openai_wire.send_sse(request, openai_wire.chat_chunks(result, model, chat, top, usage))
+        return json_response(openai_wire.chat_completion(result, model, chat, top))
+
+    async def completions(
+        self, request: web.Request, session: GatewaySession, body: dict[str, Any]
+    ) -> web.StreamResponse:
+        req = parse(CompletionRequest, body)
+        refuse_n(req.n)
+        if req.echo:
+            raise PlatformError(ErrorCode.BAD_REQUEST, "echo is not supported", field="echo")
+        turn = TurnRequest(
+            route="completions",
+            messages=None,
+            tools=None,
+            prompt=completion_prompt(req),
+            max_tokens=req.max_tokens,
+            top_logprobs=req.logprobs or 0,
+            stop=_stops(req.stop),
+        )
+        result = await self.turns.run(request, session, turn)
+        doc = openai_wire.completion(
+            result, req.model or session.model, self.pools.template(session.pool), req.logprobs
+        )
+        if req.stream:
+            return await openai_wire.send_sse(request, [doc])
+        return json_response(doc)
+
+    async def messages(self, request: web.Request, session: GatewaySession, body: dict[str, Any]) -> web.StreamResponse:
+        req = parse(MessagesRequest, body)
+        stops = _stops(req.stop_sequences)
+        turn = TurnRequest(
+            route="messages",
+            messages=anthropic_messages(req),
+            tools=anthropic_tools(req.tools),
+            prompt=None,
+            max_tokens=req.max_tokens,
+            stop=stops,
+        )
+        result = await self.turns.run(request, session, turn)
+        model = req.model or session.model
+        if req.stream:
+            return await anthropic_wire.send_events(request, anthropic_wire.events(result, model, stops))
+        return json_response(anthropic_wire.message(result, model, stops))
+
+
+def _top_logprobs(logprobs: bool, top: int | None) -> int | None:
+    """None: no logprobs in the answer; else how many alternatives per token."""
+    if top and not logprobs:
+        raise PlatformError(ErrorCode.BAD_REQUEST, "top_logprobs requires logprobs: true", field="top_logprobs")
+    return (top or 0) if logprobs else None
+
+
+def _stops(stop: str | list[str] | None) -> list[str] | None:
+    if stop is None:
+        return None
+    return [stop] if isinstance(stop, str) else list(stop)

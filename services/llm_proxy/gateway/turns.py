@@ -1,0 +1,181 @@
+"""One gateway call, whatever its wire format: caps, prompt ids, the engine call, tool-call parsing,
+the record in the session log.
+
+Caps (the episode's ``AgentLimits``): a call past the turn cap is refused with 403, a prompt at or
+past the trajectory-token cap or the engine context with 400 ``context_length_exceeded`` (the
+message litellm maps to ``ContextWindowExceededError``, so agents stop instead of retrying);
+either way the session is marked truncated with that cap. New tokens per call are clamped to
+``max_tokens_per_turn`` and to the room left in the trajectory.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from aiohttp import web
+
+from services.llm_proxy.calls import Forwarder
+from services.llm_proxy.gateway.engine import EngineAnswer, EngineRequest, generate
+from services.llm_proxy.gateway.metrics import GatewayMetrics
+from services.llm_proxy.gateway.parsers import ParsedReply, parse_tool_calls
+from services.llm_proxy.gateway.pools import PoolConfigs
+from services.llm_proxy.gateway.requests import template_call
+from services.llm_proxy.gateway.sessions import SessionStore, SessionView
+from services.llm_proxy.gateway.tokens import Context, Messages, Plan, plan_chat, plan_ids
+from services.protocol import Cap, ErrorCode, PlatformError
+from services.protocol.gateway import GatewayCall, GatewaySession
+from services.protocol.trajectory import logprobs, token_ids
+
+Route = Literal["chat", "completions", "messages"]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRequest:
+    route: Route
+    messages: Messages | None  # chat routes
+    tools: list[dict[str, Any]] | None
+    prompt: str | list[int] | None  # /v1/completions
+    max_tokens: int | None  # the client's cap (a cap only: sampling is the platform's)
+    top_logprobs: int = 0
+    stop: list[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    view: SessionView
+    plan: Plan
+    answer: EngineAnswer
+    text: str  # the generated text without the end-of-turn token
+    parsed: ParsedReply
+
+    @property
+    def index(self) -> int:
+        return self.view.index
+
+    @property
+    def truncated(self) -> bool:
+        return self.answer.finish_reason == "length"
+
+
+class Turns:
+    def __init__(self, forwarder: Forwarder, store: SessionStore, pools: PoolConfigs, metrics: GatewayMetrics) -> None:
+        self.forwarder = forwarder
+        self.store = store
+        self.pools = pools
+        self.metrics = metrics
+
+    async def run(self, request: web.Request, session: GatewaySession, turn: TurnRequest) -> TurnResult:
+        started = time.perf_counter()
+        view = await self.store.open_call(session)
+        chat = self.pools.template(session.pool)
+        if turn.messages is not None:
+            plan = plan_chat(chat, turn.messages, turn.tools, view.last, view.segments)
+        else:
+            ids = turn.prompt if isinstance(turn.prompt, list) else chat.encode(turn.prompt or "")
+            plan = plan_ids(ids, view.last, view.segments)
+        max_new = await self._caps(session, view, plan, turn.max_tokens)
+        answer = await self._generate(request, session, plan, max_new, turn)
+        result = self._result(view, plan, answer, turn, session)
+        await self._record(session, result, turn, started)
+        return result
+
+    async def _caps(self, session: GatewaySession, view: SessionView, plan: Plan, client_max: int | None) -> int:
+        if view.recorded >= session.max_turns:
+            await self._truncate(session, Cap.TURNS)
+            raise PlatformError(ErrorCode.FORBIDDEN, f"the episode's turn cap ({session.max_turns} calls) is reached")
+        room = session.max_trajectory_tokens - len(plan.prompt_ids)
+        if room <= 0:
+            await self._truncate(session, Cap.TRAJECTORY_TOKENS)
+            raise context_error(session.max_trajectory_tokens, len(plan.prompt_ids))
+        return min(client_max or session.max_tokens_per_turn, session.max_tokens_per_turn, room)
+
+    async def _truncate(self, session: GatewaySession, cap: Cap) -> None:
+        self.metrics.caps.labels(cap.value).inc()
+        await self.store.mark_truncated(session, cap.value)
+
+    async def _generate(
+        self, request: web.Request, session: GatewaySession, plan: Plan, max_new: int, turn: TurnRequest
+    ) -> EngineAnswer:
+        engine_request = EngineRequest(
+            pool=session.pool,
+            prompt_ids=plan.prompt_ids,
+            max_new_tokens=max_new,
+            sampling=dict(session.sampling),
+            affinity=session.session,
+            deadline_s=session.deadline_s,
+            top_logprobs=turn.top_logprobs,
+            stop=list(turn.stop or []),
+            routed_experts=self.pools.routed_experts(session.pool),
+        )
+        try:
+            return await generate(self.forwarder, request, engine_request)
+        except PlatformError as exc:
+            if exc.code is ErrorCode.CONTEXT_LENGTH_EXCEEDED:
+                await self._truncate(session, Cap.CONTEXT_LENGTH)
+                raise context_error(self.forwarder.guard.context_cap, len(plan.prompt_ids)) from None
+            raise
+
+    def _result(
+        self, view: SessionView, plan: Plan, answer: EngineAnswer, turn: TurnRequest, session: GatewaySession
+    ) -> TurnResult:
+        chat = self.pools.template(session.pool)
+        visible = answer.output_ids[:-1] if answer.output_ids[-1:] == [chat.eos_id] else answer.output_ids
+        text = chat.decode(visible)
+        if turn.tools:
+            parsed = parse_tool_calls(text, session.tool_parser or self.pools.parser(session.pool))
+        else:
+            parsed = ParsedReply(content=text)
+        return TurnResult(view, plan, answer, text, parsed)
+
+    async def _record(self, session: GatewaySession, result: TurnResult, turn: TurnRequest, started: float) -> None:
+        answer, plan = result.answer, result.plan
+        total = time.perf_counter() - started
+        call = GatewayCall(
+            index=result.index,
+            segment=plan.segment,
+            prompt_ids=token_ids(plan.prompt_ids),
+            output_ids=token_ids(answer.output_ids),
+            output_logprobs=logprobs(answer.logprobs),
+            finish_reason=answer.finish_reason,
+            weight_version=answer.weight_version,
+            engine_id=answer.engine_id,
+            route=turn.route,
+            merged=plan.merged,
+            mismatch=plan.mismatch,
+            tool_calls=len(result.parsed.calls),
+            tool_parse_errors=len(result.parsed.errors),
+            routed_experts=answer.routed_experts,
+            started_at=time.time() - total,
+            llm_s=answer.llm_s,
+            total_s=total,
+        )
+        chat = self.pools.template(session.pool)
+        context = Context(
+            messages=turn.messages or [],
+            reply=_reply(result) if turn.messages is not None else None,
+            tools=turn.tools,
+            segment=plan.segment,
+            held=[],
+            ended_with_eos=answer.output_ids[-1:] == [chat.eos_id],
+        )
+        await self.store.record(session, call, context, mismatch=plan.mismatch)
+        self.metrics.observe(turn.route, plan, result.parsed, total - answer.llm_s)
+
+
+def _reply(result: TurnResult) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": result.parsed.content}
+    if result.parsed.calls:
+        message["tool_calls"] = [template_call(name, args) for name, args in result.parsed.calls]
+    return message
+
+
+def context_error(limit: int, prompt: int) -> PlatformError:
+    """The wording litellm maps to ``ContextWindowExceededError`` (no retries)."""
+    return PlatformError(
+        ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+        f"This model's maximum context length is {limit} tokens. However, your messages resulted in "
+        f"{prompt} tokens (prompt is too long).",
+        field="messages",
+    )

@@ -1,0 +1,1 @@
+"""The fleet dashboard and trajectory viewer served by the rollout API under ``/ui``."""

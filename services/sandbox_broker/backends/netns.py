@@ -1,0 +1,191 @@
+"""Egress for local sandboxes: a network namespace of their own, user-space NAT, and rules inside it.
+
+Each egress sandbox gets a network namespace kept alive by a bind mount on ``<sandbox>/netns`` (no
+holder process), a slirp4netns process that gives it a tap device behind user-space NAT, and an
+nftables ruleset loaded inside the namespace before any command runs. The commands join the
+namespace with ``nsenter --net`` and then drop to the sandbox uid; the namespace belongs to the
+host's user namespace, so the sandbox (no capabilities there) cannot change its rules.
+
+Why slirp4netns rather than pasta: Debian 12's pasta (passt 2023-03) splices the namespace's
+loopback to every host port by default, copies the host's own address into the namespace, cannot
+open a bare PID's namespace as root and needs ``--runas 0`` plus a named netns; slirp4netns 1.2 has
+``--disable-host-loopback``, ``--enable-sandbox``, ``--enable-seccomp``, a ready fd and a fixed
+10.0.2.0/24 layout, and was ready in about 5 ms here. Neither protects host services on the host's
+other addresses by itself: that is what the ruleset is for.
+
+The ruleset rejects, from inside the namespace: loopback (the namespace's own ``lo`` stays usable),
+the gateway 10.0.2.2 (the host) and every private, shared, link-local (169.254.0.0/16, metadata),
+multicast and reserved range, every address of the host and every network the host sits on; DNS
+goes only to slirp's forwarder 10.0.2.3:53. Destinations a template allow-lists are accepted first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from services.protocol.sandboxes import split_destination
+from services.sandbox_broker.backends.overlay import mounted
+
+log = logging.getLogger(__name__)
+
+DNS = "10.0.2.3"  # slirp4netns's DNS forwarder
+RESOLV_CONF = f"nameserver {DNS}\noptions timeout:2 attempts:2\n"
+HOSTS = "127.0.0.1 localhost sandbox\n::1 localhost ip6-localhost\n"
+READY_TIMEOUT_S = 10.0
+KIND = "slirp4netns+nftables"
+DENY4 = ("0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+         "192.0.0.0/24", "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/3")  # fmt: skip
+DENY6 = ("::/127", "::ffff:0:0/96", "64:ff9b::/96", "100::/64", "fc00::/7", "fe80::/10", "ff00::/8")
+TOOLS = ("slirp4netns", "nft", "nsenter", "unshare", "ip")
+
+
+def ns_file(root: Path) -> Path:
+    return root / "netns"
+
+
+def enter_prefix(root: Path) -> list[str]:
+    """What a command runs under to join the sandbox's namespace (as root, before dropping the uid)."""
+    return ["nsenter", f"--net={ns_file(root)}"]
+
+
+def host_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """Every address of this host, and the network each one sits on (its neighbours)."""
+    done = subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True, check=False)
+    found: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+    for link in json.loads(done.stdout or "[]"):
+        for info in link.get("addr_info", []):
+            with contextlib.suppress(KeyError, ValueError):
+                found.append(ipaddress.ip_network(info["local"]))
+                found.append(ipaddress.ip_network(f"{info['local']}/{info['prefixlen']}", strict=False))
+    return sorted(set(found), key=str)
+
+
+def ruleset(allow: list[str], host: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> str:
+    """The nftables ruleset of one egress sandbox (see the module's docstring)."""
+    deny4 = [*DENY4, *(str(n) for n in host if n.version == 4)]
+    deny6 = [*DENY6, *(str(n) for n in host if n.version == 6)]
+    lines = [
+        "table inet sandbox {",
+        f"  set deny4 {{ type ipv4_addr; flags interval; auto-merge; elements = {{ {', '.join(deny4)} }} }}",
+        f"  set deny6 {{ type ipv6_addr; flags interval; auto-merge; elements = {{ {', '.join(deny6)} }} }}",
+        "  chain out {",
+        "    type filter hook output priority 0; policy accept;",
+        '    oifname "lo" accept',
+        f"    ip daddr {DNS} meta l4proto {{ tcp, udp }} th dport 53 accept",
+    ]
+    for entry in allow:
+        network, port = split_destination(entry)
+        family = "ip" if network.version == 4 else "ip6"
+        match = f" meta l4proto {{ tcp, udp }} th dport {port}" if port is not None else ""
+        lines.append(f"    {family} daddr {network}{match} accept")
+    lines += [  # a TCP reset fails a connect at once (an ICMP error only after the SYN's retransmit timeout)
+        "    ip daddr @deny4 meta l4proto tcp reject with tcp reset",
+        "    ip6 daddr @deny6 meta l4proto tcp reject with tcp reset",
+        "    ip daddr @deny4 reject with icmpx type admin-prohibited",
+        "    ip6 daddr @deny6 reject with icmpx type admin-prohibited",
+        "  }",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def open_namespace(root: Path, rules: str) -> int:
+    """Create the namespace, start slirp4netns on it and load ``rules``; return slirp4netns's pid."""
+    path = ns_file(root)
+    path.touch()
+    _run(["unshare", f"--net={path}", "true"], "unshare --net")
+    read_fd, write_fd = os.pipe()
+    try:
+        pid = _spawn_slirp(path, write_fd)
+        (root / "slirp.pid").write_text(str(pid))
+        os.close(write_fd)
+        write_fd = -1
+        ready, _, _ = select.select([read_fd], [], [], READY_TIMEOUT_S)
+        if not ready or os.read(read_fd, 1) != b"1":
+            raise OSError(f"slirp4netns was not ready within {READY_TIMEOUT_S:g} s")
+    finally:
+        os.close(read_fd)
+        if write_fd >= 0:
+            os.close(write_fd)
+    _run([*enter_prefix(root), "nft", "-f", "-"], "nft", stdin=rules)
+    return pid
+
+
+def _spawn_slirp(netns: Path, ready_fd: int) -> int:
+    """slirp4netns in a session of its own (it outlives a killed broker, like the sandbox), its ready
+    fd as fd 3. posix_spawn, not Popen: no object that warns while the process runs on."""
+    binary = shutil.which("slirp4netns") or "slirp4netns"
+    argv = [binary, "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-sandbox", "--enable-seccomp",
+            "--ready-fd", "3", "--netns-type=path", str(netns), "tap0"]  # fmt: skip
+    fd = ready_fd if ready_fd != 3 else os.dup(ready_fd)  # dup2(3, 3) would keep close-on-exec
+    actions = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+               (os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0),
+               (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0),
+               (os.POSIX_SPAWN_DUP2, fd, 3)]  # fmt: skip
+    try:
+        return os.posix_spawn(binary, argv, {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}, file_actions=actions,
+                              setsid=True)  # fmt: skip
+    finally:
+        if fd != ready_fd:
+            os.close(fd)
+
+
+def close_namespace(root: Path) -> None:
+    """Stop slirp4netns and drop the namespace; idempotent, also after a broker restart."""
+    pid_file = root / "slirp.pid"
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(pid_file.read_text())
+        if str(ns_file(root)).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():  # not a reused pid
+            os.kill(pid, signal.SIGKILL)
+            _reap(pid)
+    pid_file.unlink(missing_ok=True)
+    path = ns_file(root)
+    if mounted(path):
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+    path.unlink(missing_ok=True)
+
+
+def probe(scratch: Path) -> str:
+    """'' when egress sandboxes can be isolated here, else why not."""
+    missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+    if missing:
+        return f"missing {', '.join(missing)} (apt-get install slirp4netns nftables util-linux iproute2)"
+    if os.geteuid() != 0:
+        return "the broker is not root (network namespaces and their rules need it)"
+    try:
+        scratch.mkdir(parents=True, exist_ok=True)
+        open_namespace(scratch, ruleset([], host_networks()))
+        return ""
+    except OSError as exc:
+        return str(exc)
+    finally:
+        close_namespace(scratch)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _reap(pid: int) -> None:
+    """Collect our own killed child (a previous broker's is init's to collect)."""
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.005)
+
+
+def _run(argv: list[str], what: str, stdin: str | None = None) -> None:
+    done = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise OSError(f"{what} failed: {done.stderr.strip()[-300:]}")
