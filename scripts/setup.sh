@@ -10,9 +10,10 @@ cd "$(dirname "$0")/.."
 # image), network namespaces (iproute2), egress sandboxes (slirp4netns: user-space NAT; nftables:
 # the rules inside their namespace), disk quotas (e2fsprogs: mkfs.ext4 for the loop-mounted images),
 # the dashboard's browser test (chromium and its driver, driven by selenium; nothing downloads a
-# browser build; fonts-dejavu-core for legible screenshots).
+# browser build; fonts-dejavu-core for legible screenshots), the base image of the shipped SWE-style
+# tasks (mmdebstrap).
 SYSTEM_PACKAGES=(bubblewrap busybox-static docker.io iproute2 iptables slirp4netns nftables e2fsprogs
-                 chromium chromium-driver fonts-dejavu-core)
+                 chromium chromium-driver fonts-dejavu-core mmdebstrap)
 missing=()
 for pkg in "${SYSTEM_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

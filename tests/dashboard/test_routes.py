@@ -25,7 +25,11 @@ ADMIN = "dash-admin"
 def api(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
     root = tmp_path_factory.mktemp("dash-api")
     model = write_tokenizer_dir(root / "model")
-    env = {"ROLLOUT_API_ADMIN_TOKEN": ADMIN, "ROLLOUT_API_DASHBOARD_SAMPLE_S": "0.2"}
+    env = {
+        "ROLLOUT_API_ADMIN_TOKEN": ADMIN,
+        "ROLLOUT_API_DASHBOARD_SAMPLE_S": "0.2",
+        "ROLLOUT_API_DASHBOARD_CACHE_S": "0",
+    }
     service = start_service(
         ["-m", "services.cli", "api", "--port", "{port}", "--redis-url", redis_server.url, "--tokenizer-path",
          str(model)], log_dir=root, env=env, name="api",

@@ -137,7 +137,7 @@ def test_no_mounts_left_with_a_relative_state_dir_or_after_kill_9(
     broker = start_broker("--state-dir", relative, env=fast)
     with httpx.Client(base_url=broker.url, timeout=60) as client:
         assert client.post("/templates", json={"name": "bb", "image": str(image)}).status_code == 201
-        held = lease(client, template="bb", ttl_s=2)
+        held = lease(client, template="bb", ttl_s=8)  # expires soon after the kill below
         assert held["workdir"] == "/testbed" and run(client, held["id"], "pwd")["stdout"] == "/testbed\n"
         assert overlay.mounts_under(state_dir)
     broker.kill()  # SIGKILL: its sandbox stays mounted

@@ -60,6 +60,26 @@ async def job_view(redis: Redis, record: JobRecord, pool_version: str | None) ->
     )
 
 
+class JobViews:
+    """Job views reused for ``ttl_s`` per replica: N open pages cost what one costs."""
+
+    def __init__(self, redis: Redis, ttl_s: float) -> None:
+        self.redis = redis
+        self.ttl_s = ttl_s
+        self.seen: dict[tuple[str, str | None], tuple[float, JobView]] = {}
+
+    async def get(self, record: JobRecord, pool_version: str | None) -> JobView:
+        key, now = (record.job, pool_version), time.monotonic()
+        hit = self.seen.get(key)
+        if hit is not None and now - hit[0] < self.ttl_s:
+            return hit[1]
+        view = await job_view(self.redis, record, pool_version)
+        if len(self.seen) > 10_000:  # jobs come and go: forget what has not been asked for lately
+            self.seen = {k: v for k, v in self.seen.items() if now - v[0] < self.ttl_s}
+        self.seen[key] = (now, view)
+        return view
+
+
 async def visible_jobs(redis: Redis, caller: Caller) -> list[JobRecord]:
     if caller.admin:
         return await read_jobs(redis)
@@ -67,11 +87,11 @@ async def visible_jobs(redis: Redis, caller: Caller) -> list[JobRecord]:
     return [record] if record else []
 
 
-async def overview(redis: Redis, sources: FleetSources, caller: Caller) -> Overview:
+async def overview(redis: Redis, sources: FleetSources, views: JobViews, caller: Caller) -> Overview:
     (proxy, proxy_error), (broker, broker_error) = await asyncio.gather(sources.proxy.get(), sources.broker.get())
     versions = {p.name: p.version for p in proxy.pools} if isinstance(proxy, ProxyFacts) else {}
     records = await visible_jobs(redis, caller)
-    jobs = await asyncio.gather(*(job_view(redis, r, versions.get(r.pool)) for r in records))
+    jobs = await asyncio.gather(*(views.get(r, versions.get(r.pool)) for r in records))
     problems = [f"{name}: {error}" for name, error in (("proxy", proxy_error), ("broker", broker_error)) if error]
     return Overview(
         generated_at=time.time(), admin=caller.admin, jobs=list(jobs),

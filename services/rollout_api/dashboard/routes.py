@@ -20,7 +20,7 @@ from services.protocol import ErrorCode, PlatformError
 from services.protocol.dashboard import History, Overview, TrajectoryPage
 from services.rollout_api.context import AuthCaller, Ctx
 from services.rollout_api.dashboard.history import Sampler, read_history
-from services.rollout_api.dashboard.overview import overview
+from services.rollout_api.dashboard.overview import JobViews, overview
 from services.rollout_api.dashboard.sources import FleetSources
 from services.rollout_api.dashboard.summaries import Filters, entries_before, summary
 from services.rollout_api.dashboard.viewer import TokenTexts, detail, jsonl
@@ -36,6 +36,7 @@ router = APIRouter(prefix="/ui")
 @dataclass
 class Dashboard:
     sources: FleetSources
+    views: JobViews
     tokens: TokenTexts
     sampler: Sampler
 
@@ -74,7 +75,7 @@ async def page() -> FileResponse:
 
 @router.get("/api/overview")
 async def get_overview(ctx: Ctx, dash: Dash, caller: AuthCaller) -> Overview:
-    return await overview(ctx.redis, dash.sources, caller)
+    return await overview(ctx.redis, dash.sources, dash.views, caller)
 
 
 @router.get("/api/history")
@@ -131,7 +132,8 @@ async def get_trajectory(job: str, entry_id: str, ctx: Ctx, dash: Dash, caller: 
 def build(settings: ApiSettings, redis: Redis, http: httpx.AsyncClient) -> Dashboard:
     sources = FleetSources(http, settings)
     sampler = Sampler(redis, sources, settings.dashboard_sample_s, settings.dashboard_history_s)
-    return Dashboard(sources=sources, tokens=TokenTexts(settings.tokenizer_path), sampler=sampler)
+    views = JobViews(redis, settings.dashboard_cache_s)
+    return Dashboard(sources=sources, views=views, tokens=TokenTexts(settings.tokenizer_path), sampler=sampler)
 
 
 def install(app: FastAPI) -> None:

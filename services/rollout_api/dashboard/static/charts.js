@@ -58,13 +58,16 @@ function compact(v) {
   return Number.isInteger(v) ? String(v) : v.toFixed(a < 1 ? 2 : 1);
 }
 
-// Rate per hour between consecutive samples of a cumulative counter.
-function ratePerHour(samples, field) {
-  const out = [null];
-  for (let i = 1; i < samples.length; i++) {
-    const dt = samples[i].t - samples[i - 1].t;
-    const dv = samples[i][field] - samples[i - 1][field];
-    out.push(dt > 0 && dv >= 0 ? (dv / dt) * 3600 : null);
+// Rate per hour of a cumulative counter over a trailing window (default 60 s), so one sample's
+// burst of finishes does not draw a spike.
+function ratePerHour(samples, field, windowS = 60) {
+  const out = [];
+  let j = 0;
+  for (let i = 0; i < samples.length; i++) {
+    while (j < i && samples[i].t - samples[j].t > windowS) j++;
+    const dt = samples[i].t - samples[j].t;
+    const dv = samples[i][field] - samples[j][field];
+    out.push(i > 0 && dt > 0 && dv >= 0 ? (dv / dt) * 3600 : null);
   }
   return out;
 }

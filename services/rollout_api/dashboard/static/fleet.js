@@ -25,7 +25,7 @@ const Fleet = {
         el("div.job-head", {}, el("h2", {}, "job ", el("span.job-name", {}, s.job)), el("span.dim.job-meta")),
         el("div.kpis"), el("div.grid.three.job-extra"),
         el("div.grid.three.job-charts", {},
-          Fleet.chartCard(`chart-tph-${s.job}`, "Trajectories per hour"),
+          Fleet.chartCard(`chart-tph-${s.job}`, "Trajectories per hour (60 s window)"),
           Fleet.chartCard(`chart-load-${s.job}`, "In flight and queue depth"),
           Fleet.chartCard(`chart-episode-${s.job}`, "Episode time p50 / p99 (s)")));
       root.append(panel);

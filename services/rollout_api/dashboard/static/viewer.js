@@ -1,7 +1,8 @@
 // The trajectory viewer: filters, the list (newest first, paged with a cursor), one trajectory's detail.
 "use strict";
 
-const PHASES = [["queued_s", "queued", "#64748b"], ["sandbox_start_s", "sandbox", "#a78bfa"],
+// the phases of the attempt (total_s); the wait in the queue came before it and is shown apart
+const PHASES = [["sandbox_start_s", "sandbox", "#a78bfa"],
   ["setup_s", "setup", "#22d3ee"], ["llm_s", "LLM", "#60a5fa"], ["exec_s", "exec", "#f59e0b"],
   ["reward_s", "reward", "#34d399"]];
 
@@ -92,7 +93,7 @@ const Viewer = {
         Viewer.phases(t.timings)),
       t.infra ? Viewer.infra(t.infra) : null,
       t.reward_details ? Viewer.reward(t.reward_details, t.reward) : null,
-      Turns.legend(data.token_texts !== null),
+      t.turns.length ? Turns.legend(data.token_texts !== null) : null,
       ...Turns.render(t, data.token_texts),
       data.prompt_text ? el("details.card", {}, el("summary", {}, "First prompt (as tokenized)"), el("pre.wrap", {}, data.prompt_text)) : null,
     ];
@@ -111,6 +112,7 @@ const Viewer = {
       if (total > 0 && v > 0) bar.append(el("div.seg", { style: { flex: String(v), background: color }, title: `${label} ${v.toFixed(3)} s` }));
       legend.append(el("span.phase", { dataset: { phase: k } }, el("span.swatch", { style: { background: color } }), `${label} ${Fmt.secs(v)} s`));
     }
+    legend.append(el("span.phase.dim", { dataset: { phase: "queued_s" } }, `(queued ${Fmt.secs(timings.queued_s)} s before)`));
     return el("div", {}, el("div.card-title", {}, `Time per phase · ${Fmt.secs(timings.total_s)} s in all`), bar, legend);
   },
 

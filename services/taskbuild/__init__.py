@@ -1,0 +1,1 @@
+"""SWE-style tasks built from PyPI libraries (``rollout tasks build``)."""
