@@ -87,10 +87,14 @@ class TrainerMetrics:
         self.registry = CollectorRegistry()
         self._server: WSGIServer | None = None
         self._thread = threading.Thread()
-        self.step = Gauge("trainer_step", "last optimizer step", registry=self.registry)
-        self.value = Gauge("trainer_step_value", "per-step figure", ["name"], registry=self.registry)
-        self.phase = Gauge("trainer_step_phase_seconds", "step time by phase", ["phase"], registry=self.registry)
-        self.drops = Counter("trainer_dropped_trajectories", "dropped trajectories", ["reason"], registry=self.registry)
+        self.step = Gauge("rollout_trainer_step", "last optimizer step", registry=self.registry)
+        self.value = Gauge("rollout_trainer_step_value", "per-step figure", ["name"], registry=self.registry)
+        self.phase = Gauge(
+            "rollout_trainer_step_phase_seconds", "step time by phase", ["phase"], registry=self.registry
+        )
+        self.drops = Counter(
+            "rollout_trainer_dropped_trajectories", "dropped trajectories", ["reason"], registry=self.registry
+        )
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)

@@ -121,7 +121,7 @@ class CommandAgent(_Agent):
 
     kind: Literal["command"] = "command"
     argv: list[str] = Field(min_length=1)  # the program and its arguments (no shell)
-    where: Literal["beside", "sandbox"] = "beside"  # beside: a process next to the sandbox; sandbox: inside it
+    where: Literal["beside"] = "beside"  # a process next to the sandbox (inside it: not served yet)
     env: dict[str, str] = Field(default_factory=dict)  # added to the program's environment
     model: str = "policy"  # the model name the program is told to use (OPENAI_MODEL / ROLLOUT_MODEL)
     output_max_bytes: int = Field(10_000, ge=256)  # tail of stdout+stderr kept on the trajectory

@@ -11,26 +11,36 @@ class BrokerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.lease_start = Histogram("broker_lease_start_seconds", "request to ready sandbox", ["backend", "kind"],
-                                     buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
-        self.lease_wait = Histogram("broker_lease_wait_seconds", "time queued in admission control",
+        self.lease_start = Histogram("rollout_broker_lease_start_seconds", "request to ready sandbox",
+                                     ["backend", "kind"], buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.lease_wait = Histogram("rollout_broker_lease_wait_seconds", "time queued in admission control",
                                     buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
-        self.exec_latency = Histogram("broker_exec_seconds", "exec through the broker", ["backend"],
+        self.exec_latency = Histogram("rollout_broker_exec_seconds", "exec through the broker", ["backend"],
                                       buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
-        self.sandbox_create = Histogram("broker_sandbox_create_seconds", "backend sandbox create", ["backend"],
+        self.sandbox_create = Histogram("rollout_broker_sandbox_create_seconds", "backend sandbox create", ["backend"],
                                         buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
-        self.pool_size = Gauge("broker_pool_size", "ready sandboxes in a warm pool", ["pool"], registry=r)
-        self.pool_target = Gauge("broker_pool_target", "warm-pool target size", ["pool"], registry=r)
-        self.pool_hits = Counter("broker_pool_hits", "leases served from a warm pool", ["pool"], registry=r)
-        self.pool_misses = Counter("broker_pool_misses", "leases that found the pool empty", ["pool"], registry=r)
-        self.pool_refills = Counter("broker_pool_refills", "sandboxes added to a warm pool", ["pool"], registry=r)
-        self.pool_dead = Counter("broker_pool_dead", "pooled sandboxes that failed the liveness check", ["pool"],
+        self.pool_size = Gauge("rollout_broker_pool_size", "ready sandboxes in a warm pool", ["pool"], registry=r)
+        self.pool_target = Gauge("rollout_broker_pool_target", "warm-pool target size", ["pool"], registry=r)
+        self.pool_hits = Counter("rollout_broker_pool_hits", "leases served from a warm pool", ["pool"], registry=r)
+        self.pool_misses = Counter(
+            "rollout_broker_pool_misses", "leases that found the pool empty", ["pool"], registry=r
+        )
+        self.pool_refills = Counter(
+            "rollout_broker_pool_refills", "sandboxes added to a warm pool", ["pool"], registry=r
+        )
+        self.pool_dead = Counter("rollout_broker_pool_dead", "pooled sandboxes that failed the liveness check",
+                                 ["pool"], registry=r)  # fmt: skip
+        self.reaped = Counter(
+            "rollout_broker_sandboxes_reaped", "sandboxes removed by the reaper", ["reason"], registry=r
+        )
+        self.errors = Counter("rollout_broker_errors", "error responses", ["code"], registry=r)
+        self.leases = Gauge("rollout_broker_leases", "current leases (all replicas)", registry=r)
+        self.job_leases = Gauge(
+            "rollout_broker_job_leases", "current leases per job (all replicas)", ["job"], registry=r
+        )
+        self.lease_limit = Gauge("rollout_broker_lease_limit", "global lease limit (saturation = leases / limit)",
                                  registry=r)  # fmt: skip
-        self.reaped = Counter("broker_sandboxes_reaped", "sandboxes removed by the reaper", ["reason"], registry=r)
-        self.errors = Counter("broker_errors", "error responses", ["code"], registry=r)
-        self.leases = Gauge("broker_leases", "current leases (all replicas)", registry=r)
-        self.job_leases = Gauge("broker_job_leases", "current leases per job (all replicas)", ["job"], registry=r)
-        self.lease_limit = Gauge("broker_lease_limit", "global lease limit (saturation = leases / limit)",
-                                 registry=r)  # fmt: skip
-        self.queue = Gauge("broker_admission_waiting", "lease requests waiting for capacity", registry=r)
-        self.recovered = Counter("broker_leases_recovered", "live leases found again after a restart", registry=r)
+        self.queue = Gauge("rollout_broker_admission_waiting", "lease requests waiting for capacity", registry=r)
+        self.recovered = Counter(
+            "rollout_broker_leases_recovered", "live leases found again after a restart", registry=r
+        )

@@ -17,7 +17,8 @@ import redis
 from services.protocol import keys
 from services.runtime.auth import hash_token
 from services.runtime.redis_server import EmbeddedRedis
-from tests.sandbox_broker.conftest import DEV_ENV, broker_args, needs_bwrap, remove_sandboxes
+from services.sandbox_broker.backends.local import remove_sandboxes
+from tests.sandbox_broker.conftest import DEV_ENV, broker_args, needs_bwrap
 from tests.support.processes import start_service
 
 pytestmark = needs_bwrap

@@ -35,7 +35,7 @@ def _sandboxes(state_dir: Path) -> set[str]:
 
 def _reaped(url: str, reason: str) -> float:
     text = httpx.get(url + "/metrics").text
-    found = re.search(rf'broker_sandboxes_reaped_total{{reason="{reason}"}} ([0-9.]+)', text)
+    found = re.search(rf'rollout_broker_sandboxes_reaped_total{{reason="{reason}"}} ([0-9.]+)', text)
     return float(found.group(1)) if found else 0.0
 
 
@@ -76,7 +76,7 @@ def test_recovery_after_kill_9(start_broker: BrokerFactory, state_dir: Path, red
     with httpx.Client(base_url=restarted.url, timeout=30) as client:
         assert run(client, held["id"], "cat state.txt")["stdout"] == "kept\n"
         assert _sandboxes(state_dir) == {held["sandbox_id"]}  # the old pool and the orphan were reaped at start
-        assert "broker_leases_recovered_total 1.0" in client.get("/metrics").text
+        assert "rollout_broker_leases_recovered_total 1.0" in client.get("/metrics").text
         assert client.delete(f"/leases/{held['id']}").status_code == 204
     assert _sandboxes(state_dir) == set()
 

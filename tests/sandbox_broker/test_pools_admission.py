@@ -45,8 +45,8 @@ def test_warm_pool_hands_out_then_refills(start_broker: BrokerFactory) -> None:
         cat = client.post(f"/leases/{templated['id']}/exec", json={"shell": "cat setup.txt"}).json()
         assert cat["stdout"] == "ready\n"
         metrics = client.get("/metrics").text
-        assert 'broker_pool_hits_total{pool="default/1cpu/2048mb/10240mb/none"} 2.0' in metrics
-        assert 'broker_lease_start_seconds_count{backend="local",kind="cold"} 1.0' in metrics
+        assert 'rollout_broker_pool_hits_total{pool="default/1cpu/2048mb/10240mb/none"} 2.0' in metrics
+        assert 'rollout_broker_lease_start_seconds_count{backend="local",kind="cold"} 1.0' in metrics
         for held in (first, second, cold, templated):
             client.delete(f"/leases/{held['id']}")
 
@@ -77,7 +77,7 @@ def test_quotas_capacity_and_the_wait_queue(start_broker: BrokerFactory) -> None
         client.delete(f"/leases/{a['id']}")
         thread.join(30)
         assert waited["response"].status_code == 201
-        assert 'broker_errors_total{code="capacity_exhausted"} 1.0' in client.get("/metrics").text
+        assert 'rollout_broker_errors_total{code="capacity_exhausted"} 1.0' in client.get("/metrics").text
         for held in (b, waited["response"].json()):
             client.delete(f"/leases/{held['id']}")
 

@@ -42,7 +42,7 @@ def test_metrics_endpoint_serves_the_breakdown() -> None:
         text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     finally:
         metrics.close()
-    assert "trainer_step 4.0" in text
-    assert 'trainer_step_phase_seconds{phase="update_s"} 1.5' in text
-    assert 'trainer_dropped_trajectories_total{reason="infra_error"} 1.0' in text
-    assert 'trainer_step_value{name="ess"} 0.93' in text
+    assert "rollout_trainer_step 4.0" in text
+    assert 'rollout_trainer_step_phase_seconds{phase="update_s"} 1.5' in text
+    assert 'rollout_trainer_dropped_trajectories_total{reason="infra_error"} 1.0' in text
+    assert 'rollout_trainer_step_value{name="ess"} 0.93' in text

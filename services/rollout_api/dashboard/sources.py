@@ -76,23 +76,23 @@ def proxy_facts(status: dict[str, Any], metrics: Samples) -> ProxyFacts:
 
 
 def broker_view(metrics: Samples) -> BrokerView:
-    pools = sorted({labels["pool"] for labels in metrics.labelsets("broker_pool_size")})
+    pools = sorted({labels["pool"] for labels in metrics.labelsets("rollout_broker_pool_size")})
     by_kind = {}
-    for labels in metrics.labelsets("broker_lease_start_seconds_count"):
+    for labels in metrics.labelsets("rollout_broker_lease_start_seconds_count"):
         key = f"{labels.get('backend', '?')}/{labels.get('kind', '?')}"
-        p50 = histogram_quantile(metrics.buckets("broker_lease_start_seconds", **labels), 0.5)
+        p50 = histogram_quantile(metrics.buckets("rollout_broker_lease_start_seconds", **labels), 0.5)
         if p50 is not None:
             by_kind[key] = p50
-    everything = metrics.buckets("broker_lease_start_seconds")
+    everything = metrics.buckets("rollout_broker_lease_start_seconds")
     return BrokerView(
-        leases=int(metrics.sum("broker_leases")), lease_limit=int(metrics.sum("broker_lease_limit")),
-        admission_waiting=int(metrics.sum("broker_admission_waiting")),
+        leases=int(metrics.sum("rollout_broker_leases")), lease_limit=int(metrics.sum("rollout_broker_lease_limit")),
+        admission_waiting=int(metrics.sum("rollout_broker_admission_waiting")),
         lease_p50_s=histogram_quantile(everything, 0.5), lease_p99_s=histogram_quantile(everything, 0.99),
         lease_p50_by_kind=by_kind,
-        pools=[SandboxPoolView(pool=p, ready=int(metrics.sum("broker_pool_size", pool=p)),
-                               target=int(metrics.sum("broker_pool_target", pool=p))) for p in pools],
-        errors={lab["code"]: int(metrics.sum("broker_errors_total", **lab)) for lab in metrics.labelsets(
-            "broker_errors_total")},
+        pools=[SandboxPoolView(pool=p, ready=int(metrics.sum("rollout_broker_pool_size", pool=p)),
+                               target=int(metrics.sum("rollout_broker_pool_target", pool=p))) for p in pools],
+        errors={lab["code"]: int(metrics.sum("rollout_broker_errors_total", **lab)) for lab in metrics.labelsets(
+            "rollout_broker_errors_total")},
     )  # fmt: skip
 
 
