@@ -20,6 +20,7 @@ from services.benchmarks.broker_load import Load, leftover_processes, leftover_s
 from services.benchmarks.broker_procs import Proc, python_proc
 from services.benchmarks.report import percentile, print_table, write_json
 from services.runtime.redis_server import redis_url_or_embedded
+from services.sandbox_broker.backends.local import remove_sandboxes
 from services.sandbox_broker.settings import BrokerSettings
 from services.sandbox_broker.templates import default_template
 
@@ -54,7 +55,11 @@ def run(args: argparse.Namespace) -> int:
     ):
         root = Path(tmp)
         root.chmod(0o711)
-        figures = asyncio.run(_bench(args, url, root))
+        try:
+            figures = asyncio.run(_bench(args, url, root))
+        finally:  # also after a failure: mounted sandboxes would keep the directory from going
+            if args.backend == "local":
+                remove_sandboxes(root / "state")
     _report(args, figures)
     return 0 if figures["errors"] == 0 and figures["leaked"] == 0 else 1
 
@@ -109,13 +114,14 @@ async def _bench(args: argparse.Namespace, redis_url: str, root: Path) -> dict[s
 async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: BrokerSettings) -> dict[str, Any]:
     image = default_template(settings).image  # docker and e2b templates name an image
     template = {"name": "bench", "setup": args.setup, "warm_pool": args.leases, "image": image}
-    await load.register(template, timeout_s=600)
+    pool_timeout_s = max(600.0, 4.0 * args.leases)  # refills run 4 creates at a time; a loaded machine is slow
+    await load.register(template, timeout_s=pool_timeout_s)
     cold = await run_leases(load, args.leases, {"template": "bench", "resources": COLD})
     egress_n = args.leases if args.egress_leases is None else args.egress_leases
     egress = await run_leases(load, egress_n, {"template": "bench", "resources": COLD, "network": "egress"})
-    await load.wait_pool(args.leases, timeout_s=600)
+    await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
     warm = await run_leases(load, args.leases, {"template": "bench"})
-    await load.wait_pool(args.leases, timeout_s=600)  # refills done: measure the exec path alone
+    await load.wait_pool(args.leases, timeout_s=pool_timeout_s)  # refills done: measure the exec path alone
     via_broker, direct = await load.overhead(settings, args.exec_samples)
     template["warm_pool"] = 0  # the restarted broker need not refill it
     await load.register(template, timeout_s=60)

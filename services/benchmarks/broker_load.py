@@ -14,7 +14,7 @@ import aiohttp
 
 from services.protocol.sandboxes import ExecRequest, Resources
 from services.sandbox_broker.backends import make_backend
-from services.sandbox_broker.backends.base import SandboxSpec
+from services.sandbox_broker.backends.base import LABEL_LEASE, SandboxSpec
 from services.sandbox_broker.settings import BrokerSettings
 from services.sandbox_broker.templates import default_template
 
@@ -108,7 +108,8 @@ class Load:
         assert lease is not None, "could not lease a sandbox"
         backend = make_backend(settings)
         await backend.start()
-        sandbox = await backend.create(SandboxSpec(default_template(settings), Resources(), "none", {}))
+        labels = {LABEL_LEASE: lease["id"]}  # accounted for while that lease lives: the broker's reaper spares it
+        sandbox = await backend.create(SandboxSpec(default_template(settings), Resources(), "none", labels))
         via_broker, direct = [], []
         try:
             for _ in range(n):

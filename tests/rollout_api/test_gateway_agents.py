@@ -32,7 +32,7 @@ from tests.rollout_api.fleet import (
     write_script,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]  # fleet start + litellm import under load
 
 
 def hermes(name: str, arguments: dict[str, Any]) -> str:

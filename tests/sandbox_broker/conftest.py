@@ -12,9 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.sandbox_broker.backends.bwrap import SandboxPaths
-from services.sandbox_broker.backends.cgroups import Cgroups
-from services.sandbox_broker.backends.local import teardown
+from services.sandbox_broker.backends.local import remove_sandboxes
 from tests.sandbox_broker.dockerd import IMAGE, Dockerd, private_dockerd
 from tests.support.processes import ServiceProcess, start_service
 
@@ -26,18 +24,6 @@ needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewr
 def broker_args(redis_url: str, state_dir: Path, instance: str, *extra: str) -> list[str]:
     return ["-m", "services.cli", "broker", "--port", "{port}", "--redis-url", redis_url,
             "--state-dir", str(state_dir), "--instance", instance, *extra]  # fmt: skip
-
-
-def remove_sandboxes(state_dir: Path) -> list[str]:
-    """Remove every sandbox left under ``state_dir`` (and its cgroups); return their ids."""
-    root = state_dir / "sandboxes"
-    left = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
-    cgroups = Cgroups.probe(512, Cgroups.scope_of(root))
-    for sandbox_id in left:
-        cgroups.remove(sandbox_id)
-        teardown(SandboxPaths(root / sandbox_id))
-    cgroups.remove_scope()
-    return left
 
 
 @pytest.fixture

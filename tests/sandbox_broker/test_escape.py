@@ -138,6 +138,7 @@ def test_docker_sandbox_escapes_are_blocked(
         if network == "egress":  # inter-container traffic: the other sandbox serves, this one connects
             serve = "(echo " + escape.MARKER + " | nc -l -p 7777 &) ; sleep 0.3; ip -o -4 addr show eth0"
             other_ip = run(client, other["id"], serve, keep_background=True)["stdout"].split()[3].split("/")[0]
+            assert "nc -l -p 7777" in run(client, other["id"], "ps -o args")["stdout"]  # kept: spared by sweeps
             found += _attack(client, lid, f"nc -w 2 {other_ip} 7777 2>&1 | sed -n 's/^{escape.MARKER}/ESCAPED &/p'")
 
         run(client, lid, "sleep 300 & setsid sleep 301 & (sleep 302 &); echo started")

@@ -27,3 +27,18 @@ class WorkerMetrics:
             "rollout_worker_episode_seconds", "episode wall time", registry=r,
             buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600),
         )  # fmt: skip
+        self.outages = Counter(
+            "rollout_worker_dependency_outages_total", "outages seen (breaker opened), by service", ["service"],
+            registry=r,
+        )  # fmt: skip
+        self.dependency_up = Gauge(
+            "rollout_worker_dependency_up", "1 while the service answers (breaker closed)", ["service"], registry=r
+        )
+        self.resent = Counter(
+            "rollout_worker_calls_resent_total", "calls sent again after an outage, by service", ["service"],
+            registry=r,
+        )  # fmt: skip
+        self.attempts_kept = Counter(
+            "rollout_worker_attempts_kept_total", "attempts failed by an outage and run again without spending one",
+            registry=r,
+        )  # fmt: skip

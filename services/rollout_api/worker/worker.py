@@ -5,6 +5,7 @@ gracefully."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -19,6 +20,7 @@ from services.rollout_api.records import read_jobs
 from services.rollout_api.redis_scripts import Scripts
 from services.rollout_api.worker.agent import AgentDeps
 from services.rollout_api.worker.metrics import WorkerMetrics
+from services.rollout_api.worker.outages import BROKER
 from services.rollout_api.worker.runner import STOP_CANCELLED, STOP_SHUTDOWN, Delivery, ItemRunner
 from services.rollout_api.worker.scheduler import FairShare
 from services.runtime.outages import STORE_ERRORS, Outage
@@ -42,6 +44,8 @@ class Worker:
         self.slot_freed = asyncio.Event()
         self.outage = Outage("Redis", log)  # every loop of this worker reports to it
         self.stopping = asyncio.Event()
+        self._next_reclaim = 0.0  # monotonic time of the next XAUTOCLAIM scan
+        self.renewing: dict[str, asyncio.Task[None]] = {}  # lease renewals in flight
 
     @property
     def free(self) -> int:
@@ -52,7 +56,6 @@ class Worker:
         loops = [
             self._every(self.settings.jobs_refresh_s, self.refresh_jobs),
             self._every(self.settings.heartbeat_s, self.heartbeat),
-            self._every(self.settings.reclaim_interval_s, self.reclaim),
             self._every(self.settings.cancel_poll_s, self.watch_cancellations),
         ]
         background = [asyncio.create_task(loop) for loop in loops]
@@ -60,9 +63,9 @@ class Worker:
             await self._fill()
         finally:
             await self._drain()
-            for task in background:
+            for task in [*background, *self.renewing.values()]:
                 task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            await asyncio.gather(*background, *self.renewing.values(), return_exceptions=True)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -105,6 +108,10 @@ class Worker:
 
     async def _fill(self) -> None:
         while not self.stopping.is_set():
+            outages = self.deps.outages
+            if outages is not None and not outages.all_up:  # a dependency is down: take nothing new
+                await outages.wait_all_up(self.stopping)
+                continue
             if self.free <= 0:
                 self.slot_freed.clear()
                 await self._wait(self.slot_freed, 1.0)
@@ -129,8 +136,9 @@ class Worker:
             waiter.cancel()
 
     async def _take_round(self) -> int:
-        """Fill free slots one item at a time, each from the job first in fair-share order."""
-        took = 0
+        """Fill free slots one item at a time, each from the job first in fair-share order; items
+        reclaimed from dead workers go first (they have waited longest)."""
+        took = await self._reclaim_due()
         exhausted: set[str] = set()
         while self.free > 0 and not self.stopping.is_set():
             order = [job for job in self.fair.order() if job not in exhausted]
@@ -186,10 +194,32 @@ class Worker:
         for job, ids in by_job.items():
             claim: list[Any] = list(ids)
             await self.redis.xclaim(keys.work_stream(job), WORKERS_GROUP, self.name, 0, claim, justid=True)
-        renewals = [self.deps.broker.renew(lease, self.settings.lease_ttl_s) for lease in list(self.deps.leases)]
-        for result in await asyncio.gather(*renewals, return_exceptions=True):
-            if isinstance(result, Exception):
-                log.warning("lease renewal failed: %s", result)
+        outages = self.deps.outages
+        if outages is not None and not outages.breakers[BROKER].up.is_set():
+            return  # renewals wait for the broker; the items' idle time above must not
+        for lease in list(self.deps.leases):  # in the background: a slow broker never holds the XCLAIM above
+            if lease not in self.renewing:
+                task = asyncio.create_task(self._renew(lease), name=f"renew {lease}")
+                self.renewing[lease] = task
+                task.add_done_callback(functools.partial(self._renewed, lease))
+
+    def _renewed(self, lease: str, _: asyncio.Task[None]) -> None:
+        self.renewing.pop(lease, None)
+
+    async def _renew(self, lease: str) -> None:
+        try:
+            await self.deps.broker.renew(lease, self.settings.lease_ttl_s)
+        except Exception as exc:
+            log.warning("renewal of lease %s failed: %s", lease, exc)
+
+    async def _reclaim_due(self) -> int:
+        """Reclaim, at most every ``reclaim_interval_s``; how many items were taken over."""
+        if time.monotonic() < self._next_reclaim:
+            return 0
+        self._next_reclaim = time.monotonic() + self.settings.reclaim_interval_s
+        before = len(self.running)
+        await self.reclaim()
+        return len(self.running) - before
 
     async def reclaim(self) -> None:
         """Take over items another worker has not heartbeated for ``reclaim_idle_s``; forget dead workers."""

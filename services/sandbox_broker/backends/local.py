@@ -339,6 +339,19 @@ def teardown(paths: SandboxPaths) -> None:
     shutil.rmtree(paths.root, ignore_errors=True)
 
 
+def remove_sandboxes(state_dir: Path) -> list[str]:
+    """Remove every sandbox left under ``state_dir`` with no broker running (tests, benchmarks): its
+    processes, cgroups, namespace, mounts and directory; return their ids."""
+    root = state_dir / "sandboxes"
+    left = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+    cgroups = Cgroups.probe(512, Cgroups.scope_of(root))
+    for sandbox_id in left:
+        cgroups.remove(sandbox_id)
+        teardown(SandboxPaths(root / sandbox_id))
+    cgroups.remove_scope()
+    return left
+
+
 def _write(host: Path, data: bytes) -> None:
     fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
     try:
