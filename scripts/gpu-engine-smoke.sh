@@ -14,8 +14,7 @@ rollout redis --port 16379 > "$WORK/redis.log" 2>&1 &
 export ROLLOUT_REDIS_URL=redis://127.0.0.1:16379/0
 rollout proxy --port 18100 > "$WORK/proxy.log" 2>&1 &
 until curl -sf http://127.0.0.1:18100/healthz >/dev/null; do sleep 1; done
-ROLLOUT_ENGINE_PROXY_TOKEN=$ROLLOUT_ADMIN_TOKEN \
-  rollout engine --mode sglang --model-path "$MODEL" --port 30000 --tp-size "$TP" --context-length 8192 \
+rollout engine --mode sglang --model-path "$MODEL" --port 30000 --tp-size "$TP" --context-length 8192 \
   --proxy-url http://127.0.0.1:18100 --pool gpu > "$WORK/engine.log" 2>&1 &
 echo "== waiting for the SGLang engine to load and join pool gpu (log: $WORK/engine.log)"
 until curl -sf -H "Authorization: Bearer $ROLLOUT_ADMIN_TOKEN" http://127.0.0.1:18100/admin/status \

@@ -55,7 +55,7 @@ def test_settings_load_from_the_deployment(container: Container) -> None:
     if container.command in COMMANDS_WITHOUT_SETTINGS:
         return
     settings = load_settings(container, CLASSES)
-    if container.command not in ("engine", "train"):  # every other service talks to Redis
+    if container.command not in ("engine", "train", "redis"):  # every other service talks to Redis
         url = settings.redis_url
         assert url and url.startswith(("redis://", "rediss://")), f"{container.name} has no Redis URL"
     if container.command == "worker":
@@ -120,3 +120,17 @@ def test_defaults_fit_together() -> None:
         assert urlparse(worker.proxy_url).port == ProxySettings().port
         assert urlparse(worker.broker_url).port == BrokerSettings().port
         assert len({ApiSettings().port, ProxySettings().port, BrokerSettings().port, EngineSettings().port}) == 4
+
+
+@pytest.mark.parametrize("container", ALL, ids=[c.name for c in ALL])
+def test_every_service_gets_its_secrets(container: Container) -> None:
+    """Tokens and the Redis password reach every service from the env file or the Secret (issue 9)."""
+    if container.command not in ("proxy", "broker", "api", "worker"):
+        return
+    settings = load_settings(container, CLASSES)
+    assert settings.service_token, f"{container.name} has no service token"
+    if container.command != "worker":
+        assert settings.admin_token, f"{container.name} has no admin token"
+    if container.command == "proxy":
+        assert settings.require_token, "the proxy's data plane must require a token"
+    assert "@" in str(settings.redis_url), f"{container.name}'s Redis URL carries no password"

@@ -41,7 +41,10 @@ def commands(doc: Path) -> list[str]:
 
 
 def rollout_argv(line: str) -> list[str] | None:
-    words = shlex.split(line, comments=True)
+    try:
+        words = shlex.split(line, comments=True)
+    except ValueError:  # a quoted argument that goes on past this line: not a command of ours
+        words = line.split()
     while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):  # VAR=value prefixes
         words = words[1:]
     return words[1:] if words[:1] == ["rollout"] else None

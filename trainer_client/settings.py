@@ -28,12 +28,13 @@ class TrainSettings(UsesRedis, UsesAdminToken):
     consumer_group: str = keys.TRAINERS_GROUP
     # rollout API: without it the trainer only consumes what already flows into the job's stream
     api_url: str | None = None
-    api_token: str | None = None  # the job's bearer token
+    api_token: str | None = Field(None, repr=False)  # the job's bearer token (also the proxy's, for its pool)
     tasks_path: Path | None = None  # JSONL of services.protocol.tasks.Task, cycled through
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     limits: AgentLimits = Field(default_factory=AgentLimits)
     # LLM proxy: without it exports are written but not announced
     proxy_url: str | None = None
+    proxy_token: str | None = Field(None, repr=False)  # for /admin/weights; None: api_token, else admin_token
     # the proxy pool to update: None takes the job's pool from the API (GET /jobs/{job}); a value that
     # differs from the job's is refused at start. Without the API: this value, else "default".
     pool: Name | None = None

@@ -155,7 +155,9 @@ def _publisher(s: TrainSettings, client: RolloutClient | None) -> WeightPublishe
     if not s.proxy_url:
         return None
     pool = job_pool(s.job, s.pool, client.job(s.job).pool if client else None)
-    return WeightPublisher(s.proxy_url, pool, s.admin_token or None, s.sync_timeout_s, s.weight_store_url)
+    # the job's own token may update its own pool (the proxy checks it); an admin token may update any
+    token = s.proxy_token or s.api_token or s.admin_token or None
+    return WeightPublisher(s.proxy_url, pool, token, s.sync_timeout_s, s.weight_store_url)
 
 
 def _reference(policy: Policy, s: TrainSettings) -> object:

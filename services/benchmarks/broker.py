@@ -20,6 +20,7 @@ from services.benchmarks.broker_load import Load, leftover_processes, leftover_s
 from services.benchmarks.broker_procs import Proc, python_proc
 from services.benchmarks.report import percentile, print_table, write_json
 from services.runtime.redis_server import redis_url_or_embedded
+from services.runtime.secrets import FleetSecrets
 from services.sandbox_broker.backends.local import remove_sandboxes
 from services.sandbox_broker.settings import BrokerSettings
 from services.sandbox_broker.templates import default_template
@@ -86,18 +87,19 @@ async def _bench(args: argparse.Namespace, redis_url: str, root: Path) -> dict[s
                             str(root / "e2b"), "--max-concurrent", str(4 * args.leases + 10)],
                            {}, root / "fake-e2b.log", health="/_fake/stats")  # fmt: skip
         fake.start()
-    env = _broker_env(args, root, fake)
+    secrets = FleetSecrets.generate()  # measured with authentication on, as deployed
+    env = {**_broker_env(args, root, fake), **secrets.env()}
     argv = ["-m", "services.cli", "broker", "--port", "{port}", "--backend", args.backend, "--redis-url", redis_url,
             "--warm-pool", "0"]  # fmt: skip
     log_dir = args.log_dir or root
     log_dir.mkdir(parents=True, exist_ok=True)
     broker = python_proc(argv, env, log_dir / "broker.log")
-    fields = {k.removeprefix("ROLLOUT_BROKER_").lower(): v for k, v in env.items()}
+    fields = {k.removeprefix("ROLLOUT_BROKER_").lower(): v for k, v in env.items() if k.startswith("ROLLOUT_BROKER_")}
     settings = BrokerSettings.model_validate({**fields, "backend": args.backend, "redis_url": redis_url})
     started = time.monotonic()
     try:
         broker.start(timeout_s=120)
-        load = Load(broker.url, args.commands)
+        load = Load(broker.url, args.commands, secrets)
         try:
             figures = await _phases(args, load, broker, settings)
         finally:

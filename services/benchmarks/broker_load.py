@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 
 from services.protocol.sandboxes import ExecRequest, Resources
+from services.runtime.secrets import FleetSecrets
 from services.sandbox_broker.backends import make_backend
 from services.sandbox_broker.backends.base import LABEL_LEASE, SandboxSpec
 from services.sandbox_broker.settings import BrokerSettings
@@ -34,14 +35,18 @@ class Outcome:
 
 
 class Load:
-    def __init__(self, url: str, commands: int) -> None:
+    def __init__(self, url: str, commands: int, secrets: FleetSecrets) -> None:
         self.url = url
         self.commands = commands
+        self.secrets = secrets
         self.http = self._session()
 
-    @staticmethod
-    def _session() -> aiohttp.ClientSession:
-        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=600))
+    def _session(self) -> aiohttp.ClientSession:
+        """Authenticated as the workers are (the service token); templates take the admin token."""
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=600),
+            headers={"Authorization": f"Bearer {self.secrets.service_token}"},
+        )  # fmt: skip
 
     async def reconnect(self) -> None:
         await self.http.close()
@@ -51,7 +56,8 @@ class Load:
         await self.http.close()
 
     async def register(self, template: dict[str, Any], timeout_s: float) -> None:
-        async with self.http.post(self.url + "/templates", json=template) as response:
+        admin = {"Authorization": f"Bearer {self.secrets.admin_token}"}
+        async with self.http.post(self.url + "/templates", json=template, headers=admin) as response:
             assert response.status == 201, await response.text()
         if template["warm_pool"]:
             await self.wait_pool(template["warm_pool"], timeout_s)

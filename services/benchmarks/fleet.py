@@ -35,9 +35,11 @@ from services.benchmarks.fleet_stack import Stack
 from services.benchmarks.report import print_table, write_json
 from services.protocol import Trajectory, from_stream_fields, keys
 from services.runtime.redis_server import redis_url_or_embedded
+from services.runtime.secrets import FleetSecrets
 from services.runtime.tokenizer import write_tokenizer_dir
 
-ADMIN = "bench-admin"
+SECRETS = FleetSecrets.generate()  # measured with authentication on, as deployed
+ADMIN = SECRETS.admin_token
 CONTROL_PLANE = ("worker", "proxy", "broker", "api")
 
 
@@ -50,6 +52,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--tail-batch", type=int, default=24, help="episodes of the synchronous tail batch (0: skip)")
     p.add_argument("--tail-time-scale", type=float, default=20.0, help="time scale of the tail batch")
     p.add_argument("--tail-wait-s", type=float, default=240.0, help="how long to wait for the tail batch")
+    p.add_argument(
+        "--field-pace",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure the first and last N at --time-scale 1 (scaling_efficiency_field_pace)",
+    )
+    p.add_argument("--field-window-s", type=float, default=120.0, help="measured window per N at the field's pace")
+    p.add_argument(
+        "--capacity-time-scale",
+        type=float,
+        default=100.0,
+        help="time scale of the capacity phase (capacity_turns_per_s at the largest N; 0: skip)",
+    )
     p.add_argument("--engines", type=int, default=0, help="scripted engines (default: one per 200 in flight)")
     p.add_argument("--proxy-workers", type=int, default=2)
     p.add_argument("--workers", type=int, default=2, help="worker processes")
@@ -68,18 +83,22 @@ class Fleet:
     redis_url: str
     classes: list[workload.EpisodeClass]  # the steady-state workload
     tail_classes: list[workload.EpisodeClass]  # the synchronous tail batch
+    field_classes: list[workload.EpisodeClass]  # the same workload at the field's own pace (time scale 1)
+    capacity_classes: list[workload.EpisodeClass]  # compressed until the machine, not the workload, limits
 
 
 def start_fleet(args: argparse.Namespace, root: Path, redis_url: str, max_n: int) -> Fleet:
     model = write_tokenizer_dir(root / "model")
     classes = workload.sample_classes(args.classes, args.time_scale, args.seed)
     tail = workload.sample_classes(args.tail_batch, args.tail_time_scale, args.seed + 1, prefix="TAIL")
-    script = workload.write_script(root / "script.json", classes + tail)
+    paced = workload.sample_classes(args.classes, 1.0, args.seed, prefix="FIELD")
+    capacity = workload.sample_classes(args.classes, args.capacity_time_scale or 1.0, args.seed, prefix="CAP")
+    script = workload.write_script(root / "script.json", classes + tail + paced + capacity)
     state = root / "sandboxes"  # removed with root; both reachable by the sandbox user
     root.chmod(0o755)
     state.mkdir(mode=0o755)
     (root / "logs").mkdir()
-    env = {**_base_env(), "ROLLOUT_REDIS_URL": redis_url, "ROLLOUT_API_ADMIN_TOKEN": ADMIN,
+    env = {**_base_env(), **SECRETS.env(), "ROLLOUT_REDIS_URL": redis_url,
            "ROLLOUT_WORKER_KEEP_MESSAGES": "false", "ROLLOUT_LOG_LEVEL": "WARNING"}  # fmt: skip
     stack = Stack(root / "logs", env)
     try:
@@ -87,7 +106,7 @@ def start_fleet(args: argparse.Namespace, root: Path, redis_url: str, max_n: int
     except BaseException:
         stack.stop()  # nothing started is left behind
         raise
-    return Fleet(stack, api, workers, redis_url, classes, tail)
+    return Fleet(stack, api, workers, redis_url, classes, tail, paced, capacity)
 
 
 def start_services(
@@ -215,16 +234,21 @@ def phase_shares(trajectories: list[Trajectory]) -> dict[str, float]:
     return shares
 
 
-def measure(fleet: Fleet, args: argparse.Namespace, n: int) -> dict[str, Any]:
+def measure(
+    fleet: Fleet, args: argparse.Namespace, n: int, phase: str = "", classes: list[workload.EpisodeClass] | None = None
+) -> dict[str, Any]:
+    """One N in steady state: ``phase`` names the job, ``classes`` the workload (default the main one)."""
+    classes = classes or fleet.classes
+    window_s = args.field_window_s if phase == "field" else args.window_s
     client = redis.Redis.from_url(fleet.redis_url)
     with httpx.Client(base_url=fleet.api, timeout=60.0) as http:
-        job = f"fleet-{n}"
-        submitter = Submitter(http, fleet.classes, job, n)
+        job = f"fleet-{phase}{n}"
+        submitter = Submitter(http, classes, job, n)
         submitter.submit(n)
         submitter.submit(n)
         submitter.keep_up(args.warmup_s)
         before = Snapshot.take(http, fleet, client)
-        submitter.keep_up(args.window_s)
+        submitter.keep_up(window_s)
         after = Snapshot.take(http, fleet, client)
         in_flight = http.get(f"/jobs/{job}", headers=submitter.headers).json()["in_flight"]
         submitter.cancel_all()
@@ -239,7 +263,7 @@ def measure(fleet: Fleet, args: argparse.Namespace, n: int) -> dict[str, Any]:
         "in_flight": n,
         "in_flight_measured": in_flight,
         "turns_per_s": turns / seconds,
-        "trajectories_per_hour": turns / seconds * 3600 / workload.mean_turns(fleet.classes),
+        "trajectories_per_hour": turns / seconds * 3600 / workload.mean_turns(classes),
         "completed_per_hour": len(done) / seconds * 3600,
         "control_plane_cpu_ms_per_turn": 1000 * control / turns if turns else math.nan,
         "cpu_ms_per_turn_by_role": {role: 1000 * v / turns if turns else math.nan for role, v in cpu.items()},
@@ -283,15 +307,43 @@ def run(args: argparse.Namespace) -> int:
                 for n in ns:
                     print(f"measuring N={n} ...", flush=True)
                     results.append(measure(fleet, args, n))
+                extra = measure_extra(fleet, args, ns)
             finally:
                 fleet.stack.stop()
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    report(args, fleet, results, tail)
+    report(args, fleet, results, tail, extra)
     return 0
 
 
-def report(args: argparse.Namespace, fleet: Fleet, results: list[dict[str, Any]], tail: dict[str, Any]) -> None:
+def measure_extra(fleet: Fleet, args: argparse.Namespace, ns: list[int]) -> dict[str, Any]:
+    """The field-pace scaling (first and last N at time scale 1) and the machine's capacity (the
+    largest N with time compressed by ``--capacity-time-scale``)."""
+    extra: dict[str, Any] = {}
+    if args.field_pace:
+        paced = []
+        for n in sorted({ns[0], ns[-1]}):
+            print(f"measuring N={n} at the field's pace ...", flush=True)
+            paced.append(measure(fleet, args, n, "field", fleet.field_classes))
+        extra["field_pace"] = paced
+        extra["scaling_efficiency_field_pace"] = _efficiency(paced[0], paced[-1])
+    if args.capacity_time_scale:
+        print(f"measuring capacity: N={max(ns)} at time scale 1/{args.capacity_time_scale:g} ...", flush=True)
+        capacity = measure(fleet, args, max(ns), "capacity", fleet.capacity_classes)
+        extra["capacity"] = capacity
+        extra["capacity_turns_per_s"] = capacity["turns_per_s"]
+    return extra
+
+
+def _efficiency(first: dict[str, Any], last: dict[str, Any]) -> float:
+    """Throughput per episode in flight at the last N over the same at the first (1.0: linear)."""
+    base = first["trajectories_per_hour"] / first["in_flight"]
+    return (last["trajectories_per_hour"] / last["in_flight"]) / base if base else math.nan
+
+
+def report(
+    args: argparse.Namespace, fleet: Fleet, results: list[dict[str, Any]], tail: dict[str, Any], extra: dict[str, Any]
+) -> None:
     rows = [{
         "N": r["in_flight"], "traj/h": r["trajectories_per_hour"], "done/h": r["completed_per_hour"],
         "turns/s": r["turns_per_s"], "cpu ms/turn": r["control_plane_cpu_ms_per_turn"],
@@ -300,9 +352,14 @@ def report(args: argparse.Namespace, fleet: Fleet, results: list[dict[str, Any]]
     } for r in results]  # fmt: skip
     print_table(f"fleet benchmark (time scale 1/{args.time_scale:g})", rows)
     first, last = results[0], results[-1]
-    base = first["trajectories_per_hour"] / first["in_flight"]
-    efficiency = (last["trajectories_per_hour"] / last["in_flight"]) / base if base else math.nan
+    efficiency = _efficiency(first, last)
     print(f"\nscaling efficiency N={first['in_flight']} -> N={last['in_flight']}: {efficiency:.2f}")
+    for row in extra.get("field_pace", []):
+        print(f"field pace N={row['in_flight']}: {row['trajectories_per_hour']:.0f} traj/h, "
+              f"{row['control_plane_cpu_ms_per_turn']:.2f} ms CPU/turn")  # fmt: skip
+    for key in ("scaling_efficiency_field_pace", "capacity_turns_per_s"):
+        if key in extra:
+            print(f"{key}: {extra[key]:.2f}")
     if tail:
         print_table(f"synchronous batch of {tail['episodes']} (time scale 1/{tail['time_scale']:g})", [tail])
     write_json(args.json, {
@@ -316,5 +373,9 @@ def report(args: argparse.Namespace, fleet: Fleet, results: list[dict[str, Any]]
         "tail_batch": tail,
         "turn_cap_hit_rate": {str(r["in_flight"]): r["turn_cap_hit_rate"] for r in results},
         "scaling_efficiency": efficiency,
+        "scaling_efficiency_field_pace": extra.get("scaling_efficiency_field_pace"),
+        "capacity_turns_per_s": extra.get("capacity_turns_per_s"),
+        "field_pace": extra.get("field_pace"),
+        "capacity": extra.get("capacity"),
         "runs": results,
     })  # fmt: skip

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from services.benchmarks.proxy_fleet import Launched, start_engines, start_proxy, start_router, stopping
+from services.benchmarks.proxy_fleet import ADMIN_HEADERS, Launched, start_engines, start_proxy, start_router, stopping
 from services.benchmarks.proxy_load import LoadResult, LoadSpec, run_in_process
 from services.benchmarks.report import percentile, print_table, write_json
 
@@ -172,7 +172,7 @@ def _phase_with_update(
     load.start()
     time.sleep(max(2.0, args.call_seconds))  # the calls are in flight by now
     body = {"pool": "default", "version": "bench-v1", "location": str(weights), "checksum": "sha256:bench"}
-    resp = httpx.post(proxy.url + "/admin/weights", json=body, timeout=600)
+    resp = httpx.post(proxy.url + "/admin/weights", json=body, timeout=600, headers=ADMIN_HEADERS)
     verdict = resp.json()
     out |= {"status": resp.status_code, "ok": verdict.get("ok"), "total_s": verdict.get("total_s"),
             "held_calls": verdict.get("held_calls"), "held_s": verdict.get("held_s"),

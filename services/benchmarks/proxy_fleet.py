@@ -7,6 +7,7 @@ is read from ``/proc`` for a process and all its descendants.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -17,8 +18,12 @@ from pathlib import Path
 import httpx
 
 from services.benchmarks.procstat import tree_cpu_s
+from services.runtime.auth import new_secret
 from services.runtime.net import free_port, free_port_range
 from services.runtime.processes import stop_group, wait_healthy
+
+BENCH_ADMIN = new_secret()  # the proxy runs with authentication on, as deployed
+ADMIN_HEADERS = {"Authorization": f"Bearer {BENCH_ADMIN}"}
 
 
 @dataclass
@@ -34,11 +39,21 @@ class Launched:
         return tree_cpu_s(self.proc.pid)
 
 
-def launch(name: str, argv: Sequence[str], url: str, health: str, log_dir: Path, timeout_s: float = 120) -> Launched:
+def launch(
+    name: str,
+    argv: Sequence[str],
+    url: str,
+    health: str,
+    log_dir: Path,
+    timeout_s: float = 120,
+    env: dict[str, str] | None = None,
+) -> Launched:
     """Start ``argv`` and wait until ``url + health`` answers 200."""
     log_dir.mkdir(parents=True, exist_ok=True)
     with (log_dir / f"{name}.log").open("wb") as log:
-        proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            list(argv), stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}
+        )
     launched = Launched(name, proc, url)
     try:
         wait_healthy(proc, url + health, timeout_s, name, lambda: f"; see {log_dir / (name + '.log')}")
@@ -76,10 +91,10 @@ def start_proxy(engine_urls: Sequence[str], workers: int, log_dir: Path) -> Laun
     argv = [sys.executable, "-m", "services.cli", "proxy", "--port", str(port), "--workers", str(workers),
             "--engines", ",".join(engine_urls)]  # fmt: skip
     env_url = f"http://127.0.0.1:{port}"
-    proxy = launch("proxy", argv, env_url, "/healthz", log_dir)
+    proxy = launch("proxy", argv, env_url, "/healthz", log_dir, env={"ROLLOUT_PROXY_ADMIN_TOKEN": BENCH_ADMIN})
     deadline = time.monotonic() + 30  # every engine routable from the process we ask
     while time.monotonic() < deadline:
-        doc = httpx.get(env_url + "/admin/status", timeout=10).json()
+        doc = httpx.get(env_url + "/admin/status", timeout=10, headers=ADMIN_HEADERS).json()
         engines = doc["pools"]["default"]["engines"]
         if len(engines) == len(engine_urls) and not any(e["ejected"] for e in engines):
             break

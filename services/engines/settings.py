@@ -8,10 +8,10 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from services.runtime.settings import ServiceSettings
+from services.runtime.settings import UsesAdminToken
 
 
-class EngineSettings(ServiceSettings):
+class EngineSettings(UsesAdminToken):
     """How the simulated engines behave. Times are seconds, sizes are tokens."""
 
     model_config = SettingsConfigDict(env_prefix="ROLLOUT_ENGINE_")
@@ -43,8 +43,7 @@ class EngineSettings(ServiceSettings):
     prefix_cache_entries: int = Field(4096, ge=0)  # prompts remembered for cached_tokens
     # Joining a proxy pool: once healthy, each engine registers itself (POST /admin/engines) at the
     # address the proxy reaches it by, and leaves the pool (/admin/engines/remove) when it stops.
-    proxy_url: str | None = None  # None: the proxy's own engine list names this engine
-    proxy_token: str = Field("", repr=False)  # the proxy's admin token, for registration
+    proxy_url: str | None = None  # None: the proxy's own engine list names this engine (joining needs admin_token)
     pool: str = "default"
     advertise_host: str | None = None  # how the proxy reaches this host (pod IP, DNS name); default: host
     # sglang mode only (see services/engines/sglang.py for the command line built from these)

@@ -2,13 +2,13 @@
 
 Redis (embedded unless a URL is given), the engines, the LLM proxy, the sandbox broker (local
 backend), the rollout API and the workers. Every process logs to ``<work_dir>/logs``; ``stop()``
-ends them in reverse order.
+ends them in reverse order. Every secret (admin and service tokens, the Redis password) is
+generated for the run and handed over in the environment, never on a command line.
 """
 
 from __future__ import annotations
 
 import logging
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +17,7 @@ import httpx
 from services.protocol.tasks import DEFAULT_POOL
 from services.runtime.processes import ServiceProcess, start_service
 from services.runtime.redis_server import EmbeddedRedis
+from services.runtime.secrets import FleetSecrets
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class FleetConfig:
 @dataclass
 class Fleet:
     config: FleetConfig
-    admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(16))
+    secrets: FleetSecrets = field(default_factory=FleetSecrets.generate)
     redis: EmbeddedRedis | None = None
     redis_url: str = ""
     services: dict[str, ServiceProcess] = field(default_factory=dict)
@@ -60,9 +61,9 @@ class Fleet:
         if cfg.redis_url:
             self.redis_url = cfg.redis_url
         else:
-            self.redis = EmbeddedRedis(data_dir=cfg.work_dir / "redis")
+            self.redis = EmbeddedRedis(data_dir=cfg.work_dir / "redis", password=self.secrets.redis_password)
             self.redis_url = self.redis.start()
-        env = {"ROLLOUT_REDIS_URL": self.redis_url}  # the shared setting every service reads
+        env = {**self.secrets.env(), "ROLLOUT_REDIS_URL": self.redis_url}  # the shared settings every service reads
         for i in range(cfg.engines):
             self._start(f"engine-{i}", [
                 "engine", "--mode", cfg.engine_mode, "--model-path", str(cfg.model_dir), "--port", "{port}",
@@ -81,7 +82,7 @@ class Fleet:
         self._start("api", [
             "api", "--port", "{port}", "--broker-url", self.url("broker"),
             "--proxy-url", self.url("proxy"), "--tokenizer-path", str(cfg.model_dir),
-        ], {**env, "ROLLOUT_API_ADMIN_TOKEN": self.admin_token})  # fmt: skip
+        ], env)  # fmt: skip
         self._start("worker", [
             "worker", "--port", "{port}", "--proxy-url", self.url("proxy"),
             "--broker-url", self.url("broker"), "--model-path", str(cfg.model_dir),
@@ -97,14 +98,14 @@ class Fleet:
 
     def dashboard_url(self) -> str:
         """The dashboard with the admin token in the fragment (never sent to the server, never logged)."""
-        return f"{self.url('api')}/ui/#token={self.admin_token}"
+        return f"{self.url('api')}/ui/#token={self.secrets.admin_token}"
 
     def create_job(self, job: str, pool: str = DEFAULT_POOL) -> str:
         """Create ``job`` through the API; returns its bearer token."""
         response = httpx.post(
             self.url("api") + "/jobs",
             json={"job": job, "pool": pool},
-            headers={"Authorization": f"Bearer {self.admin_token}"},
+            headers={"Authorization": f"Bearer {self.secrets.admin_token}"},
             timeout=30,
         )
         response.raise_for_status()

@@ -61,7 +61,8 @@ def train(fleet: Fleet, opts: UpOptions, model_dir: Path, token: str) -> int:
     env = {
         "ROLLOUT_TRAIN_JOB": JOB, "ROLLOUT_TRAIN_REDIS_URL": fleet.redis_url,
         "ROLLOUT_TRAIN_API_URL": fleet.url("api"), "ROLLOUT_TRAIN_API_TOKEN": token,
-        "ROLLOUT_TRAIN_PROXY_URL": fleet.url("proxy"), "ROLLOUT_TRAIN_TASKS_PATH": str(tasks_path),
+        "ROLLOUT_TRAIN_PROXY_URL": fleet.url("proxy"), "ROLLOUT_TRAIN_PROXY_TOKEN": token,
+        "ROLLOUT_TRAIN_TASKS_PATH": str(tasks_path),
         "ROLLOUT_TRAIN_INIT_FROM": str(model_dir), "ROLLOUT_TRAIN_TOKENIZER_DIR": str(model_dir),
         "ROLLOUT_TRAIN_WORK_DIR": str(opts.work_dir / "trainer"), "ROLLOUT_TRAIN_MAX_STEPS": str(opts.steps),
         "ROLLOUT_TRAIN_GROUP_SIZE": str(opts.group_size), "ROLLOUT_TRAIN_BATCH_GROUPS": str(len(demo.PROMPTS)),

@@ -9,13 +9,16 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from services.llm_proxy.admin import Admin
+from services.llm_proxy.auth import ProxyAuth, authenticator
 from services.llm_proxy.calls import Forwarder
+from services.llm_proxy.errors import Handler, error_bodies
 from services.llm_proxy.fleet import FleetView
 from services.llm_proxy.gateway.metrics import GatewayMetrics
 from services.llm_proxy.gateway.service import Gateway
 from services.llm_proxy.health import HealthChecker
 from services.llm_proxy.membership import MembershipStore
 from services.llm_proxy.metrics import ProxyMetrics
+from services.llm_proxy.openapi import document
 from services.llm_proxy.responses import json_response
 from services.llm_proxy.settings import ProxySettings
 from services.llm_proxy.upstream import BackgroundTasks, EngineClient, create_session
@@ -25,6 +28,12 @@ from services.runtime.settings import RedisSettings
 
 VIEW = web.AppKey("view", FleetView)
 METRICS = web.AppKey("metrics", ProxyMetrics)
+AUTH = web.AppKey("auth", ProxyAuth)
+
+
+@web.middleware
+async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    return await request.app[AUTH].middleware(request, handler)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -35,6 +44,10 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=request.app[METRICS].render(), content_type="text/plain")
 
 
+async def openapi(request: web.Request) -> web.Response:
+    return json_response(document())
+
+
 async def models(request: web.Request) -> web.Response:
     """``/v1/models``: one model per pool (the OpenAI ``model`` field names the pool)."""
     pools = request.app[VIEW].fleet.pools
@@ -43,13 +56,15 @@ async def models(request: web.Request) -> web.Response:
 
 
 def create_app(settings: ProxySettings, redis_url: str) -> web.Application:
-    app = web.Application(client_max_size=1024**3)
+    authenticator(settings)  # no admin token and no development flag: refuse to start
+    app = web.Application(client_max_size=1024**3, middlewares=[error_bodies, authenticate])
     proxy_metrics = ProxyMetrics()
     app[METRICS] = proxy_metrics
     gateway_metrics = GatewayMetrics(proxy_metrics.registry)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/openapi.json", openapi)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         redis = open_redis(redis_url, RedisSettings())
@@ -57,6 +72,7 @@ def create_app(settings: ProxySettings, redis_url: str) -> web.Application:
         view = FleetView(store, settings.sync_interval_s, settings.eject_after_failures)
         await view.refresh()
         app[VIEW] = view
+        app[AUTH] = ProxyAuth(settings, redis, proxy_metrics)
         session = create_session(settings)
         background = BackgroundTasks()
         forwarder = Forwarder(settings, view, store, session, proxy_metrics, background)

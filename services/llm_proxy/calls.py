@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import random
 import secrets
 import time
@@ -28,6 +29,7 @@ from services.llm_proxy.metrics import ProxyMetrics
 from services.llm_proxy.responses import error_frame, error_response, json_response, read_body
 from services.llm_proxy.routing import Router
 from services.llm_proxy.settings import ProxySettings
+from services.llm_proxy.shapes import MAX_DEADLINE_S, check_shape, session_of
 from services.llm_proxy.upstream import JSON_HEADERS, NOT_ANSWERED, BackgroundTasks, EngineClient
 from services.protocol import ErrorCode, PlatformError
 from services.protocol import llm as h
@@ -105,17 +107,18 @@ class Forwarder:
         route = request.path
         parsed = await read_body(request)
         body = parsed.doc
+        check_shape(route, parsed)
         pool = self._pool_of(request, body, route)
         if route == GENERATE:
             self.guard.guard_generate(body, parsed.prompt_len)
         else:
             self.guard.guard_openai(body)
         body["rid"] = rid
-        session = request.headers.get(h.HEADER_SESSION) or body.pop(h.BODY_SESSION, None)
+        session = session_of(request, body)
         deadline_s = _deadline(request, self.settings.default_deadline_s)
         deadline_at = None if deadline_s is None else asyncio.get_running_loop().time() + deadline_s
         return Call(
-            route=route, pool=pool, body=parsed, rid=rid, session=None if session is None else str(session),
+            route=route, pool=pool, body=parsed, rid=rid, session=session,
             deadline_s=deadline_s, stream=bool(body.get("stream")), started=started, deadline_at=deadline_at,
         )  # fmt: skip
 
@@ -351,11 +354,12 @@ def _deadline(request: web.Request, default: float | None) -> float | None:
     try:
         value = float(raw)
     except ValueError:
+        value = math.nan
+    if not (0 < value <= MAX_DEADLINE_S):  # also refuses nan and inf
         raise PlatformError(
-            ErrorCode.VALIDATION_ERROR, f"{h.HEADER_DEADLINE} must be seconds", field="deadline"
-        ) from None
-    if value <= 0:
-        raise PlatformError(ErrorCode.VALIDATION_ERROR, f"{h.HEADER_DEADLINE} must be positive", field="deadline")
+            ErrorCode.VALIDATION_ERROR, f"{h.HEADER_DEADLINE} must be seconds in (0, {MAX_DEADLINE_S:g}]",
+            field=h.HEADER_DEADLINE,
+        )  # fmt: skip
     return value
 
 

@@ -54,6 +54,8 @@ class ProxyMetrics:
         )  # fmt: skip
         self.retries = Counter("rollout_proxy_retries", "Calls retried on another engine", ["engine"], registry=r)
         self.aborts = Counter("rollout_proxy_aborts", "Aborts sent to engines", ["reason"], registry=r)
+        # job names are admin-chosen, few and not secret (docs/security.md): fine as a label
+        self.job_calls = Counter("rollout_proxy_job_calls", "Data-plane calls by job", ["job"], registry=r)
         self.upstream_connections = Gauge(
             "rollout_proxy_upstream_connections", "Open upstream connections", registry=r, multiprocess_mode="livesum"
         )

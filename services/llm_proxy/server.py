@@ -19,6 +19,7 @@ from services.llm_proxy.app import create_app
 from services.llm_proxy.membership import MembershipStore
 from services.llm_proxy.settings import ProxySettings
 from services.runtime.logs import configure_logging
+from services.runtime.processes import die_with_parent
 from services.runtime.redis_pool import open_redis
 from services.runtime.redis_server import redis_url_or_embedded
 from services.runtime.settings import RedisSettings
@@ -41,10 +42,11 @@ async def serve_worker(settings: ProxySettings, redis_url: str) -> None:
     await runner.cleanup()
 
 
-def worker_main(settings: ProxySettings, redis_url: str) -> None:
-    """Entry point of one child process."""
+def worker_main(settings: ProxySettings, redis_url: str, parent_pid: int) -> None:
+    """Entry point of one child process; it ends when the parent dies (even by ``kill -9``)."""
     import uvloop  # comes with uvicorn[standard]
 
+    die_with_parent(parent_pid)
     configure_logging(settings.log_level)
     uvloop.run(serve_worker(settings, redis_url))
 
@@ -77,7 +79,7 @@ def run(settings: ProxySettings) -> int:
         ctx = multiprocessing.get_context("spawn")
 
         def start() -> BaseProcess:
-            proc = ctx.Process(target=worker_main, args=(settings, redis_url), daemon=True)
+            proc = ctx.Process(target=worker_main, args=(settings, redis_url, os.getpid()), daemon=True)
             proc.start()
             return proc
 

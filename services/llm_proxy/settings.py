@@ -8,10 +8,10 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from services.protocol.tasks import DEFAULT_POOL
-from services.runtime.settings import UsesRedis
+from services.runtime.settings import UsesAdminToken, UsesRedis, UsesServiceToken
 
 
-class ProxySettings(UsesRedis):
+class ProxySettings(UsesRedis, UsesAdminToken, UsesServiceToken):
     """Times are seconds, sizes tokens. ``engines``/``pools`` seed membership; the admin API changes it."""
 
     model_config = SettingsConfigDict(env_prefix="ROLLOUT_PROXY_")
@@ -23,6 +23,10 @@ class ProxySettings(UsesRedis):
     engines: str = ""  # "url,url,...": engines of ``pool``
     pool: str = DEFAULT_POOL  # the pool ``engines`` join
     pools: str = ""  # "pool=url,url;pool2=url": more pools
+    # authentication (docs/security.md): admin_token for /admin/*, service_token (the workers) and job tokens
+    # for the data plane, each a comma-separated list of tokens or ``sha256:<hex>`` (rotation)
+    require_token: bool = False  # data plane (/generate, /v1/*) needs a service, job or admin token
+    allow_anonymous: bool = False  # UNSAFE, development only: a call without a token acts as admin
     # context guard
     context_cap: int = Field(65_536, gt=1)  # prompt + new tokens, per call
     max_new_tokens_cap: int = Field(8_192, ge=1)  # new tokens per call

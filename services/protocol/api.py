@@ -20,12 +20,12 @@ from services.protocol.tasks import DEFAULT_POOL, Name
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class JobQuotas(_Model):
-    max_queued: int = Field(100_000, ge=1)  # work items waiting in the job's stream
-    max_in_flight: int = Field(10_000, ge=1)  # episodes running at once
+    max_queued: int = Field(100_000, ge=1, le=100_000_000)  # work items waiting in the job's stream
+    max_in_flight: int = Field(10_000, ge=1, le=10_000_000)  # episodes running at once
 
 
 class JobCreate(_Model):

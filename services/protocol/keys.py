@@ -36,6 +36,11 @@ def work_stream(job: str) -> str:
     return f"{_job(job)}:work"
 
 
+def dead_letters(job: str) -> str:
+    """Stream of work entries no worker could decode: the original fields, the reason, the entry id."""
+    return f"{_job(job)}:dead"
+
+
 def trajectory_stream(job: str) -> str:
     """Stream of finished trajectories for the job (see ``trajectory.to_stream_fields``)."""
     return f"{_job(job)}:traj"
@@ -44,6 +49,11 @@ def trajectory_stream(job: str) -> str:
 def rollout_record(job: str, rollout_id: str) -> str:
     """Hash: one rollout's request summary and counters."""
     return f"{_job(job)}:rollout:{rollout_id}"
+
+
+def rollout_tasks(job: str, rollout_id: str) -> str:
+    """Hash: task id -> :class:`~services.protocol.tasks.Task` JSON, once per rollout (work items name it)."""
+    return f"{_job(job)}:rollout:{rollout_id}:tasks"
 
 
 def rollout_index(job: str) -> str:

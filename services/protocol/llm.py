@@ -10,6 +10,7 @@ from __future__ import annotations
 HEADER_POOL = "X-Pool"  # which engine pool serves the call (/generate); OpenAI routes use ``model``
 HEADER_SESSION = "X-Session-Id"  # affinity key: a trajectory id keeps its engine (prefix cache)
 HEADER_DEADLINE = "X-Deadline-S"  # per-call budget in seconds; the proxy aborts the call after it
+HEADER_JOB = "X-Rollout-Job"  # the job a service-token call is made for (attribution); job tokens imply it
 
 # response headers (provenance: every answer says who produced it)
 HEADER_ENGINE = "X-Engine-Id"

@@ -19,9 +19,11 @@ from __future__ import annotations
 import ipaddress
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from services.protocol.tasks import Name
+from services.protocol.tasks import MAX_DISK_MB, MAX_MEMORY_MB, MAX_TIMEOUT_S, EnvKey, Name, Text
+
+Label = Annotated[str, StringConstraints(max_length=256, pattern=r"^[^\x00]*$")]
 
 
 def split_destination(entry: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, int | None]:
@@ -47,13 +49,13 @@ EgressDestination = Annotated[str, Field(max_length=64), AfterValidator(_destina
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # bounds: see services/protocol/tasks.py
 
 
 class Resources(_Model):
     cpus: float = Field(1.0, gt=0, le=64)
-    memory_mb: int = Field(2048, gt=0)
-    disk_mb: int = Field(10_240, gt=0)
+    memory_mb: int = Field(2048, gt=0, le=MAX_MEMORY_MB)
+    disk_mb: int = Field(10_240, gt=0, le=MAX_DISK_MB)
 
 
 class Template(_Model):
@@ -62,13 +64,13 @@ class Template(_Model):
     name: Name
     # the sandbox's root filesystem. docker: an image in the engine; e2b: a template id; local: a
     # name in the broker's image store (``rollout images import``) or an absolute path to an OCI
-    # image layout, a ``docker save``/OCI tar, or a root directory
-    image: str | None = None
+    # image layout, a ``docker save``/OCI tar, or a root directory (a path: inside template_roots)
+    image: Text | None = None
     host_usr: bool = False  # local + image: also bind the host's /usr read-only over the image's
-    rootfs: str | None = None  # local, no image: a host directory seeding /workspace (host /usr as root)
-    setup: list[str] = Field(default_factory=list)  # run once when a sandbox is created, before pooling
+    rootfs: Text | None = None  # local, no image: a host directory seeding /workspace, inside template_roots
+    setup: list[Text] = Field(default_factory=list)  # run once when a sandbox is created, before pooling
     resources: Resources = Field(default_factory=Resources)
-    warm_pool: int = Field(0, ge=0)  # sandboxes kept started and ready
+    warm_pool: int = Field(0, ge=0, le=10_000)  # sandboxes kept started and ready
     # destinations an egress sandbox may reach although they are private, link-local or the host's:
     # "10.1.2.0/24", "10.1.2.3:5432" (TCP and UDP to that port), "[fd00::1]:443"
     egress_allow: list[EgressDestination] = Field(default_factory=list, max_length=64)
@@ -79,9 +81,9 @@ class LeaseRequest(_Model):
 
     template: Name = "default"
     resources: Resources = Field(default_factory=Resources)
-    ttl_s: float = Field(600.0, gt=0, le=86_400)  # the lease dies unless renewed within this
-    job: Name = "default"
-    labels: dict[str, str] = Field(default_factory=dict)
+    ttl_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)  # the lease dies unless renewed within this
+    job: Name = "default"  # a job token's own job when left out
+    labels: dict[Label, Label] = Field(default_factory=dict, max_length=64)
     network: Literal["none", "egress"] = "none"
     wait_s: float = Field(30.0, ge=0, le=3_600)  # how long to queue for capacity before 429/503
 
@@ -102,19 +104,19 @@ class Lease(_Model):
 
 
 class RenewRequest(_Model):
-    ttl_s: float = Field(600.0, gt=0, le=86_400)
+    ttl_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)
 
 
 class ExecRequest(_Model):
     """Exactly one of ``argv`` and ``shell``."""
 
-    argv: list[str] | None = None
-    shell: str | None = None  # run with ``bash -lc`` (or ``sh -c`` where there is no bash)
-    timeout_s: float = Field(60.0, gt=0, le=86_400)
-    env: dict[str, str] = Field(default_factory=dict)
-    cwd: str | None = None  # default: the lease's workdir
+    argv: list[Text] | None = Field(None, min_length=1)
+    shell: Text | None = None  # run with ``bash -lc`` (or ``sh -c`` where there is no bash)
+    timeout_s: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S)
+    env: dict[EnvKey, Text] = Field(default_factory=dict)
+    cwd: Text | None = None  # default: the lease's workdir
     stdin: str | None = None
-    max_output_bytes: int = Field(1_000_000, ge=0)  # per stream; the rest is cut and flagged
+    max_output_bytes: int = Field(1_000_000, ge=0, le=64_000_000)  # per stream; the rest is cut and flagged
     # leave the command's background processes running after it ends (servers); docker only: on local
     # every command has its own pid namespace, so they always end with it
     keep_background: bool = False

@@ -2,13 +2,17 @@
 work item a worker takes from a job's work stream.
 
 Pydantic models: these cross the HTTP boundary, where validation errors must name the field.
+Every number is finite (NaN and infinities are refused) and bounded by the maximum written
+beside it; strings that reach a process (commands, paths, env) carry no NUL byte, and env keys
+are shell names (docs/security.md, "Input validation").
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from services.protocol.agents import AgentSpec, BashAgent
 
@@ -16,6 +20,16 @@ from services.protocol.agents import AgentSpec, BashAgent
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")]
 
 DEFAULT_POOL = "default"  # the proxy pool of a job that names none, and of engines seeded without one
+
+# Reaches a process (argv, shell, env value, path): no NUL byte, which no exec or open() can carry.
+Text = Annotated[str, StringConstraints(pattern=r"^[^\x00]*$")]
+EnvKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")]
+FilePath = Annotated[str, StringConstraints(min_length=1, max_length=4096, pattern=r"^[^\x00]*[^\x00/]$")]
+
+MAX_MEMORY_MB = 1_048_576  # 1 TiB
+MAX_DISK_MB = 1_048_576
+MAX_TIMEOUT_S = 86_400.0  # one day, for any single timeout or TTL
+MAX_TOKENS = 4_194_304  # per turn or per trajectory
 
 DEFAULT_MAX_TURNS = 80
 DEFAULT_MAX_TOKENS_PER_TURN = 8_192
@@ -25,7 +39,7 @@ DEFAULT_GROUP_SIZE = 8
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class SandboxSpec(_Model):
@@ -33,13 +47,13 @@ class SandboxSpec(_Model):
 
     template: Name = "default"  # a template registered with the broker
     cpus: float = Field(1.0, gt=0, le=64)
-    memory_mb: int = Field(2048, gt=0)
-    disk_mb: int = Field(10_240, gt=0)
+    memory_mb: int = Field(2048, gt=0, le=MAX_MEMORY_MB)
+    disk_mb: int = Field(10_240, gt=0, le=MAX_DISK_MB)
     network: Literal["none", "egress"] = "none"  # no network unless asked for
-    setup: list[str] = Field(default_factory=list)  # shell commands run before the agent's first turn
-    files: dict[str, str] = Field(default_factory=dict)  # path -> content written before setup
-    env: dict[str, str] = Field(default_factory=dict)  # every command, the agent's and the reward's
-    workdir: str | None = None  # where every command starts; None: the sandbox's (the image's WorkingDir)
+    setup: list[Text] = Field(default_factory=list, max_length=1_000)  # shell commands before the first turn
+    files: dict[FilePath, str] = Field(default_factory=dict)  # path -> content written before setup
+    env: dict[EnvKey, Text] = Field(default_factory=dict)  # every command, the agent's and the reward's
+    workdir: FilePath | None = None  # where every command starts; None: the sandbox's (the image's WorkingDir)
 
 
 class ScoredTests(_Model):
@@ -54,14 +68,14 @@ class ScoredTests(_Model):
 class RewardSpec(_Model):
     """How the episode is scored once the agent stops."""
 
-    command: str  # run in the sandbox; exit 0 -> 1.0 else 0.0, unless ``parse_float`` or ``tests``
+    command: Text  # run in the sandbox; exit 0 -> 1.0 else 0.0, unless ``parse_float`` or ``tests``
     parse_float: bool = False  # the last line of stdout is the reward (a float)
-    timeout_s: float = Field(600.0, gt=0)
-    files: dict[str, str] = Field(default_factory=dict)  # fresh test files written before the command
+    timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)
+    files: dict[FilePath, str] = Field(default_factory=dict)  # fresh test files written before the command
     # files read after the task's setup, before the agent's first turn, and put back (or removed, if
     # they did not exist) before scoring: the agent's changes to them never count
-    restore: list[str] = Field(default_factory=list, max_length=1_000)
-    setup: list[str] = Field(default_factory=list)  # run before ``command``; a failure is an infra error
+    restore: list[FilePath] = Field(default_factory=list, max_length=1_000)
+    setup: list[Text] = Field(default_factory=list)  # run before ``command``; a failure is an infra error
     tests: ScoredTests | None = None  # per-test scoring instead of the exit code
 
 
@@ -75,27 +89,37 @@ class Task(_Model):
     metadata: dict[str, Any] = Field(default_factory=dict)  # carried to the trajectory untouched
     agent: AgentSpec | None = None  # overrides the rollout request's agent for this task
 
+    @model_validator(mode="after")
+    def _no_path_climbs_out(self) -> Task:
+        """A file path the broker would refuse is the user's error now (400), not an infra error later."""
+        files = (("sandbox.files", self.sandbox.files), ("reward.files", self.reward.files))
+        for field, paths in (*files, ("reward.restore", self.reward.restore)):
+            for path in paths:
+                if ".." in path.split("/"):
+                    raise ValueError(f"{field}: {path!r} must not contain '..'")
+        return self
+
 
 class AgentLimits(_Model):
     """Caps of one episode; every one that stops a trajectory is named in it."""
 
     max_turns: int = Field(DEFAULT_MAX_TURNS, ge=1, le=10_000)
-    max_tokens_per_turn: int = Field(DEFAULT_MAX_TOKENS_PER_TURN, ge=1)
-    max_trajectory_tokens: int = Field(DEFAULT_MAX_TRAJECTORY_TOKENS, ge=16)
-    wall_clock_s: float = Field(3_600.0, gt=0)
-    command_timeout_s: float = Field(120.0, gt=0)
-    observation_max_bytes: int = Field(10_000, ge=256)  # command output shown to the model (head + tail)
+    max_tokens_per_turn: int = Field(DEFAULT_MAX_TOKENS_PER_TURN, ge=1, le=MAX_TOKENS)
+    max_trajectory_tokens: int = Field(DEFAULT_MAX_TRAJECTORY_TOKENS, ge=16, le=MAX_TOKENS)
+    wall_clock_s: float = Field(3_600.0, gt=0, le=7 * MAX_TIMEOUT_S)
+    command_timeout_s: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S)
+    observation_max_bytes: int = Field(10_000, ge=256, le=16_000_000)  # command output shown (head + tail)
 
 
 class SamplingParams(BaseModel):
     """SGLang sampling parameters. Unknown keys are passed to the engine untouched."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
 
-    temperature: float = Field(1.0, ge=0)
+    temperature: float = Field(1.0, ge=0, le=100)
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = -1
-    stop: list[str] = Field(default_factory=list)
+    top_k: int = Field(-1, ge=-1, le=1_000_000)
+    stop: list[str] = Field(default_factory=list, max_length=64)
 
 
 class RolloutOptions(_Model):
@@ -143,6 +167,29 @@ class WorkItem(_Model):
     priority: int = 0
     enqueued_at: float = 0.0  # unix seconds
     agent: AgentSpec = Field(default_factory=BashAgent)  # the task's agent, else the request's
+
+    def encode(self) -> bytes:
+        """The work stream's ``item`` field: everything but the task, named by ``task_id``. The task
+        is stored once per rollout (``keys.rollout_tasks``), so ``group_size`` copies cost no more
+        than their ids: a request's size in Redis stays a small multiple of its body."""
+        doc = self.model_dump(mode="json", exclude={"task"})
+        doc["task_id"] = self.task.id
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @staticmethod
+    def task_ref(raw: bytes) -> tuple[str, str]:
+        """``(rollout_id, task_id)`` of an encoded item; ValueError when it names none."""
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or not isinstance(doc.get("task_id"), str):
+            raise ValueError("the work item names no task")
+        return str(doc.get("rollout_id")), doc["task_id"]
+
+    @classmethod
+    def decode(cls, raw: bytes, task: Task) -> WorkItem:
+        """An encoded item with its task put back; pydantic's ValidationError (a ValueError) if invalid."""
+        doc = json.loads(raw)
+        doc.pop("task_id", None)
+        return cls.model_validate({**doc, "task": task})
 
     @staticmethod
     def make_trajectory_id(rollout_id: str, task_id: str, sample_index: int) -> str:

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.protocol.tasks import Name
+from services.protocol.tasks import MAX_TIMEOUT_S, Name, Text
 
 CHECKSUM_FILE = "CHECKSUM"  # in every export: the checksum of the other files, written last
 # An engine host's own route (not SGLang's): fetch an export from the weight store into local
@@ -39,14 +39,14 @@ class WeightUpdate(BaseModel):
     refuse a half-written or corrupted export before any engine switches.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     pool: Name
     version: str = Field(min_length=1, max_length=128)
-    location: str = Field(min_length=1)
-    checksum: str = Field(min_length=1)  # "sha256:<hex>" over the exported files
+    location: Text = Field(min_length=1, max_length=4096)
+    checksum: str = Field(min_length=1, max_length=256)  # "sha256:<hex>" over the exported files
     pause_mode: Literal["retract", "in_place", "abort"] = "retract"
-    hold_timeout_s: float = Field(300.0, gt=0)  # how long new calls may wait at the proxy
+    hold_timeout_s: float = Field(300.0, gt=0, le=MAX_TIMEOUT_S)  # how long new calls may wait at the proxy
 
 
 class EngineUpdateResult(BaseModel):

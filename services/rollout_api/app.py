@@ -34,7 +34,8 @@ def create_app(settings: ApiSettings, redis_url: str, redis_settings: RedisSetti
         async with httpx.AsyncClient() as http:
             app.state.ctx = ApiContext(
                 settings=settings, redis=redis, streams=streams, scripts=Scripts(redis), http=http,
-                templates=TemplateCatalog(settings.broker_url, settings.template_cache_s), metrics=metrics,
+                templates=TemplateCatalog(settings.broker_url, settings.template_cache_s, settings.client_token()),
+                metrics=metrics,
             )  # fmt: skip
             app.state.dashboard = dashboard.build(settings, redis, http)
             sampling = asyncio.create_task(app.state.dashboard.sampler.run(), name="dashboard-sampler")

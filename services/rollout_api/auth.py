@@ -5,15 +5,14 @@ Job tokens are stored as SHA-256 hashes (``keys.job_tokens``); the plain token i
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import secrets
 from dataclasses import dataclass
-from typing import Any
 
 from redis.asyncio import Redis
 
-from services.protocol import ErrorCode, PlatformError, keys
+from services.protocol import ErrorCode, PlatformError
+from services.runtime.auth import TokenSet, bearer, hash_token, job_of_token, new_secret
+
+__all__ = ["Caller", "hash_token", "new_token", "resolve_caller"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,24 +30,15 @@ class Caller:
 
 
 def new_token() -> str:
-    return "rjt_" + secrets.token_urlsafe(32)
+    return new_secret("rjt_")
 
 
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def bearer(header: str | None) -> str:
-    if not header or not header.lower().startswith("bearer ") or not header[7:].strip():
-        raise PlatformError(ErrorCode.UNAUTHORIZED, "missing bearer token")
-    return header[7:].strip()
-
-
-async def resolve_caller(redis: Redis, admin_token: str, header: str | None) -> Caller:
+async def resolve_caller(redis: Redis, admin_tokens: str, header: str | None) -> Caller:
+    """``admin_tokens``: comma-separated tokens or ``sha256:<hex>`` entries (several during a rotation)."""
     token = bearer(header)
-    if admin_token and hmac.compare_digest(token.encode(), admin_token.encode()):
+    if TokenSet.parse(admin_tokens).matches(token):
         return Caller(admin=True, job=None)
-    job: Any = await redis.hget(keys.job_tokens(), hash_token(token))
+    job = await job_of_token(redis, token)
     if job is None:
         raise PlatformError(ErrorCode.UNAUTHORIZED, "unknown token")
-    return Caller(admin=False, job=job.decode() if isinstance(job, bytes) else str(job))
+    return Caller(admin=False, job=job)

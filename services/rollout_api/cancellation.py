@@ -13,7 +13,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from services.protocol import Status, WorkItem, keys
+from services.protocol import Status, Task, WorkItem, keys
 from services.protocol.keys import WORKERS_GROUP
 from services.rollout_api.publishing import publish, trajectory_shell
 from services.rollout_api.redis_scripts import Scripts
@@ -37,6 +37,7 @@ async def drop_queued(redis: Redis, scripts: Scripts, job: str, rollout_id: str,
     stream = keys.work_stream(job)
     start = "(" + await last_delivered(redis, job)
     dropped = 0
+    tasks: dict[str, Task] = {}
     while True:
         entries: Any = await redis.xrange(stream, min=start, max="+", count=PAGE)
         if not entries:
@@ -44,12 +45,25 @@ async def drop_queued(redis: Redis, scripts: Scripts, job: str, rollout_id: str,
         for entry_id, fields in entries:
             if fields.get(b"rollout", b"").decode() != rollout_id:
                 continue
-            item = WorkItem.model_validate_json(fields[b"item"])
+            try:
+                item = await _decode(redis, job, fields[b"item"], tasks)
+            except (KeyError, ValueError):
+                continue  # undecodable: the workers move it to the dead letters
             await redis.xdel(stream, entry_id)
             traj = trajectory_shell(item, 1, Status.CANCELLED)
             if await publish(scripts, traj, maxlen=maxlen, ran=False) is not None:
                 dropped += 1
         start = "(" + entries[-1][0].decode()
+
+
+async def _decode(redis: Redis, job: str, raw: bytes, tasks: dict[str, Task]) -> WorkItem:
+    rollout_id, task_id = WorkItem.task_ref(raw)
+    if task_id not in tasks:
+        stored: Any = await redis.hget(keys.rollout_tasks(job, rollout_id), task_id)
+        if stored is None:
+            raise KeyError(task_id)
+        tasks[task_id] = Task.model_validate_json(stored)
+    return WorkItem.decode(raw, tasks[task_id])
 
 
 async def cancel_rollout(redis: Redis, scripts: Scripts, job: str, rollout_id: str, *, maxlen: int) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 from services.protocol import ErrorCode, PlatformError, RolloutRequest
 from services.protocol.api import RolloutAccepted, RolloutStatus
@@ -15,6 +16,7 @@ from services.rollout_api.jobs import job_or_404
 from services.rollout_api.stats import rollout_status
 from services.rollout_api.submission import admit, job_of, parse, read_body
 from services.rollout_api.swebench import to_rollout_request
+from services.runtime.http_errors import validation_error
 
 router = APIRouter()
 
@@ -38,7 +40,12 @@ async def submit_rollout(request: Request, ctx: Ctx, caller: AuthCaller) -> JSON
 @router.post("/rollouts/swebench", status_code=202, response_model=RolloutAccepted)
 async def submit_swebench(request: Request, ctx: Ctx, caller: AuthCaller) -> JSONResponse:
     body = await read_body(request, ctx.settings.max_body_bytes)
-    return await _submit(ctx, caller, to_rollout_request(parse(SweBenchRolloutRequest, body)))
+    swe = parse(SweBenchRolloutRequest, body)
+    try:
+        converted = to_rollout_request(swe)
+    except ValidationError as exc:  # an instance that makes no valid task is the caller's error
+        raise validation_error(exc) from None
+    return await _submit(ctx, caller, converted)
 
 
 async def _status_or_404(ctx: ApiContext, caller: Caller, rollout_id: str) -> RolloutStatus:

@@ -7,10 +7,10 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from services.runtime.settings import UsesAdminToken, UsesRedis
+from services.runtime.settings import UsesAdminToken, UsesRedis, UsesServiceToken
 
 
-class ApiSettings(UsesRedis, UsesAdminToken):
+class ApiSettings(UsesRedis, UsesAdminToken, UsesServiceToken):
     """``ROLLOUT_API_*``: the rollout API process."""
 
     model_config = SettingsConfigDict(env_prefix="ROLLOUT_API_")
@@ -37,7 +37,7 @@ class ApiSettings(UsesRedis, UsesAdminToken):
     dashboard_history_s: float = 3600.0  # how much history is kept
 
 
-class WorkerSettings(UsesRedis):
+class WorkerSettings(UsesRedis, UsesServiceToken):
     """``ROLLOUT_WORKER_*``: one rollout worker process."""
 
     model_config = SettingsConfigDict(env_prefix="ROLLOUT_WORKER_")
@@ -67,5 +67,7 @@ class WorkerSettings(UsesRedis):
     llm_timeout_s: float = 600.0  # per LLM call (also sent as X-Deadline-S)
     broker_timeout_s: float = 60.0  # HTTP overhead allowed on top of a command's own timeout
     trajectory_stream_maxlen: int = 100_000  # XADD MAXLEN ~ of each job's trajectory stream
+    outage_budget_s: float = Field(600.0, ge=0)  # how long episodes are held while the proxy or broker is down
+    probe_interval_s: float = Field(1.0, gt=0)  # health probe of a service that did not answer
     shutdown_grace_s: float = 30.0  # on SIGTERM, running episodes get this long before being handed back
     keep_messages: bool = True  # put readable messages in trajectories

@@ -98,7 +98,7 @@ def work_items(request: RolloutRequest, rollout_id: str, pool: str, now: float) 
                 enqueued_at=now,
                 agent=task.agent or request.agent,
             )
-            items.append((item.trajectory_id, item.model_dump_json().encode()))
+            items.append((item.trajectory_id, item.encode()))
     return items
 
 
@@ -115,10 +115,18 @@ async def admit(ctx: ApiContext, request: RolloutRequest, job: JobRecord) -> Rol
         "group_size": str(request.group_size),
         "idempotency_key": request.idempotency_key or "",
     }
-    admitted = await ctx.scripts.admit(
-        request.job, rollout_id, request.idempotency_key, record, items,
-        now=now, idempotency_ttl_s=ctx.settings.idempotency_ttl_s,
-    )  # fmt: skip
+    tasks_key = keys.rollout_tasks(request.job, rollout_id)
+    stored: dict[Any, Any] = {task.id: task.model_dump_json() for task in request.tasks}
+    await ctx.redis.hset(tasks_key, mapping=stored)  # before the items that name them
+    admitted: Admitted | None = None
+    try:
+        admitted = await ctx.scripts.admit(
+            request.job, rollout_id, request.idempotency_key, record, items,
+            now=now, idempotency_ttl_s=ctx.settings.idempotency_ttl_s,
+        )  # fmt: skip
+    finally:
+        if admitted is None or admitted.outcome != 1:  # refused, a duplicate, or failed
+            await ctx.redis.delete(tasks_key)
     return await _answer(ctx, request, job, admitted, len(items))
 
 

@@ -34,7 +34,7 @@ def template_for(image: str | None, default: str = "default") -> str:
     """A broker template name for a container image ("swebench/sweb.eval.x86_64.x:latest" -> a Name)."""
     if not image:
         return default
-    name = re.sub(r"[^A-Za-z0-9_.\-]", "-", image.rsplit("/", 1)[-1]).strip("-.")
+    name = re.sub(r"[^A-Za-z0-9_.\-]", "-", image.rsplit("/", 1)[-1]).strip("-._")  # a Name starts alphanumeric
     return name[:128] or default
 
 

@@ -14,8 +14,9 @@ class TemplateCatalog:
     """``GET {broker}/templates``, reused for ``ttl_s``. Unknown (None) when no broker is configured
     or it cannot be reached: then nothing is rejected here and the worker reports the failure."""
 
-    def __init__(self, broker_url: str | None, ttl_s: float) -> None:
+    def __init__(self, broker_url: str | None, ttl_s: float, token: str = "") -> None:
         self._url = broker_url.rstrip("/") if broker_url else None
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._ttl_s = ttl_s
         self._names: frozenset[str] | None = None
         self._fetched_at = 0.0
@@ -26,7 +27,7 @@ class TemplateCatalog:
         if self._names is not None and time.monotonic() - self._fetched_at < self._ttl_s:
             return self._names
         try:
-            response = await client.get(f"{self._url}/templates", timeout=5.0)
+            response = await client.get(f"{self._url}/templates", timeout=5.0, headers=self._headers)
             response.raise_for_status()
             self._names = frozenset(str(t["name"]) for t in response.json())
             self._fetched_at = time.monotonic()

@@ -5,6 +5,7 @@ Used by ``rollout up`` (the whole fleet on one machine) and by the tests."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import httpx
 from services.runtime.net import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout (children import its code)
+PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -62,6 +64,17 @@ def stop_group(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+
+
+def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> None:
+    """Have the kernel send ``sig`` to this process when its parent dies, ``kill -9`` included
+    (Linux ``PR_SET_PDEATHSIG``); if the parent is already gone, send it now. Without this, the
+    workers of a killed parent keep serving its port beside the parent's replacement."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), sig)
 
 
 def python_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

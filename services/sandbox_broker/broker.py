@@ -117,7 +117,7 @@ class Broker:
 
     async def _sandbox_for(self, lease_id: str, template: Template, request: LeaseRequest) -> tuple[Sandbox, bool]:
         if request.network == "none" and request.resources == template.resources:
-            pooled = await self.pools.take(PoolKey.of(template.name, template.resources))
+            pooled = self.pools.take(PoolKey.of(template.name, template.resources))
             if pooled is not None:
                 return pooled, True
         labels = {LABEL_BROKER: self.instance, LABEL_LEASE: lease_id, LABEL_JOB: request.job,
@@ -223,4 +223,5 @@ class Broker:
             raise
         except (OSError, ConnectionError, TimeoutError) as exc:
             log.exception("%s backend call failed", self.backend.name)
-            raise PlatformError(ErrorCode.TRANSPORT_ERROR, f"{self.backend.name} backend: {exc}") from exc
+            message = f"{self.backend.name} backend: {type(exc).__name__}"  # details (host paths) only in the log
+            raise PlatformError(ErrorCode.TRANSPORT_ERROR, message) from exc

@@ -1,11 +1,17 @@
 """Warm pools per (template, resources, network): ready sandboxes kept at a target size by a
-background refill, handed out after a liveness check, cold start when a pool is empty."""
+background refill, cold start when a pool is empty.
+
+Handing out a warm sandbox is a pop from a deque: no process, no I/O. Liveness is checked in the
+background (every ``LIVENESS_S``), and the refill target follows demand: at least the template's
+``warm_pool``, more when the observed lease rate times the observed create time says the pool
+would run dry before a refill lands (up to ``MAX_GROWTH`` x the target)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -20,7 +26,10 @@ log = logging.getLogger(__name__)
 REFILL_PARALLEL = 4  # creates in flight per pool
 RETRY_S = 2.0  # after a failed create
 KEEPALIVE_S = 30.0  # how often pooled sandboxes are told they are still wanted (E2B timeouts)
+LIVENESS_S = 5.0  # how often pooled sandboxes are checked in the background
 POOL_TTL_S = 300.0
+RATE_WINDOW_S = 30.0  # lease rate observed over this window
+MAX_GROWTH = 4  # the demand-driven target is at most this many times the configured one
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +60,22 @@ Create = Callable[[PoolKey], Awaitable[Sandbox]]
 @dataclass(eq=False)
 class Pool:
     key: PoolKey
-    target: int
+    target: int  # configured (the template's warm_pool)
     ready: deque[Sandbox] = field(default_factory=deque)
     creating: int = 0
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    taken_at: deque[float] = field(default_factory=deque)  # monotonic times of recent takes
+    create_s: float = 1.0  # moving average of one create
+
+    def demand(self, now: float) -> int:
+        """The size to keep: the configured target, or what the observed lease rate needs while a
+        refill is on its way (twice the lease rate times the create time), whichever is larger."""
+        while self.taken_at and now - self.taken_at[0] > RATE_WINDOW_S:
+            self.taken_at.popleft()
+        rate = len(self.taken_at) / RATE_WINDOW_S
+        needed = math.ceil(2 * rate * self.create_s)
+        return max(self.target, min(needed, MAX_GROWTH * self.target))
 
 
 class Pools:
@@ -81,26 +101,31 @@ class Pools:
         self.metrics.pool_target.labels(key.label).set(pool.target)
         pool.wake.set()
 
-    async def take(self, key: PoolKey) -> Sandbox | None:
-        """A live pooled sandbox, or None (cold start)."""
+    def take(self, key: PoolKey) -> Sandbox | None:
+        """A pooled sandbox (checked alive in the background), or None (cold start). No I/O."""
         pool = self._pools.get(key)
         if pool is None:
             return None
-        while pool.ready:
-            sandbox = pool.ready.popleft()
-            self._lent.add(sandbox.sandbox_id)
-            self._observe(pool)
-            pool.wake.set()
-            if await self.backend.alive(sandbox.sandbox_id):
-                self.metrics.pool_hits.labels(key.label).inc()
-                return sandbox
-            self.metrics.pool_dead.labels(key.label).inc()
-            self.settled(sandbox.sandbox_id)
-            task = asyncio.get_running_loop().create_task(self.backend.destroy(sandbox.sandbox_id))
-            self._destroying.add(task)  # keep a reference until it is done
-            task.add_done_callback(self._destroying.discard)
-        self.metrics.pool_misses.labels(key.label).inc()
-        return None
+        pool.taken_at.append(time.monotonic())
+        pool.wake.set()
+        if not pool.ready:
+            self.metrics.pool_misses.labels(key.label).inc()
+            return None
+        sandbox = pool.ready.popleft()
+        self._lent.add(sandbox.sandbox_id)
+        self._observe(pool)
+        self.metrics.pool_hits.labels(key.label).inc()
+        return sandbox
+
+    def _discard(self, pool: Pool, sandbox: Sandbox) -> None:
+        """Drop a dead pooled sandbox and destroy what is left of it in the background."""
+        with contextlib.suppress(ValueError):
+            pool.ready.remove(sandbox)
+        self.metrics.pool_dead.labels(pool.key.label).inc()
+        task = asyncio.get_running_loop().create_task(self.backend.destroy(sandbox.sandbox_id))
+        self._destroying.add(task)  # keep a reference until it is done
+        task.add_done_callback(self._destroying.discard)
+        self._observe(pool)
 
     def settled(self, sandbox_id: str) -> None:
         """The sandbox now belongs to a recorded lease (or was destroyed)."""
@@ -132,30 +157,42 @@ class Pools:
         await asyncio.gather(*(self.backend.destroy(i) for i in doomed), return_exceptions=True)
 
     async def _refill(self, pool: Pool) -> None:
-        last_keepalive = time.monotonic()
+        last_keepalive = last_check = time.monotonic()
         while not self._closed:
-            missing = pool.target - len(pool.ready) - pool.creating
+            missing = pool.demand(time.monotonic()) - len(pool.ready) - pool.creating
             if missing > 0:
                 await asyncio.gather(*(self._add(pool) for _ in range(min(missing, REFILL_PARALLEL))))
                 continue
-            if time.monotonic() - last_keepalive > KEEPALIVE_S:
-                last_keepalive = time.monotonic()
+            now = time.monotonic()
+            if now - last_check > LIVENESS_S:
+                last_check = now
+                await self._check_liveness(pool)
+            if now - last_keepalive > KEEPALIVE_S:
+                last_keepalive = now
                 await self._keepalive(pool)
             pool.wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(pool.wake.wait(), KEEPALIVE_S)
+                await asyncio.wait_for(pool.wake.wait(), LIVENESS_S)
+
+    async def _check_liveness(self, pool: Pool) -> None:
+        for sandbox in list(pool.ready):
+            if not await self.backend.alive(sandbox.sandbox_id):
+                log.warning("warm pool %s: %s is gone; dropping it", pool.key.label, sandbox.sandbox_id)
+                self._discard(pool, sandbox)
 
     async def _add(self, pool: Pool) -> None:
         pool.creating += 1
+        started = time.monotonic()
         try:
             sandbox = await self.create(pool.key)
+            pool.create_s = 0.8 * pool.create_s + 0.2 * (time.monotonic() - started)
         except Exception:
             log.exception("warm pool %s: create failed; retrying in %.0fs", pool.key.label, RETRY_S)
             await asyncio.sleep(RETRY_S)
             return
         finally:
             pool.creating -= 1
-        if self._closed or len(pool.ready) >= pool.target:
+        if self._closed or len(pool.ready) >= pool.demand(time.monotonic()):
             await self.backend.destroy(sandbox.sandbox_id)
             return
         pool.ready.append(sandbox)

@@ -9,12 +9,12 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from services.runtime.settings import UsesRedis
+from services.runtime.settings import UsesAdminToken, UsesRedis, UsesServiceToken
 
 BackendName = Literal["local", "docker", "e2b"]
 
 
-class BrokerSettings(UsesRedis):
+class BrokerSettings(UsesRedis, UsesAdminToken, UsesServiceToken):
     """Built once in ``main()`` and passed down."""
 
     model_config = SettingsConfigDict(env_prefix="ROLLOUT_BROKER_")
@@ -26,6 +26,13 @@ class BrokerSettings(UsesRedis):
     redis_connections: int = Field(1024, gt=0)  # pool size; requests wait for a free connection past it
     instance: str = ""  # replica name, stable across restarts; default "<hostname>:<port>"
     allow_unisolated: bool = False  # UNSAFE: run local sandboxes without namespaces if bwrap fails
+
+    # authentication (docs/security.md): admin_token (operators: templates, every lease), service_token
+    # (workers and the API: every job's leases, no templates), job tokens from Redis (their own leases);
+    # each setting a comma-separated list of tokens or ``sha256:<hex>`` of them (rotation)
+    allow_anonymous: bool = False  # UNSAFE, development only: a call without a token acts as admin
+    template_roots: str = ""  # ":"-separated directories a template's ``rootfs`` may come from
+    template_images: str = ""  # ","-separated image prefixes a template's ``image`` must start with; "" = any
 
     # local backend
     state_dir: Path = Path("/tmp/rollout-broker")  # sandboxes' workspaces (shared by replicas on a host)

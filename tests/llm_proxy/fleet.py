@@ -11,6 +11,9 @@ import httpx
 from services.runtime.net import free_port_range
 from tests.support.processes import ServiceProcess, start_service
 
+# The proxy tests are about routing and weights, not tokens: development mode (no token = admin).
+# tests/llm_proxy/test_auth.py starts proxies with real tokens.
+DEV_ENV = {"ROLLOUT_PROXY_ALLOW_ANONYMOUS": "true"}
 FAST_ENGINE = ("--decode-step-s", "0.005", "--output-tokens", "8", "--weight-load-s", "0.2")
 
 
@@ -31,7 +34,7 @@ def start_proxy(log_dir: Path, redis_url: str, engines: Sequence[str], *extra: s
     return start_service(
         ["-m", "services.cli", "proxy", "--port", "{port}", "--workers", "2", "--engines", ",".join(engines),
          "--health-interval-s", "0.2", "--eject-after-failures", "2", *extra],
-        log_dir=log_dir, name="proxy", env={"ROLLOUT_REDIS_URL": redis_url},
+        log_dir=log_dir, name="proxy", env={"ROLLOUT_REDIS_URL": redis_url, **DEV_ENV},
     )  # fmt: skip
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from services.llm_proxy.routing import affinity_score
 from services.protocol import llm as h
-from tests.llm_proxy.fleet import engine_states, generate, start_engines, start_proxy, wait_until
+from tests.llm_proxy.fleet import DEV_ENV, engine_states, generate, start_engines, start_proxy, wait_until
 from tests.support.processes import ServiceProcess, start_service
 
 pytestmark = pytest.mark.e2e
@@ -39,7 +39,7 @@ def test_killed_engine_is_retried_ejected_and_rejoins(tmp_path: Path, redis_url:
         proxy = start_service(
             ["-m", "services.cli", "proxy", "--port", "{port}", "--workers", "2", "--engines", ",".join(urls),
              "--health-interval-s", "1.0", "--eject-after-failures", "3"],
-            log_dir=logs, name="proxy", env={"ROLLOUT_REDIS_URL": redis_url},
+            log_dir=logs, name="proxy", env={"ROLLOUT_REDIS_URL": redis_url, **DEV_ENV},
         )  # fmt: skip
         ids = [u[len("http://") :] for u in urls]
         victim_id = ids[2]

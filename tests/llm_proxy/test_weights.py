@@ -13,7 +13,7 @@ import pytest
 
 from services.protocol import llm as h
 from services.protocol.weights import WeightUpdate, WeightUpdateResult
-from tests.llm_proxy.fleet import engine_states, generate, start_engines, start_proxy, wait_until
+from tests.llm_proxy.fleet import DEV_ENV, engine_states, generate, start_engines, start_proxy, wait_until
 from tests.support.processes import ServiceProcess, start_service
 
 pytestmark = pytest.mark.e2e
@@ -120,7 +120,7 @@ def test_pools_are_separate_and_a_moved_engine_loads_the_target_weights(tmp_path
         proxy = start_service(
             ["-m", "services.cli", "proxy", "--port", "{port}", "--workers", "2",
              "--pools", f"a={urls[0]},{urls[1]};b={urls[2]}"],
-            log_dir=logs, name="proxy", env={"ROLLOUT_REDIS_URL": redis_url},
+            log_dir=logs, name="proxy", env={"ROLLOUT_REDIS_URL": redis_url, **DEV_ENV},
         )  # fmt: skip
         body = {"input_ids": [1], "sampling_params": {"max_new_tokens": 1}}
         update = {"pool": "b", "version": "b-7", "location": str(tmp_path), "checksum": "sha256:00"}

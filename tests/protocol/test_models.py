@@ -62,6 +62,8 @@ def test_work_item_round_trips_through_json() -> None:
         task=task, group_id=WorkItem.make_group_id("r1", "t1"), sample_index=2, group_size=4,
     )  # fmt: skip
     assert WorkItem.model_validate_json(item.model_dump_json()) == item
+    assert WorkItem.decode(item.encode(), item.task) == item and b"prompt" not in item.encode()
+    assert WorkItem.task_ref(item.encode()) == (item.rollout_id, item.task.id)
     assert item.trajectory_id == "r1:t1:2"
 
 

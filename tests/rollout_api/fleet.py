@@ -4,6 +4,7 @@ LLM proxy, the sandbox broker (local backend), the rollout API, workers."""
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,9 +15,11 @@ import httpx
 import redis
 
 from services.protocol import Trajectory, from_stream_fields, keys
+from services.runtime.secrets import FleetSecrets
 from tests.support.processes import ServiceProcess, start_service
 
 ADMIN = "e2e-admin"
+SECRETS = FleetSecrets(admin_token=ADMIN, service_token="e2e-service", redis_password="")  # every service authenticates
 SUBMIT = "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"
 
 # Fast liveness settings so that reclaim, cancellation and retries happen within seconds.
@@ -55,7 +58,7 @@ class Fleet:
         ]  # fmt: skip
         if jobs:
             args += ["--jobs", ",".join(jobs)]
-        worker = start_service(args, log_dir=self.logs, env={**WORKER_ENV, **env}, name="worker")
+        worker = start_service(args, log_dir=self.logs, env={**SECRETS.env(), **WORKER_ENV, **env}, name="worker")
         self.workers.append(worker)
         return worker
 
@@ -141,7 +144,7 @@ def start_fleet(redis_url: str, script: Path, model_path: Path, logs: Path, stat
                 "--engines", engines["default"].url, "--pools", f"llmfail={engines['llmfail'].url}",
                 "--context-cap", "4000", "--health-interval-s", "0.5", "--eject-after-failures", "1",
             ],
-            log_dir=logs, env={"ROLLOUT_REDIS_URL": redis_url}, name="proxy",
+            log_dir=logs, env={**SECRETS.env(), "ROLLOUT_REDIS_URL": redis_url}, name="proxy",
         )  # fmt: skip
         started.append(proxy)
         broker = start_service(
@@ -149,7 +152,7 @@ def start_fleet(redis_url: str, script: Path, model_path: Path, logs: Path, stat
                 "-m", "services.cli", "broker", "--port", "{port}", "--backend", "local",
                 "--redis-url", redis_url, "--state-dir", str(state_dir),
             ],
-            log_dir=logs, name="broker",
+            log_dir=logs, env={**SECRETS.env(), "ROLLOUT_BROKER_TEMPLATE_ROOTS": tempfile.gettempdir()}, name="broker",
         )  # fmt: skip
         started.append(broker)
         api = start_service(
@@ -157,7 +160,7 @@ def start_fleet(redis_url: str, script: Path, model_path: Path, logs: Path, stat
                 "-m", "services.cli", "api", "--port", "{port}", "--redis-url", redis_url, "--broker-url", broker.url,
                 "--proxy-url", proxy.url, "--tokenizer-path", str(model_path),
             ],
-            log_dir=logs, env={"ROLLOUT_API_ADMIN_TOKEN": ADMIN, "ROLLOUT_API_DASHBOARD_SAMPLE_S": "1"}, name="api",
+            log_dir=logs, env={**SECRETS.env(), "ROLLOUT_API_DASHBOARD_SAMPLE_S": "1"}, name="api",
         )  # fmt: skip
     except BaseException:
         for service in started:

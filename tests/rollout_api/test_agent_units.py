@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 import pytest
 
 from services.protocol.sandboxes import ExecResult
@@ -15,6 +16,7 @@ from services.rollout_api.worker.clients import parse_generation
 from services.rollout_api.worker.conversation import SUBMIT_COMMAND, observation, parse_action, truncate_middle
 from services.rollout_api.worker.reward import parse_reward
 from services.rollout_api.worker.tokenization import ChatTokenizer
+from services.rollout_api.worker.tokens import TokenBuffer
 from services.runtime.tokenizer import write_tokenizer_dir
 
 
@@ -123,3 +125,14 @@ def test_parse_generation_reads_sglang_answers() -> None:
     assert generation.cached_tokens == 4
     bare = parse_generation({"output_ids": [1, 2], "meta_info": {"finish_reason": "length"}}, {"X-Engine-Id": "e2"})
     assert (bare.logprobs, bare.finish_reason, bare.engine_id) == ([0.0, 0.0], "length", "e2")
+
+
+def test_the_context_json_grows_with_the_buffer() -> None:
+    buffer = TokenBuffer()
+    assert orjson.loads(buffer.context_json()) == []
+    buffer.set_prompt([1, 2, 3])
+    buffer.add_generated([4, 5], [-0.1, -0.2])
+    buffer.add_observation([])
+    buffer.add_observation([6])
+    buffer.add_generated([], [])
+    assert orjson.loads(buffer.context_json()) == buffer.context() == [1, 2, 3, 4, 5, 6]

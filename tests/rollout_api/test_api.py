@@ -12,7 +12,7 @@ import httpx
 import pytest
 import redis
 
-from services.protocol import Status, WorkItem, from_stream_fields, keys
+from services.protocol import Status, Task, WorkItem, from_stream_fields, keys
 from services.runtime.redis_server import EmbeddedRedis
 from tests.support.processes import ServiceProcess, start_service
 
@@ -29,6 +29,13 @@ def api(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -
     )  # fmt: skip
     yield service
     service.stop()
+
+
+def stored_item(client: redis.Redis, job: str, raw: bytes) -> WorkItem:
+    """A work entry with its task, which the rollout stores once (``keys.rollout_tasks``)."""
+    rollout_id, task_id = WorkItem.task_ref(raw)
+    task: Any = client.hget(keys.rollout_tasks(job, rollout_id), task_id)
+    return WorkItem.decode(raw, Task.model_validate_json(task))
 
 
 def auth(token: str) -> dict[str, str]:
@@ -82,7 +89,7 @@ def test_submit_queues_every_item_before_answering_and_is_idempotent(
     answer = first.json()
     assert (answer["tasks"], answer["trajectories"], answer["duplicate"]) == (3, 12, False)
     entries: Any = redis_client.xrange(keys.work_stream("train"))
-    items = [WorkItem.model_validate_json(fields[b"item"]) for _, fields in entries]
+    items = [stored_item(redis_client, "train", fields[b"item"]) for _, fields in entries]
     assert len(items) == 12
     assert {(i.task.id, i.sample_index) for i in items} == {(t, s) for t in "abc" for s in range(4)}
     assert {i.rollout_id for i in items} == {answer["rollout_id"]}
@@ -173,7 +180,7 @@ def test_swebench_instances_become_tasks(client: httpx.Client, redis_client: red
     response = client.post("/rollouts/swebench", json=body, headers=auth(token))
     assert response.status_code == 202, response.text
     entries: Any = redis_client.xrange(keys.work_stream("swe"))
-    items = [WorkItem.model_validate_json(f[b"item"]) for _, f in entries]
+    items = [stored_item(redis_client, "swe", f[b"item"]) for _, f in entries]
     assert len(items) == 2
     item_task = items[0].task
     assert item_task.id == "astropy__astropy-12907"

@@ -13,14 +13,17 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
-from services.protocol import Cap, Status, Trajectory, trajectory_from_json
+from services.protocol import Cap, Status, Trajectory, keys, trajectory_from_json
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.tokenizer import write_tokenizer_dir
 from tests.rollout_api.fleet import (
+    ADMIN,
     SUBMIT,
     Fleet,
+    bearer,
     create_job,
     start_fleet,
     submit,
@@ -198,7 +201,7 @@ def test_engine_killed_mid_episode_is_an_infra_error(fleet: Fleet, client: httpx
 
 
 def kill_sandbox_of(fleet: Fleet, job: str) -> None:
-    with httpx.Client(base_url=fleet.broker.url, timeout=10.0) as broker:
+    with httpx.Client(base_url=fleet.broker.url, timeout=10.0, headers=bearer(ADMIN)) as broker:
         leases = wait_for(f"a sandbox of {job}", lambda: broker.get("/leases", params={"job": job}).json())
         assert broker.delete(f"/leases/{leases[0]['id']}").status_code in (200, 204)
 
@@ -245,7 +248,7 @@ def test_cancel_stops_running_and_drops_queued(fleet: Fleet, client: httpx.Clien
     assert (answer["cancelled"], answer["queued"]) == (True, 0)
     wait_finished(client, headers, rollout)
     assert [t.status for t in trajectories(fleet.redis_url, "cancel")] == [Status.CANCELLED] * 6
-    with httpx.Client(base_url=fleet.broker.url, timeout=10.0) as broker:
+    with httpx.Client(base_url=fleet.broker.url, timeout=10.0, headers=bearer(ADMIN)) as broker:
         wait_for("sandboxes released", lambda: broker.get("/leases", params={"job": "cancel"}).json() == [])
 
 
@@ -289,7 +292,7 @@ def test_graceful_shutdown_hands_episodes_back(fleet: Fleet, client: httpx.Clien
     rollout = submit(client, headers, body)
     wait_for("episodes to run", lambda: client.get(f"/rollouts/{rollout}", headers=headers).json()["in_flight"] == 2)
     leaving.stop()
-    with httpx.Client(base_url=fleet.broker.url, timeout=10.0) as broker:
+    with httpx.Client(base_url=fleet.broker.url, timeout=10.0, headers=bearer(ADMIN)) as broker:
         assert broker.get("/leases", params={"job": "drain"}).json() == []
     status = client.get(f"/rollouts/{rollout}", headers=headers).json()
     assert (status["queued"], status["in_flight"], status["finished"]) == (2, 0, 0)
@@ -299,3 +302,19 @@ def test_graceful_shutdown_hands_episodes_back(fleet: Fleet, client: httpx.Clien
     assert {(t.status, t.truncation, t.attempt) for t in found} == {(Status.TRUNCATED, Cap.TURNS, 1)}
     job = client.get("/jobs/drain", headers=headers).json()
     assert (job["queue_depth"], job["in_flight"], job["finished"]) == (0, 0, 2)
+
+
+def test_an_undecodable_item_goes_to_the_dead_letters(fleet: Fleet, client: httpx.Client) -> None:
+    """Never retried forever, never blocking: the rollout queued after it finishes (issue 9)."""
+    headers = create_job(client, "dead")
+    raw = redis.Redis.from_url(fleet.redis_url)
+    try:
+        raw.xadd(keys.work_stream("dead"), {"item": b'{"limits": {"wall_clock_s": null}}', "rollout": b"x"})
+        fleet.start_worker(jobs=["dead"], concurrency=2)
+        rollout = submit(client, headers, {"job": "dead", "tasks": [task("q", "TASK-QUICK")], "group_size": 1})
+        wait_finished(client, headers, rollout)
+        dead: Any = raw.xrange(keys.dead_letters("dead"))
+    finally:
+        raw.close()
+    assert len(dead) == 1 and b"task" in dead[0][1][b"dead_reason"]
+    assert [t.status for t in trajectories(fleet.redis_url, "dead")] == [Status.COMPLETED]

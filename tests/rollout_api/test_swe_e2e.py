@@ -16,7 +16,17 @@ import pytest
 from services.protocol import InfraStage, Status
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.tokenizer import write_tokenizer_dir
-from tests.rollout_api.fleet import SUBMIT, Fleet, create_job, start_fleet, trajectories, wait_finished, write_script
+from tests.rollout_api.fleet import (
+    ADMIN,
+    SUBMIT,
+    Fleet,
+    bearer,
+    create_job,
+    start_fleet,
+    trajectories,
+    wait_finished,
+    write_script,
+)
 from tests.sandbox_broker.conftest import needs_bwrap
 from tests.sandbox_broker.images_support import calc_repo_image
 
@@ -45,7 +55,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         fleet = start_fleet(server.url, script, model, root / "logs", state)
         try:
             template = {"name": "calc", "image": str(image), "host_usr": True}
-            assert httpx.post(f"{fleet.broker.url}/templates", json=template).status_code == 201
+            made = httpx.post(f"{fleet.broker.url}/templates", json=template, headers=bearer(ADMIN))
+            assert made.status_code == 201, made.text
             fleet.start_worker(concurrency=8, ROLLOUT_WORKER_RETRY_BACKOFF_S="0.1")
             yield fleet
         finally:

@@ -57,10 +57,14 @@ def test_rollout_redis_runs_in_the_foreground_and_stops_on_sigterm() -> None:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "redis", "--port", str(port)],
-        cwd=REPO_ROOT, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cwd=REPO_ROOT, env=python_env({"ROLLOUT_REDIS_PASSWORD": "pw-1"}), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
-        client = redis.Redis(port=port, socket_connect_timeout=0.5)
+        with pytest.raises(redis.RedisError):  # no password, no access (once it is up)
+            _wait_up(port)
+            redis.Redis(port=port, socket_connect_timeout=0.5, protocol=2).ping()
+        client = redis.Redis(port=port, password="pw-1", socket_connect_timeout=0.5)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             try:
@@ -77,4 +81,15 @@ def test_rollout_redis_runs_in_the_foreground_and_stops_on_sigterm() -> None:
         if proc.poll() is None:
             proc.kill()
         out = proc.communicate(timeout=5)[0].decode()
-    assert f"redis://127.0.0.1:{port}/0" in out
+    assert f"redis://:pw-1@127.0.0.1:{port}/0" in out
+
+
+def _wait_up(port: int) -> None:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            redis.Redis(port=port, socket_connect_timeout=0.5, protocol=2).ping()
+        except redis.AuthenticationError:
+            return
+        except redis.ConnectionError:
+            time.sleep(0.05)

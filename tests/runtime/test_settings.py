@@ -1,4 +1,4 @@
-"""Every process resolves the shared settings (Redis URL, admin token, log level) the same way:
+"""Every process resolves the shared settings (Redis URL, admin and service tokens, log level) the same way:
 the same variables, the same precedence (flag > ROLLOUT_<SERVICE>_<NAME> > ROLLOUT_<NAME> > default)."""
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ PROCESSES: list[type[ServiceSettings]] = [
 # which shared settings each process uses: every one logs; all but the engines talk to Redis
 USES = {
     EngineSettings: {"log_level"},
-    ProxySettings: {"log_level", "redis_url"},
-    BrokerSettings: {"log_level", "redis_url"},
-    ApiSettings: {"log_level", "redis_url", "admin_token"},
-    WorkerSettings: {"log_level", "redis_url"},
+    ProxySettings: {"log_level", "redis_url", "admin_token", "service_token"},
+    BrokerSettings: {"log_level", "redis_url", "admin_token", "service_token"},
+    ApiSettings: {"log_level", "redis_url", "admin_token", "service_token"},
+    WorkerSettings: {"log_level", "redis_url", "service_token"},
     TrainSettings: {"log_level", "redis_url", "admin_token"},
     DumpSettings: {"log_level", "redis_url"},
 }
 VALUES = {"redis_url": ("redis://shared:1/0", "redis://own:2/0"), "admin_token": ("shared-t", "own-t"),
-          "log_level": ("WARNING", "DEBUG")}  # fmt: skip
+          "service_token": ("shared-s", "own-s"), "log_level": ("WARNING", "DEBUG")}  # fmt: skip
 CASES = [(cls, field) for cls in PROCESSES for field in sorted(USES[cls])]
 
 

@@ -18,6 +18,10 @@ from tests.support.processes import ServiceProcess, start_service
 
 BrokerFactory = Callable[..., ServiceProcess]
 
+# Most broker tests are about sandboxes, not tokens: their brokers run in the development mode
+# (no token = admin). tests/sandbox_broker/test_auth.py starts brokers with real tokens.
+DEV_ENV = {"ROLLOUT_BROKER_ALLOW_ANONYMOUS": "true", "ROLLOUT_BROKER_TEMPLATE_ROOTS": tempfile.gettempdir()}
+
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 
@@ -44,7 +48,7 @@ def start_broker(redis_url: str, state_dir: Path, service_logs: Path) -> Iterato
 
     def start(*extra: str, instance: str = "b1", env: dict[str, str] | None = None) -> ServiceProcess:
         service = start_service(broker_args(redis_url, state_dir, instance, *extra), log_dir=service_logs,
-                                env=env, name=f"broker-{instance}", timeout_s=60)  # fmt: skip
+                                env={**DEV_ENV, **(env or {})}, name=f"broker-{instance}", timeout_s=60)  # fmt: skip
         started.append(service)
         return service
 

@@ -87,12 +87,10 @@ def test_errors_say_whose_fault_they_are(start_broker: BrokerFactory) -> None:
 
         templates = client.get("/templates").json()
         assert [t["name"] for t in templates] == ["default"]
-        bad = client.post("/templates", json={"name": "x", "rootfs": "/nonexistent"})
-        assert bad.status_code == 201  # registered; creating from it fails as a request error
-        made = client.post("/leases", json={"template": "x"})
-        assert made.status_code == 400 and made.json()["error"] == {
-            "code": "unknown_template", "message": "template 'x': rootfs /nonexistent is not a directory",
-            "infra": False, "field": "template", "retry_after_s": None}  # fmt: skip
+        for rootfs in ("/nonexistent", "relative", "/root", "/tmp/../root"):  # missing, or outside the roots
+            bad = client.post("/templates", json={"name": "x", "rootfs": rootfs})
+            assert bad.status_code == 422 and bad.json()["error"]["field"] == "rootfs", bad.text
+        assert client.post("/leases", json={"template": "x"}).json()["error"]["code"] == "unknown_template"
         client.delete(f"/leases/{lid}")
 
 

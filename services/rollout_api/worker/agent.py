@@ -25,6 +25,7 @@ from services.rollout_api.worker.clients import (
     InfraError,
     ProxyClient,
     release_quietly,
+    sampling_params,
 )
 from services.rollout_api.worker.conversation import (
     format_error,
@@ -36,6 +37,7 @@ from services.rollout_api.worker.conversation import (
 )
 from services.rollout_api.worker.gateway_agents import run_gateway_agent
 from services.rollout_api.worker.metrics import WorkerMetrics
+from services.rollout_api.worker.outages import Outages
 from services.rollout_api.worker.reward import Snapshot, score, snapshot
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.tokens import TokenBuffer
@@ -54,6 +56,7 @@ class AgentDeps:
     leases: set[str] = field(default_factory=set)  # held now; renewed by the worker's heartbeat
     pool_tokenizers: dict[str, ChatTokenizer] = field(default_factory=dict)  # a pool's served model's
     redis: Redis | None = None  # gateway sessions of tools/command agents
+    outages: Outages | None = None  # the breakers of the proxy and the broker
 
     def tokenizer_for(self, pool: str) -> ChatTokenizer:
         return self.pool_tokenizers.get(pool, self.tokenizer)
@@ -66,6 +69,7 @@ class Episode:
         self.limits = item.limits
         self.traj = trajectory_shell(item, attempt, Status.COMPLETED, worker=deps.worker_id)
         self.tokens = TokenBuffer()
+        self.sampling = sampling_params(item.sampling)  # once per episode, not per turn
         self.messages: list[dict[str, str]] = []
         self.workdir = item.task.sandbox.workdir or "/workspace"  # the lease's, once leased
         self.saved: Snapshot = {}  # the reward's files as they were before the agent ran
@@ -193,8 +197,8 @@ class Episode:
     async def _generate(self, index: int, max_new: int) -> tuple[Generation, Turn]:
         started = time.monotonic()
         generation = await self.deps.proxy.generate(
-            self.tokens.context(), self.item.sampling, max_new,
-            pool=self.item.pool, session_id=f"{self.item.trajectory_id}#{self.traj.attempt}",
+            self.tokens.context_json(), self.sampling, max_new,
+            pool=self.item.pool, session_id=f"{self.item.trajectory_id}#{self.traj.attempt}", job=self.item.job,
         )  # fmt: skip
         llm_s = time.monotonic() - started
         self.deps.metrics.llm_calls.inc()

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
 
 from services.protocol import ErrorCode, InfraStage, SamplingParams
-from services.protocol.llm import HEADER_DEADLINE, HEADER_POOL, HEADER_SESSION, META_ENGINE
+from services.protocol.llm import HEADER_DEADLINE, HEADER_JOB, HEADER_POOL, HEADER_SESSION, META_ENGINE
 from services.protocol.sandboxes import ExecRequest, ExecResult, Lease, LeaseRequest
+from services.rollout_api.worker.outages import BROKER, PROXY, Outages, Unreachable
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class InfraError(Exception):
@@ -89,41 +92,65 @@ def parse_generation(body: dict[str, Any], headers: dict[str, str]) -> Generatio
     )
 
 
+def sampling_params(sampling: SamplingParams) -> dict[str, Any]:
+    """SGLang's ``sampling_params`` for a work item (an empty ``stop`` is left out)."""
+    params = sampling.model_dump(exclude_defaults=False)
+    if not params.get("stop"):
+        params.pop("stop", None)
+    return params
+
+
 @dataclass
 class ProxyClient:
     session: aiohttp.ClientSession
     url: str
     timeout_s: float
+    outages: Outages | None = None  # None: an unreachable proxy is an infra error at once
+    token: str = ""  # the proxy's service token
 
     async def generate(
-        self, input_ids: list[int], sampling: SamplingParams, max_new_tokens: int, *, pool: str, session_id: str
+        self,
+        input_ids: list[int] | bytes,
+        sampling: SamplingParams | dict[str, Any],
+        max_new_tokens: int,
+        *,
+        pool: str,
+        session_id: str,
+        job: str = "",
     ) -> Generation:
-        params = sampling.model_dump(exclude_defaults=False)
-        if not params.get("stop"):
-            params.pop("stop", None)
+        """One ``/generate``. ``input_ids`` may come JSON-encoded (``TokenBuffer.context_json``) and
+        ``sampling`` as :func:`sampling_params` (both once per episode, not once per turn)."""
+        params = dict(sampling_params(sampling) if isinstance(sampling, SamplingParams) else sampling)
         params["max_new_tokens"] = max_new_tokens
-        payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
+        ids = input_ids if isinstance(input_ids, bytes) else orjson.dumps(input_ids)
+        rest = orjson.dumps({"sampling_params": params, "return_logprob": True})
         headers = {
             HEADER_POOL: pool, HEADER_SESSION: session_id, HEADER_DEADLINE: f"{self.timeout_s:g}",
-            "Content-Type": "application/json",
+            "Content-Type": "application/json", **_bearer(self.token), **({HEADER_JOB: job} if job else {}),
         }  # fmt: skip
-        try:
-            async with self.session.post(
-                f"{self.url}/generate", data=orjson.dumps(payload), headers=headers,
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s + 5.0),
-            ) as response:  # fmt: skip
-                body = await _json_body(response)
-                if response.status == 200 and isinstance(body, dict):
-                    return parse_generation(body, dict(response.headers))
-        except TimeoutError as exc:
-            raise InfraError(InfraStage.LLM_TIMEOUT, ErrorCode.UPSTREAM_TIMEOUT, "LLM call timed out") from exc
-        except aiohttp.ClientError as exc:
-            raise InfraError(InfraStage.LLM, ErrorCode.TRANSPORT_ERROR, f"proxy unreachable: {exc!r}") from exc
+        data = b'{"input_ids":' + ids + b"," + rest[1:]
+        status, body, answer_headers = await held(
+            self.outages, PROXY, InfraStage.LLM, lambda: self._post(data, headers)
+        )
+        if status == 200 and isinstance(body, dict):
+            return parse_generation(body, answer_headers)
         code = _error_code(body, ErrorCode.ENGINE_ERROR)
         if code is ErrorCode.CONTEXT_LENGTH_EXCEEDED:
             raise ContextExceeded(str(body))
         stage = InfraStage.LLM_TIMEOUT if code is ErrorCode.UPSTREAM_TIMEOUT else InfraStage.LLM
-        raise InfraError(stage, code, f"proxy answered {response.status}: {str(body)[:300]}")
+        raise InfraError(stage, code, f"proxy answered {status}: {str(body)[:300]}")
+
+    async def _post(self, data: bytes, headers: dict[str, str]) -> tuple[int, Any, dict[str, str]]:
+        """One ``/generate``; a call the proxy never answered (refused, or the proxy died) is
+        :class:`Unreachable`: generating is free of side effects, so it is sent again."""
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s + 5.0)
+        try:
+            async with self.session.post(f"{self.url}/generate", data=data, headers=headers, timeout=timeout) as resp:
+                return resp.status, await _json_body(resp), dict(resp.headers)
+        except TimeoutError as exc:
+            raise InfraError(InfraStage.LLM_TIMEOUT, ErrorCode.UPSTREAM_TIMEOUT, "LLM call timed out") from exc
+        except aiohttp.ClientError as exc:
+            raise Unreachable(f"proxy: {exc!r}") from exc
 
 
 @dataclass
@@ -131,28 +158,51 @@ class BrokerClient:
     session: aiohttp.ClientSession
     url: str
     overhead_s: float  # HTTP time allowed beyond a command's own timeout
+    outages: Outages | None = None  # None: an unreachable broker is an infra error at once
+    releasing: set[asyncio.Future[None]] = field(default_factory=set)  # releases in flight (kept referenced)
+    token: str = ""  # the broker's service token
     _timeout: aiohttp.ClientTimeout = field(init=False)
+    _headers: dict[str, str] = field(init=False)
 
     def __post_init__(self) -> None:
         self._timeout = aiohttp.ClientTimeout(total=self.overhead_s)
+        self._headers = _bearer(self.token)
 
     async def _call(
         self, stage: InfraStage, method: str, path: str, *, timeout_s: float | None = None, **kwargs: Any
     ) -> Any:
         timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else self._timeout
-        try:
-            async with self.session.request(method, f"{self.url}{path}", timeout=timeout, **kwargs) as response:
-                body = await _json_body(response)
-                if response.status < 300:
-                    return body
-        except TimeoutError as exc:
-            raise InfraError(stage, ErrorCode.UPSTREAM_TIMEOUT, f"broker {method} {path} timed out") from exc
-        except aiohttp.ClientError as exc:
-            raise InfraError(InfraStage.BROKER, ErrorCode.TRANSPORT_ERROR, f"broker unreachable: {exc!r}") from exc
+
+        async def send() -> tuple[int, Any]:
+            return await self._send(stage, method, path, timeout, kwargs)
+
+        status, body = await held(self.outages, BROKER, InfraStage.BROKER, send)
+        if status < 300:
+            return body
         code = _error_code(body, ErrorCode.INTERNAL_ERROR)
-        message = f"broker {method} {path} answered {response.status}: {str(body)[:300]}"
+        message = f"broker {method} {path} answered {status}: {str(body)[:300]}"
         # a lease that ended (its sandbox reaped, the broker restarted) is retried with a new one
         raise InfraError(stage, code, message, retryable=code.infra or code is ErrorCode.LEASE_NOT_FOUND)
+
+    async def _send(
+        self, stage: InfraStage, method: str, path: str, limit: aiohttp.ClientTimeout, kwargs: dict[str, Any]
+    ) -> tuple[int, Any]:
+        """A request that never reached the broker is :class:`Unreachable` (sent again after the
+        outage); one cut off after it was sent trips the breaker and fails this attempt (a command
+        may have run), which the runner then repeats without spending an attempt."""
+        try:
+            async with self.session.request(
+                method, f"{self.url}{path}", timeout=limit, headers=self._headers, **kwargs
+            ) as response:
+                return response.status, await _json_body(response)
+        except TimeoutError as exc:
+            raise InfraError(stage, ErrorCode.UPSTREAM_TIMEOUT, f"broker {method} {path} timed out") from exc
+        except aiohttp.ClientConnectorError as exc:
+            raise Unreachable(f"broker: {exc!r}") from exc
+        except aiohttp.ClientError as exc:
+            if self.outages is not None:
+                self.outages.breakers[BROKER].trip(repr(exc))
+            raise InfraError(InfraStage.BROKER, ErrorCode.TRANSPORT_ERROR, f"broker connection lost: {exc!r}") from exc
 
     async def lease(self, request: LeaseRequest) -> Lease:
         body = await self._call(
@@ -195,6 +245,21 @@ class BrokerClient:
         raise InfraError(InfraStage.SANDBOX_EXEC, ErrorCode.INTERNAL_ERROR, f"reading {path}: {raw[:300]!r}")
 
 
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+async def held(outages: Outages | None, service: str, stage: InfraStage, send: Callable[[], Awaitable[T]]) -> T:
+    """``send()`` through the service's breaker; still unreachable (no breaker, or past the outage
+    budget): an infra error."""
+    try:
+        if outages is None:
+            return await send()
+        return await outages.call(service, send)
+    except Unreachable as exc:
+        raise InfraError(stage, ErrorCode.TRANSPORT_ERROR, f"{service} unreachable: {exc}") from exc
+
+
 def new_session() -> aiohttp.ClientSession:
     """No connection cap (aiohttp's default of 100 is the classic hidden cap); idle < 5 s keep-alive."""
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
@@ -202,8 +267,18 @@ def new_session() -> aiohttp.ClientSession:
 
 
 async def release_quietly(broker: BrokerClient, lease_id: str) -> None:
-    """Release a lease even while the caller is being cancelled; a failure leaves it to the broker's TTL."""
+    """Release a lease even while the caller is being cancelled; a failure leaves it to the broker's TTL.
+    While the broker is down the release waits for it in the background (the episode goes on), so a
+    restarted broker does not keep a lease its worker already let go."""
+    release = asyncio.ensure_future(_release(broker, lease_id))
+    broker.releasing.add(release)
+    release.add_done_callback(broker.releasing.discard)
+    if broker.outages is None or broker.outages.breakers[BROKER].up.is_set():
+        await asyncio.shield(release)
+
+
+async def _release(broker: BrokerClient, lease_id: str) -> None:
     try:
-        await asyncio.shield(broker.release(lease_id))
+        await broker.release(lease_id)
     except InfraError as exc:
         log.warning("release of lease %s failed (its TTL will reap it): %s", lease_id, exc)

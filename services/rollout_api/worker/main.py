@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 
+import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -15,6 +16,7 @@ from services.rollout_api.settings import WorkerSettings
 from services.rollout_api.worker.agent import AgentDeps
 from services.rollout_api.worker.clients import BrokerClient, ProxyClient, new_session
 from services.rollout_api.worker.metrics import WorkerMetrics
+from services.rollout_api.worker.outages import BROKER, PROXY, Breaker, Outages
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.worker import Worker
 from services.runtime.limits import raise_fd_limit
@@ -41,6 +43,16 @@ def status_app(worker: Worker, metrics: WorkerMetrics) -> web.Application:
     return app
 
 
+def make_outages(settings: WorkerSettings, session: aiohttp.ClientSession, metrics: WorkerMetrics) -> Outages:
+    breakers = {
+        name: Breaker(name, url.rstrip("/") + "/healthz", session, settings.probe_interval_s, metrics)
+        for name, url in ((PROXY, settings.proxy_url), (BROKER, settings.broker_url))
+    }
+    for name in breakers:
+        metrics.dependency_up.labels(name).set(1)
+    return Outages(breakers, settings.outage_budget_s)
+
+
 async def serve(settings: WorkerSettings, redis_url: str) -> None:
     if settings.model_path is None:
         raise SystemExit(
@@ -55,11 +67,14 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
     redis = open_redis(redis_url, RedisSettings())
     observe_pools(metrics.registry, "worker", {"commands": redis})
     async with new_session() as session:
+        outages = make_outages(settings, session, metrics)
         deps = AgentDeps(
-            proxy=ProxyClient(session, settings.proxy_url.rstrip("/"), settings.llm_timeout_s),
-            broker=BrokerClient(session, settings.broker_url.rstrip("/"), settings.broker_timeout_s),
+            proxy=ProxyClient(session, settings.proxy_url.rstrip("/"), settings.llm_timeout_s, outages,
+                              token=settings.client_token()),
+            broker=BrokerClient(session, settings.broker_url.rstrip("/"), settings.broker_timeout_s, outages,
+                                token=settings.client_token()),
             tokenizer=tokenizer, settings=settings, worker_id=worker_id, metrics=metrics, pool_tokenizers=by_pool,
-            redis=redis,
+            redis=redis, outages=outages,
         )  # fmt: skip
         worker = Worker(redis, deps, metrics)
         loop = asyncio.get_running_loop()
@@ -73,6 +88,7 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
         try:
             await worker.run()
         finally:
+            await outages.close()
             await runner.cleanup()
             await redis.aclose()
     log.info("worker %s stopped", worker_id)

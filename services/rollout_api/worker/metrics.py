@@ -13,6 +13,9 @@ class WorkerMetrics:
         self.slots.set(concurrency)
         self.running = Gauge("rollout_worker_episodes_running", "episodes running now", registry=r)
         self.taken = Counter("rollout_worker_items_taken_total", "work items taken, by job", ["job"], registry=r)
+        self.dead_letters = Counter(
+            "rollout_worker_dead_letters_total", "work entries that could not be decoded, by job", ["job"], registry=r
+        )
         self.reclaimed = Counter(
             "rollout_worker_items_reclaimed_total", "items reclaimed from dead workers", ["job"], registry=r
         )
@@ -26,4 +29,19 @@ class WorkerMetrics:
         self.episode_seconds = Histogram(
             "rollout_worker_episode_seconds", "episode wall time", registry=r,
             buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600),
+        )  # fmt: skip
+        self.outages = Counter(
+            "rollout_worker_dependency_outages_total", "outages seen (breaker opened), by service", ["service"],
+            registry=r,
+        )  # fmt: skip
+        self.dependency_up = Gauge(
+            "rollout_worker_dependency_up", "1 while the service answers (breaker closed)", ["service"], registry=r
+        )
+        self.resent = Counter(
+            "rollout_worker_calls_resent_total", "calls sent again after an outage, by service", ["service"],
+            registry=r,
+        )  # fmt: skip
+        self.attempts_kept = Counter(
+            "rollout_worker_attempts_kept_total", "attempts failed by an outage and run again without spending one",
+            registry=r,
         )  # fmt: skip

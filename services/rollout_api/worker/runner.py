@@ -68,9 +68,12 @@ class ItemRunner:
                 error = InfraError(InfraStage.WORKER, ErrorCode.INTERNAL_ERROR, "workers were lost on every attempt")
                 await self._finish(delivery, self._infra(item, taken.attempt - 1, error), ran=False)
                 return
+            trips = self._trips()
             failure = await self._attempt(delivery, taken.attempt)
             if failure is None:
                 return
+            if await self._outage_kept(delivery, trips):
+                continue  # the attempt was given back: the same attempt number runs again
             error = failure
             await self.redis.hincrby(keys.job_stats(item.job), counters.failed_attempts(error.stage.value), 1)
             self.metrics.infra.labels(error.stage.value).inc()
@@ -94,6 +97,24 @@ class ItemRunner:
         self.metrics.episode_seconds.observe(traj.timings.total_s)
         await self._finish(delivery, traj, ran=True)
         return None
+
+    def _trips(self) -> int:
+        outages = self.deps.outages
+        return outages.trips() if outages is not None else 0
+
+    async def _outage_kept(self, delivery: Delivery, trips_before: int) -> bool:
+        """An attempt that failed while a dependency had an outage is not spent: wait until every
+        dependency answers (within the outage budget), give the attempt back, and run it again."""
+        outages = self.deps.outages
+        if outages is None or outages.trips() == trips_before:
+            return False
+        if not await outages.wait_all_up():
+            return False  # past the outage budget: the ordinary infra path
+        item = delivery.item
+        log.info("%s: attempt failed during an outage; running it again without spending it", item.trajectory_id)
+        await self.scripts.give_back(item.job, item.rollout_id, item.trajectory_id)
+        self.metrics.attempts_kept.inc()
+        return True
 
     def _backoff(self, attempt: int) -> float:
         return float(min(self.settings.retry_backoff_max_s, self.settings.retry_backoff_s * 2 ** (attempt - 1)))

@@ -7,7 +7,7 @@ template adds for that message alone), then tokenized by itself and appended.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from services.runtime.chat import ChatTemplate
 
 _DUMMY = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
 _DUMMY_REPLY = "\x00A\x00"  # a reply that cannot occur in the template's own text
+_BEFORE = [*_DUMMY, {"role": "assistant", "content": "A"}]  # what a delta is rendered after
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class ChatTokenizer:
     special: dict[str, Any]  # bos_token / eos_token for templates that use them
     after_eos: str  # what the template puts after the assistant's eos (ChatML: "\n")
     after_content: str  # what the template puts after an assistant message's content (eos text included)
+    _cache: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_dir(cls, directory: Path) -> ChatTokenizer:
@@ -36,6 +38,13 @@ class ChatTokenizer:
         after_content = with_reply[with_reply.index(_DUMMY_REPLY) + len(_DUMMY_REPLY) :]
         after_eos = after_content[len(eos_text) :] if after_content.startswith(eos_text) else after_content
         return cls(chat.tokenizer, template, chat.eos_id, special, after_eos, after_content)
+
+    def _base(self) -> str:
+        """The dummy conversation rendered once (the prefix every delta is cut from)."""
+        cached = self._cache.get("base")
+        if cached is None:
+            cached = self._cache["base"] = self.render(_BEFORE, False)
+        return cached
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
         return _render(self.template, self.special, messages, add_generation_prompt)
@@ -53,9 +62,8 @@ class ChatTokenizer:
     def message_ids(self, message: dict[str, str], *, reply_ended_with_eos: bool) -> list[int]:
         """Tokens that follow the model's last generated token: the end of its turn, ``message``,
         and the generation prompt of the next reply."""
-        before = [*_DUMMY, {"role": "assistant", "content": "A"}]
-        base = self.render(before, False)
-        full = self.render([*before, message], True)
+        base = self._base()
+        full = self.render([*_BEFORE, message], True)
         if not full.startswith(base):
             raise ValueError("the chat template rewrites earlier messages; cannot tokenize a delta")
         closing = self.after_eos if reply_ended_with_eos else self.after_content

@@ -5,6 +5,7 @@ gracefully."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -13,17 +14,19 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from services.protocol import WorkItem, keys
+from services.protocol import Task, WorkItem, keys
 from services.protocol.keys import WORKERS_GROUP
 from services.rollout_api.records import read_jobs
 from services.rollout_api.redis_scripts import Scripts
 from services.rollout_api.worker.agent import AgentDeps
 from services.rollout_api.worker.metrics import WorkerMetrics
+from services.rollout_api.worker.outages import BROKER
 from services.rollout_api.worker.runner import STOP_CANCELLED, STOP_SHUTDOWN, Delivery, ItemRunner
 from services.rollout_api.worker.scheduler import FairShare
 from services.runtime.outages import STORE_ERRORS, Outage
 
 log = logging.getLogger(__name__)
+TASK_CACHE = 1024  # parsed tasks kept per worker (a rollout's items share one)
 
 Entry = tuple[bytes, dict[bytes, bytes]]
 
@@ -42,6 +45,9 @@ class Worker:
         self.slot_freed = asyncio.Event()
         self.outage = Outage("Redis", log)  # every loop of this worker reports to it
         self.stopping = asyncio.Event()
+        self._tasks: dict[tuple[str, str, str], Task] = {}  # (job, rollout, task id) -> the rollout's task
+        self._next_reclaim = 0.0  # monotonic time of the next XAUTOCLAIM scan
+        self.renewing: dict[str, asyncio.Task[None]] = {}  # lease renewals in flight
 
     @property
     def free(self) -> int:
@@ -52,7 +58,6 @@ class Worker:
         loops = [
             self._every(self.settings.jobs_refresh_s, self.refresh_jobs),
             self._every(self.settings.heartbeat_s, self.heartbeat),
-            self._every(self.settings.reclaim_interval_s, self.reclaim),
             self._every(self.settings.cancel_poll_s, self.watch_cancellations),
         ]
         background = [asyncio.create_task(loop) for loop in loops]
@@ -60,9 +65,9 @@ class Worker:
             await self._fill()
         finally:
             await self._drain()
-            for task in background:
+            for task in [*background, *self.renewing.values()]:
                 task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            await asyncio.gather(*background, *self.renewing.values(), return_exceptions=True)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -105,6 +110,10 @@ class Worker:
 
     async def _fill(self) -> None:
         while not self.stopping.is_set():
+            outages = self.deps.outages
+            if outages is not None and not outages.all_up:  # a dependency is down: take nothing new
+                await outages.wait_all_up(self.stopping)
+                continue
             if self.free <= 0:
                 self.slot_freed.clear()
                 await self._wait(self.slot_freed, 1.0)
@@ -129,8 +138,9 @@ class Worker:
             waiter.cancel()
 
     async def _take_round(self) -> int:
-        """Fill free slots one item at a time, each from the job first in fair-share order."""
-        took = 0
+        """Fill free slots one item at a time, each from the job first in fair-share order; items
+        reclaimed from dead workers go first (they have waited longest)."""
+        took = await self._reclaim_due()
         exhausted: set[str] = set()
         while self.free > 0 and not self.stopping.is_set():
             order = [job for job in self.fair.order() if job not in exhausted]
@@ -143,8 +153,7 @@ class Worker:
                 self.fair.mark_idle(job)
                 continue
             self.fair.charge(job)
-            self._start(job, entry, reclaimed=False)
-            took += 1
+            took += await self._start(job, entry, reclaimed=False)
         return took
 
     async def _read_one(self, job: str) -> Entry | None:
@@ -159,15 +168,48 @@ class Worker:
         entry: Entry = reply[0][1][0]
         return entry
 
-    def _start(self, job: str, entry: Entry, *, reclaimed: bool) -> None:
+    async def _start(self, job: str, entry: Entry, *, reclaimed: bool) -> int:
+        """Run the entry's item (1), or move an entry that cannot be decoded to the dead letters (0)."""
         entry_id, fields = entry
-        item = WorkItem.model_validate_json(fields[b"item"])
+        try:
+            raw = fields.get(b"item", b"")
+            item = WorkItem.decode(raw, await self._task(job, raw))
+        except (KeyError, ValueError) as exc:  # no such task, pydantic's ValidationError, bytes that are no JSON
+            await self._dead_letter(job, entry_id, fields, str(exc).splitlines()[0][:500])
+            return 0
         delivery = Delivery(job=job, entry_id=entry_id.decode(), item=item)
         task = asyncio.create_task(self.runner.run(delivery), name=item.trajectory_id)
         self.running[task] = delivery
         task.add_done_callback(self._done)
         (self.metrics.reclaimed if reclaimed else self.metrics.taken).labels(job).inc()
         self.metrics.running.set(len(self.running))
+        return 1
+
+    async def _task(self, job: str, raw: bytes) -> Task:
+        """The item's task, stored once per rollout; the last few are kept parsed."""
+        rollout_id, task_id = WorkItem.task_ref(raw)
+        key = (job, rollout_id, task_id)
+        task = self._tasks.get(key)
+        if task is None:
+            stored: Any = await self.redis.hget(keys.rollout_tasks(job, rollout_id), task_id)
+            if stored is None:
+                raise KeyError(f"rollout {rollout_id} has no task {task_id!r}")
+            if len(self._tasks) >= TASK_CACHE:
+                self._tasks.clear()
+            task = self._tasks[key] = Task.model_validate_json(stored)
+        return task
+
+    async def _dead_letter(self, job: str, entry_id: bytes, fields: dict[bytes, bytes], reason: str) -> None:
+        """Never retried, never blocking: copied with its reason, then acknowledged and deleted."""
+        log.warning("work entry %s of job %s cannot be decoded (%s): moved to the dead letters", entry_id, job, reason)
+        stream = keys.work_stream(job)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            mapping: dict[Any, Any] = {**fields, b"dead_reason": reason.encode(), b"dead_entry": entry_id}
+            pipe.xadd(keys.dead_letters(job), mapping, maxlen=10_000, approximate=True)
+            pipe.xack(stream, WORKERS_GROUP, entry_id)
+            pipe.xdel(stream, entry_id)
+            await pipe.execute()
+        self.metrics.dead_letters.labels(job).inc()
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self.running.pop(task, None)
@@ -186,10 +228,32 @@ class Worker:
         for job, ids in by_job.items():
             claim: list[Any] = list(ids)
             await self.redis.xclaim(keys.work_stream(job), WORKERS_GROUP, self.name, 0, claim, justid=True)
-        renewals = [self.deps.broker.renew(lease, self.settings.lease_ttl_s) for lease in list(self.deps.leases)]
-        for result in await asyncio.gather(*renewals, return_exceptions=True):
-            if isinstance(result, Exception):
-                log.warning("lease renewal failed: %s", result)
+        outages = self.deps.outages
+        if outages is not None and not outages.breakers[BROKER].up.is_set():
+            return  # renewals wait for the broker; the items' idle time above must not
+        for lease in list(self.deps.leases):  # in the background: a slow broker never holds the XCLAIM above
+            if lease not in self.renewing:
+                task = asyncio.create_task(self._renew(lease), name=f"renew {lease}")
+                self.renewing[lease] = task
+                task.add_done_callback(functools.partial(self._renewed, lease))
+
+    def _renewed(self, lease: str, _: asyncio.Task[None]) -> None:
+        self.renewing.pop(lease, None)
+
+    async def _renew(self, lease: str) -> None:
+        try:
+            await self.deps.broker.renew(lease, self.settings.lease_ttl_s)
+        except Exception as exc:
+            log.warning("renewal of lease %s failed: %s", lease, exc)
+
+    async def _reclaim_due(self) -> int:
+        """Reclaim, at most every ``reclaim_interval_s``; how many items were taken over."""
+        if time.monotonic() < self._next_reclaim:
+            return 0
+        self._next_reclaim = time.monotonic() + self.settings.reclaim_interval_s
+        before = len(self.running)
+        await self.reclaim()
+        return len(self.running) - before
 
     async def reclaim(self) -> None:
         """Take over items another worker has not heartbeated for ``reclaim_idle_s``; forget dead workers."""
@@ -207,7 +271,7 @@ class Worker:
             for entry_id, fields in reply[1]:
                 if fields:
                     log.info("reclaimed %s from a dead worker (job %s)", entry_id.decode(), job)
-                    self._start(job, (entry_id, fields), reclaimed=True)
+                    await self._start(job, (entry_id, fields), reclaimed=True)
             cursor = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
             if cursor == "0-0":  # the whole pending list was scanned
                 return

@@ -268,7 +268,10 @@ class LocalBackend:
     async def write_file(self, sandbox_id: str, path: str, data: bytes) -> None:
         paths = self._existing(sandbox_id)
         host = self._host_path(paths, path)
-        await asyncio.to_thread(self._write, paths, host, data)
+        try:
+            await asyncio.to_thread(self._write, paths, host, data)
+        except (IsADirectoryError, NotADirectoryError, FileExistsError):
+            raise bad_path(path, "is a directory, or a file stands where a directory must be") from None
 
     def _write(self, paths: SandboxPaths, host: Path, data: bytes) -> None:
         made = [p for p in host.parents if not p.exists() and p.is_relative_to(paths.root)]

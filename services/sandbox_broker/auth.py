@@ -1,0 +1,61 @@
+"""Who may do what on the broker (docs/security.md).
+
+- admin token: everything, templates included;
+- service token (workers, the API): leases of every job, no templates;
+- a job's token (minted by the rollout API, checked against Redis): only that job's leases. Another
+  job's lease is answered 404, exactly as a lease that does not exist.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import redis.asyncio as aioredis
+from fastapi import Depends, Request
+
+from services.protocol.errors import PlatformError
+from services.protocol.sandboxes import Lease, LeaseRequest
+from services.protocol.status import ErrorCode
+from services.runtime.auth import Authenticator, Principal, TokenSet
+from services.sandbox_broker.settings import BrokerSettings
+
+
+def authenticator(settings: BrokerSettings) -> Authenticator:
+    admin, service = TokenSet.parse(settings.admin_token), TokenSet.parse(settings.service_token)
+    if not (admin or service or settings.allow_anonymous):
+        raise ValueError(
+            "the broker has no tokens: set ROLLOUT_ADMIN_TOKEN and ROLLOUT_SERVICE_TOKEN (or ROLLOUT_BROKER_...) "
+            "(or ROLLOUT_BROKER_ALLOW_ANONYMOUS=true on a development machine)"
+        )
+    return Authenticator(admin, service, settings.allow_anonymous)
+
+
+async def _caller(request: Request) -> Principal:
+    auth: Authenticator = request.app.state.auth
+    client: aioredis.Redis = request.app.state.redis
+    return await auth.resolve(client, request.headers.get("authorization"))
+
+
+Caller = Annotated[Principal, Depends(_caller)]
+
+
+def hide_others(caller: Principal, lease: Lease) -> Lease:
+    """404 for a lease of another job: a job cannot even learn that it exists."""
+    if not caller.sees_job(lease.job):
+        raise PlatformError(ErrorCode.LEASE_NOT_FOUND, f"no lease {lease.id!r}")
+    return lease
+
+
+def own_request(caller: Principal, request: LeaseRequest) -> LeaseRequest:
+    """A job token leases for its own job only (the body's job must be it, or be left out)."""
+    if caller.role != "job" or caller.job == request.job:
+        return request
+    if "job" in request.model_fields_set:
+        raise PlatformError(ErrorCode.FORBIDDEN, f"this token does not belong to job {request.job!r}")
+    return request.model_copy(update={"job": caller.job})
+
+
+def listed_job(caller: Principal, job: str | None) -> str | None:
+    if caller.role != "job" or job in (None, caller.job):
+        return caller.job if caller.role == "job" else job
+    raise PlatformError(ErrorCode.FORBIDDEN, f"this token does not belong to job {job!r}")

@@ -1,0 +1,94 @@
+"""Outages are waited out: the proxy, and separately the broker, killed (kill -9) for a minute
+while 300 trajectories run or wait; after it comes back every trajectory completes, none as
+``infra_error``, none lost, none twice."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from services.protocol import Status
+from services.runtime.redis_server import EmbeddedRedis
+from services.runtime.tokenizer import write_tokenizer_dir
+from tests.rollout_api.fleet import (
+    SUBMIT,
+    Fleet,
+    create_job,
+    start_fleet,
+    submit,
+    task,
+    trajectories,
+    wait_finished,
+    wait_for,
+    write_script,
+)
+from tests.support.processes import ServiceProcess, start_service
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+OUTAGE_S = 60.0
+TRAJECTORIES = 300  # 75 tasks x groups of 4
+RULES: dict[str, list[Any]] = {
+    "TASK-HOLD": [
+        {"text": "```bash\necho 4 > a.txt\n```", "latency_s": 0.3},
+        {"text": "```bash\necho 42 > answer.txt\n```", "latency_s": 0.3},
+        {"text": SUBMIT, "latency_s": 0.3},
+    ],  # fmt: skip
+}
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
+    model = write_tokenizer_dir(tmp_path / "model")
+    script = write_script(tmp_path / "script.json", RULES)
+    state = Path(tempfile.mkdtemp(prefix="rollout-outage-"))
+    state.chmod(0o755)  # the sandbox user must reach the sandboxes' directories
+    with EmbeddedRedis() as server:
+        fleet = start_fleet(server.url, script, model, tmp_path / "logs", state)
+        try:
+            yield fleet
+        finally:
+            fleet.stop()
+            shutil.rmtree(state, ignore_errors=True)
+
+
+def restart(service: ServiceProcess, logs: Path, env: dict[str, str]) -> ServiceProcess:
+    """The same command on the same port (the broker keeps its instance name, so its leases)."""
+    return start_service(service.argv[1:], log_dir=logs, port=service.port, env=env, name="restarted")
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("victim", ["proxy", "broker"])
+def test_an_outage_of_a_minute_is_waited_out(fleet: Fleet, victim: str) -> None:
+    with fleet.client() as client:
+        headers = create_job(client, "hold")
+        for _ in range(2):
+            fleet.start_worker(jobs=["hold"], concurrency=24)
+        tasks = [task(f"t{i}", f"TASK-HOLD {i}") for i in range(TRAJECTORIES // 4)]
+        rollout = submit(client, headers, {"job": "hold", "tasks": tasks, "group_size": 4})
+        wait_for("episodes to run", lambda: client.get(f"/rollouts/{rollout}", headers=headers).json()["in_flight"])
+        service: ServiceProcess = getattr(fleet, victim)
+        service.kill(signal.SIGKILL)  # the process group: the proxy's workers too
+        time.sleep(OUTAGE_S)
+        env = {"ROLLOUT_REDIS_URL": fleet.redis_url} if victim == "proxy" else {}
+        setattr(fleet, victim, restart(service, fleet.logs, env))
+        wait_finished(client, headers, rollout, timeout_s=600)
+        job = client.get("/jobs/hold", headers=headers).json()
+    found = trajectories(fleet.redis_url, "hold")
+    ids = Counter(t.trajectory_id for t in found)
+    assert len(ids) == TRAJECTORIES  # none lost
+    assert max(ids.values()) == 1  # none published twice
+    assert Counter(t.status for t in found) == {Status.COMPLETED: TRAJECTORIES}  # no infra_error
+    assert {t.reward for t in found} == {1.0}
+    assert job["infra_error_rate"] == 0.0
+    metrics = "\n".join(httpx.get(w.url + "/metrics").text for w in fleet.workers)
+    assert f'rollout_worker_dependency_outages_total{{service="{victim}"}}' in metrics
