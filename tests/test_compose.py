@@ -41,7 +41,8 @@ def compose(daemon: Dockerd) -> Iterator[tuple[list[str], dict[str, str], str]]:
     subprocess.run(["bash", str(ROOT / "scripts" / "build-images.sh")], env=env, check=True, timeout=2400)
     api_port = free_port()
     env.update({
-        "ROLLOUT_ADMIN_TOKEN": ADMIN, "ROLLOUT_API_PUBLISHED_PORT": str(api_port),
+        "ROLLOUT_ADMIN_TOKEN": ADMIN, "ROLLOUT_SERVICE_TOKEN": secrets.token_hex(16),
+        "ROLLOUT_REDIS_PASSWORD": secrets.token_hex(16), "ROLLOUT_API_PUBLISHED_PORT": str(api_port),
         "ROLLOUT_PROXY_PUBLISHED_PORT": str(free_port()), "DOCKER_SOCKET": str(daemon.root / "docker.sock"),
         "ROLLOUT_SANDBOX_IMAGE": SANDBOX_IMAGE, "ROLLOUT_WARM_POOL": "0", "ROLLOUT_RECLAIM_IDLE_S": "5",
     })  # fmt: skip
