@@ -95,8 +95,11 @@ def test_fuzz_the_broker(seeded: str, logs: Path) -> None:
 
 def test_fuzz_the_proxy(seeded: str, logs: Path) -> None:
     """The data plane with the workers' token; the admin API answers it 403 whatever the body."""
-    engines, urls = start_engines(logs, 1)
-    env = {**SECRETS.env(), "ROLLOUT_REDIS_URL": seeded, "ROLLOUT_PROXY_ENGINE_CALL_TIMEOUT_S": "5"}
+    engines, urls = start_engines(logs, 1, "--decode-step-s", "0.001")
+    # every generation ends well inside the smallest deadline a caller may ask for (X-Deadline-S >= 1 s):
+    # at most 256 new tokens at 1 ms a step
+    env = {**SECRETS.env(), "ROLLOUT_REDIS_URL": seeded, "ROLLOUT_PROXY_ENGINE_CALL_TIMEOUT_S": "5",
+           "ROLLOUT_PROXY_MAX_NEW_TOKENS_CAP": "256"}  # fmt: skip
     try:
         argv = ["proxy", "--port", "{port}", "--workers", "1", "--engines", urls[0]]
         for proxy in _service(argv, logs, env, "proxy"):

@@ -29,7 +29,7 @@ from services.llm_proxy.metrics import ProxyMetrics
 from services.llm_proxy.responses import error_frame, error_response, json_response, read_body
 from services.llm_proxy.routing import Router
 from services.llm_proxy.settings import ProxySettings
-from services.llm_proxy.shapes import MAX_DEADLINE_S, check_shape, session_of
+from services.llm_proxy.shapes import MAX_DEADLINE_S, MIN_DEADLINE_S, check_shape, session_of
 from services.llm_proxy.upstream import JSON_HEADERS, NOT_ANSWERED, BackgroundTasks, EngineClient
 from services.protocol import ErrorCode, PlatformError
 from services.protocol import llm as h
@@ -355,9 +355,10 @@ def _deadline(request: web.Request, default: float | None) -> float | None:
         value = float(raw)
     except ValueError:
         value = math.nan
-    if not (0 < value <= MAX_DEADLINE_S):  # also refuses nan and inf
+    if not (MIN_DEADLINE_S <= value <= MAX_DEADLINE_S):  # also refuses nan and inf
         raise PlatformError(
-            ErrorCode.VALIDATION_ERROR, f"{h.HEADER_DEADLINE} must be seconds in (0, {MAX_DEADLINE_S:g}]",
+            ErrorCode.VALIDATION_ERROR,
+            f"{h.HEADER_DEADLINE} must be seconds in [{MIN_DEADLINE_S:g}, {MAX_DEADLINE_S:g}]",
             field=h.HEADER_DEADLINE,
         )  # fmt: skip
     return value

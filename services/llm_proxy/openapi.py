@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from services.llm_proxy.adapters import AdapterChange
 from services.llm_proxy.admin import EngineJoin, EngineRef
-from services.llm_proxy.shapes import MAX_DEADLINE_S, MAX_TOKEN_ID
+from services.llm_proxy.shapes import MAX_DEADLINE_S, MAX_TOKEN_ID, MIN_DEADLINE_S
 from services.protocol import llm as h
 from services.protocol.errors import ErrorBody
 from services.protocol.weights import WeightUpdate
@@ -34,7 +34,7 @@ DATA_HEADERS = [
     {"name": h.HEADER_SESSION, "in": "header", "required": False,
      "schema": {"type": "string", "pattern": "^[!-~]{1,256}$"}},
     {"name": h.HEADER_DEADLINE, "in": "header", "required": False,
-     "schema": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_DEADLINE_S}},
+     "schema": {"type": "number", "minimum": MIN_DEADLINE_S, "maximum": MAX_DEADLINE_S}},
 ]  # fmt: skip
 
 

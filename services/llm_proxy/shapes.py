@@ -22,6 +22,7 @@ from services.protocol import ErrorCode, PlatformError
 from services.protocol import llm as h
 
 MAX_DEADLINE_S = 86_400.0
+MIN_DEADLINE_S = 1.0  # an LLM call cannot answer sooner; a smaller X-Deadline-S is a client mistake (422)
 MAX_TOKEN_ID = 2**31 - 1
 _ID_BYTES = b"0123456789, \t\r\n"
 SESSION = re.compile(r"^[\x21-\x7e]{1,256}$")  # printable ASCII, no spaces: it is forwarded as a header

@@ -130,7 +130,7 @@ async def test_client_disconnect_aborts_the_engine_request(fleet: Fleet) -> None
 
 
 def test_deadline_answers_upstream_timeout_and_aborts(fleet: Fleet) -> None:
-    resp = generate(fleet.proxy, {"input_ids": [4, 4], "sampling_params": LONG}, {h.HEADER_DEADLINE: "0.3"})
+    resp = generate(fleet.proxy, {"input_ids": [4, 4], "sampling_params": LONG}, {h.HEADER_DEADLINE: "1.5"})
     assert resp.status_code == 504
     assert resp.json()["error"]["code"] == "upstream_timeout" and resp.json()["error"]["infra"] is True
     wait_until(lambda: _running(fleet.engines) == 0, 15, "the aborted request to leave the engine")

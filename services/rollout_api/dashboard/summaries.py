@@ -89,6 +89,12 @@ class Filters:
 
 async def entries_before(redis: Redis, job: str, before: str | None, limit: int) -> AsyncIterator[tuple[str, Any]]:
     """The job's stream entries, newest first, strictly older than ``before``, at most ``limit``."""
+    if before is not None:
+        ms, _, seq = before.partition("-")
+        if int(ms) == int(seq or 0) == 0:
+            return  # nothing is older than the first possible id
+        if int(ms) >= 2**64 or int(seq or 0) >= 2**64:
+            before = None  # past every possible id: start from the newest
     stream, high, remaining = keys.trajectory_stream(job), f"({before}" if before else "+", limit
     while remaining > 0:
         count = min(PAGE, remaining)
