@@ -22,7 +22,8 @@ RUN /opt/venv/bin/pip install --no-cache-dir --no-deps ".[e2b,docker]" && /opt/v
 
 FROM ${BASE} AS service
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1
-RUN useradd --uid 10001 --create-home rollout
+# /data and /models are volume mount points: a new named volume takes their owner (uid 10001)
+RUN useradd --uid 10001 --create-home rollout && mkdir -p /data /models && chown rollout:rollout /data /models
 COPY --from=build /opt/venv /opt/venv
 USER rollout
 WORKDIR /home/rollout
