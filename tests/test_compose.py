@@ -20,11 +20,7 @@ from services.runtime.net import free_port
 from tests.sandbox_broker.dockerd import IMAGE as SANDBOX_IMAGE
 from tests.sandbox_broker.dockerd import Dockerd, private_dockerd
 
-pytestmark = [
-    pytest.mark.slow, pytest.mark.e2e, pytest.mark.docker, pytest.mark.timeout(2400),
-    # opt-in until it has passed on a quiet machine (it builds images: minutes): ROLLOUT_TEST_COMPOSE=1
-    pytest.mark.skipif(os.environ.get("ROLLOUT_TEST_COMPOSE") != "1", reason="set ROLLOUT_TEST_COMPOSE=1 to run"),
-]  # fmt: skip
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.docker, pytest.mark.timeout(2400)]
 PROJECT = "rollout-compose-test"
 ADMIN = secrets.token_hex(16)
 
