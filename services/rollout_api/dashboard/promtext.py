@@ -24,13 +24,14 @@ class Samples:
         self.by_name[name.removeprefix("rollout_")].append((labels, value))
 
     def matching(self, name: str, **labels: str) -> list[tuple[Labels, float]]:
-        return [(lab, v) for lab, v in self.by_name.get(name, []) if all(lab.get(k) == x for k, x in labels.items())]
+        found = self.by_name.get(name.removeprefix("rollout_"), [])
+        return [(lab, v) for lab, v in found if all(lab.get(k) == x for k, x in labels.items())]
 
     def sum(self, name: str, **labels: str) -> float:
         return sum(v for _, v in self.matching(name, **labels) if math.isfinite(v))
 
     def labelsets(self, name: str) -> list[Labels]:
-        return [lab for lab, _ in self.by_name.get(name, [])]
+        return [lab for lab, _ in self.by_name.get(name.removeprefix("rollout_"), [])]
 
     def buckets(self, histogram: str, **labels: str) -> list[tuple[float, float]]:
         """(upper bound, cumulative count) of a histogram, summed over the other labels."""
