@@ -156,7 +156,7 @@ def run_and_check(fleet: Fleet, client: httpx.Client, tmp_path: Path) -> None:
     rollout = submit(client, headers, {"job": JOB, "tasks": tasks, "group_size": 2, "limits": {"max_turns": 3}})
     wait_finished(client, headers, rollout, timeout_s=90)
     status = client.get(f"/jobs/{JOB}", headers=headers).json()
-    engines = httpx.get(fleet.proxy.url + "/admin/status", timeout=10).json()
+    engines = httpx.get(fleet.proxy.url + "/admin/status", headers=bearer(ADMIN), timeout=10).json()
     shots = tmp_path / "screenshots"
 
     driver = chromium()
