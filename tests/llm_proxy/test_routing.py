@@ -130,10 +130,17 @@ async def test_client_disconnect_aborts_the_engine_request(fleet: Fleet) -> None
 
 
 def test_deadline_answers_upstream_timeout_and_aborts(fleet: Fleet) -> None:
-    resp = generate(fleet.proxy, {"input_ids": [4, 4], "sampling_params": LONG}, {h.HEADER_DEADLINE: "1.5"})
-    assert resp.status_code == 504
-    assert resp.json()["error"]["code"] == "upstream_timeout" and resp.json()["error"]["infra"] is True
-    wait_until(lambda: _running(fleet.engines) == 0, 15, "the aborted request to leave the engine")
+    # paused engines keep the call waiting past the smallest deadline a caller may set (1 s)
+    for url in fleet.engines:
+        assert httpx.post(url + "/pause_generation", json={"mode": "in_place"}, timeout=10).status_code == 200
+    try:
+        resp = generate(fleet.proxy, {"input_ids": [4, 4], "sampling_params": LONG}, {h.HEADER_DEADLINE: "1"})
+        assert resp.status_code == 504
+        assert resp.json()["error"]["code"] == "upstream_timeout" and resp.json()["error"]["infra"] is True
+        wait_until(lambda: _running(fleet.engines) == 0, 15, "the aborted request to leave the engine")
+    finally:
+        for url in fleet.engines:
+            httpx.post(url + "/continue_generation", json={}, timeout=10)
 
 
 def test_drain_is_seen_by_every_process_and_rejoin(fleet: Fleet) -> None:
