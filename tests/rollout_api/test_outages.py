@@ -20,6 +20,7 @@ from services.protocol import Status
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.tokenizer import write_tokenizer_dir
 from tests.rollout_api.fleet import (
+    SECRETS,
     SUBMIT,
     Fleet,
     create_job,
@@ -79,7 +80,10 @@ def test_an_outage_of_a_minute_is_waited_out(fleet: Fleet, victim: str) -> None:
         service: ServiceProcess = getattr(fleet, victim)
         service.kill(signal.SIGKILL)  # the process group: the proxy's workers too
         time.sleep(OUTAGE_S)
-        env = {"ROLLOUT_REDIS_URL": fleet.redis_url} if victim == "proxy" else {}
+        # restarted as the fleet started it: with the fleet's secrets (every service authenticates)
+        env = {**SECRETS.env(), **({"ROLLOUT_REDIS_URL": fleet.redis_url} if victim == "proxy" else {})}
+        if victim == "broker":
+            env["ROLLOUT_BROKER_TEMPLATE_ROOTS"] = tempfile.gettempdir()
         setattr(fleet, victim, restart(service, fleet.logs, env))
         wait_finished(client, headers, rollout, timeout_s=600)
         job = client.get("/jobs/hold", headers=headers).json()
