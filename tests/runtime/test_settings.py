@@ -24,7 +24,7 @@ PROCESSES: list[type[ServiceSettings]] = [
 ]  # fmt: skip
 # which shared settings each process uses: every one logs; all but the engines talk to Redis
 USES = {
-    EngineSettings: {"log_level"},
+    EngineSettings: {"log_level", "admin_token"},  # admin_token: engines join their proxy pool (/admin/engines)
     ProxySettings: {"log_level", "redis_url", "admin_token", "service_token"},
     BrokerSettings: {"log_level", "redis_url", "admin_token", "service_token"},
     ApiSettings: {"log_level", "redis_url", "admin_token", "service_token"},
