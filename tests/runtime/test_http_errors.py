@@ -75,6 +75,7 @@ def test_every_error_is_an_error_body_with_the_codes_status() -> None:
 @pytest.mark.parametrize("which", ["api", "broker"])
 def test_the_api_and_the_broker_install_the_same_handlers(which: str, tmp_path: Path) -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"
-    app = create_api(ApiSettings(), url) if which == "api" else create_broker(BrokerSettings(state_dir=tmp_path), url)
+    broker = BrokerSettings(state_dir=tmp_path, admin_token="a", service_token="s")  # the broker needs its tokens
+    app = create_api(ApiSettings(), url) if which == "api" else create_broker(broker, url)
     for kind in (PlatformError, redis.ConnectionError, Exception):
         assert app.exception_handlers[kind].__qualname__.startswith("install_error_handlers."), kind
