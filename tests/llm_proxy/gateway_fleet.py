@@ -116,8 +116,11 @@ def gateway_fleet(redis_url: str, tmp: Path, rules: dict[str, list[str]], *proxy
             ],
             log_dir=logs,
             # every proxy authenticates its admin API; gateway sessions carry their own tokens
-            env={"ROLLOUT_REDIS_URL": redis_url, "ROLLOUT_ADMIN_TOKEN": secrets.token_hex(16),
-                 "ROLLOUT_SERVICE_TOKEN": secrets.token_hex(16)},  # fmt: skip
+            env={
+                "ROLLOUT_REDIS_URL": redis_url,
+                "ROLLOUT_ADMIN_TOKEN": secrets.token_hex(16),
+                "ROLLOUT_SERVICE_TOKEN": secrets.token_hex(16),
+            },  # fmt: skip
             name="proxy",
         )
     except BaseException:
