@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.sandbox_broker.conftest import BrokerFactory, broker_args, lease, needs_bwrap, run
+from tests.sandbox_broker.conftest import DEV_ENV, BrokerFactory, broker_args, lease, needs_bwrap, run
 from tests.support.processes import start_service
 
 pytestmark = needs_bwrap
@@ -106,7 +106,7 @@ def test_refuses_to_run_unisolated_unless_told(
 ) -> None:
     no_bwrap = tmp_path / "bin"  # a PATH on which bubblewrap cannot be found
     no_bwrap.mkdir()
-    env = {"PATH": str(no_bwrap)}
+    env = {"PATH": str(no_bwrap), **DEV_ENV}  # a development broker (no tokens), as the other tests start
     args = broker_args(redis_url, state_dir, "unsafe")
     with pytest.raises(RuntimeError, match="cannot be isolated"):
         start_service(args, log_dir=service_logs, env=env, name="refused", timeout_s=30)
