@@ -113,7 +113,7 @@ def test_redis_outage_is_503_with_retry_after(tmp_path: Path) -> None:
                 assert response.status_code == 503, response.text
                 assert response.json()["error"]["code"] == "store_unavailable"
                 assert int(response.headers["Retry-After"]) >= 1
-            restarted = EmbeddedRedis(port=server.port)
+            restarted = EmbeddedRedis(port=server.port, password=server.password)  # the same server, back
             restarted.start()
             try:
                 assert client.post("/jobs", json={"job": "back"}, headers=auth(ADMIN)).status_code == 201
