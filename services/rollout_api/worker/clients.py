@@ -234,7 +234,9 @@ class BrokerClient:
         """The file's bytes; None when there is no such file (or it is a directory)."""
         url = f"{self.url}/leases/{lease_id}/files"
         try:
-            async with self.session.get(url, params={"path": path}, timeout=self._timeout) as response:
+            async with self.session.get(
+                url, params={"path": path}, timeout=self._timeout, headers=self._headers
+            ) as response:
                 raw = await response.read()
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise InfraError(InfraStage.BROKER, ErrorCode.TRANSPORT_ERROR, f"broker unreachable: {exc!r}") from exc
