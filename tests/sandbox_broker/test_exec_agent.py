@@ -27,7 +27,7 @@ def test_commands_share_one_agent_and_keep_their_own_semantics(state_dir: Path) 
         sid = sandbox.sandbox_id
 
         async def sh(command: str, **extra: object) -> tuple[int, str, str]:
-            result = await backend.exec(sid, ExecRequest(shell=command, timeout_s=20, **extra))  # type: ignore[arg-type]
+            result = await backend.exec(sid, ExecRequest(shell=command, timeout_s=20, **extra))
             return result.exit_code, result.stdout, result.stderr
 
         agent = (await sh("echo $PPID"))[1]

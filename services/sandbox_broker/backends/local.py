@@ -24,7 +24,7 @@ from typing import Any
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import ExecRequest, ExecResult
 from services.protocol.status import ErrorCode
-from services.sandbox_broker.backends import disk, imageroot, netns, overlay
+from services.sandbox_broker.backends import disk, imageroot, leftovers, netns, overlay
 from services.sandbox_broker.backends.agents import AgentRequest, ExecAgents, agent_command
 from services.sandbox_broker.backends.base import OutputSink, Sandbox, SandboxSpec, bad_path, sandbox_gone
 from services.sandbox_broker.backends.bwrap import HostProbe, SandboxPaths, probe_bwrap
@@ -77,15 +77,17 @@ class LocalBackend:
         self.root.mkdir(parents=True, exist_ok=True)
         for directory in (self.root.parent, self.root):
             directory.chmod(0o711)  # the sandbox uid passes through, lists nothing
+        await asyncio.to_thread(leftovers.clean_probes, self.root.parent)
         await asyncio.to_thread(self.images.clean_leftovers)
         self.cgroups = await asyncio.to_thread(Cgroups.probe, self.pids_max, Cgroups.scope_of(self.root))
         paths = SandboxPaths(self.root.parent / "probe")
         self._layout(paths)
         binary, version, ok, detail = await probe_bwrap(paths, self.uid)
         await asyncio.to_thread(shutil.rmtree, paths.root, True)
-        self.overlay = await asyncio.to_thread(overlay.probe, self.root.parent / f"overlay-probe-{os.getpid()}")
-        self.disk_quota = await asyncio.to_thread(disk.probe, self.root.parent / f"disk-probe-{os.getpid()}")
-        self.egress_problem = await asyncio.to_thread(netns.probe, self.root.parent / f"netns-probe-{os.getpid()}")
+        state, pid = self.root.parent, os.getpid()
+        self.overlay = await asyncio.to_thread(overlay.probe, leftovers.probe_dir(state, "overlay", pid))
+        self.disk_quota = await asyncio.to_thread(disk.probe, leftovers.probe_dir(state, "disk", pid))
+        self.egress_problem = await asyncio.to_thread(netns.probe, leftovers.probe_dir(state, "netns", pid))
         self.probe = HostProbe(binary, version, ok, self.cgroups.mode, detail, self.overlay)
         self._bwrap = binary if ok else None
         if not ok and not self.allow_unisolated:
