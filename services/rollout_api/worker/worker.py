@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
 from services.protocol import Task, WorkItem, keys
 from services.protocol.keys import WORKERS_GROUP
@@ -23,6 +22,7 @@ from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.outages import BROKER
 from services.rollout_api.worker.runner import STOP_CANCELLED, STOP_SHUTDOWN, Delivery, ItemRunner
 from services.rollout_api.worker.scheduler import FairShare
+from services.runtime.groups import ensure_group_async
 from services.runtime.outages import STORE_ERRORS, Outage
 
 log = logging.getLogger(__name__)
@@ -97,16 +97,9 @@ class Worker:
             records = [r for r in records if r.job in self.settings.jobs]
         for record in records:
             if record.job not in self.fair.jobs:
-                await self._ensure_group(record.job)
+                await ensure_group_async(self.redis, keys.work_stream(record.job), WORKERS_GROUP)
         self.fair.set_jobs({r.job: r.weight for r in records})
         self.max_in_flight = {r.job: r.quotas.max_in_flight for r in records}
-
-    async def _ensure_group(self, job: str) -> None:
-        try:
-            await self.redis.xgroup_create(keys.work_stream(job), WORKERS_GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
 
     async def _fill(self) -> None:
         while not self.stopping.is_set():
