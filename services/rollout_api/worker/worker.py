@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 
 from services.protocol import Task, WorkItem, keys
 from services.protocol.keys import WORKERS_GROUP
+from services.protocol.work import WorkEntry, dead_letter_fields
 from services.rollout_api.records import read_jobs
 from services.rollout_api.redis_scripts import Scripts
 from services.rollout_api.worker.agent import AgentDeps
@@ -165,7 +166,7 @@ class Worker:
         """Run the entry's item (1), or move an entry that cannot be decoded to the dead letters (0)."""
         entry_id, fields = entry
         try:
-            raw = fields.get(b"item", b"")
+            raw = WorkEntry.from_fields(fields).item
             item = WorkItem.decode(raw, await self._task(job, raw))
         except (KeyError, ValueError) as exc:  # no such task, pydantic's ValidationError, bytes that are no JSON
             await self._dead_letter(job, entry_id, fields, str(exc).splitlines()[0][:500])
@@ -197,7 +198,7 @@ class Worker:
         log.warning("work entry %s of job %s cannot be decoded (%s): moved to the dead letters", entry_id, job, reason)
         stream = keys.work_stream(job)
         async with self.redis.pipeline(transaction=True) as pipe:
-            mapping: dict[Any, Any] = {**fields, b"dead_reason": reason.encode(), b"dead_entry": entry_id}
+            mapping: dict[Any, Any] = dead_letter_fields(fields, reason, entry_id)
             pipe.xadd(keys.dead_letters(job), mapping, maxlen=10_000, approximate=True)
             pipe.xack(stream, WORKERS_GROUP, entry_id)
             pipe.xdel(stream, entry_id)
