@@ -11,14 +11,24 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 
 from services.protocol import keys
+from services.protocol.redis_url import redis_target
 from services.protocol.trajectory import Trajectory, from_stream_fields
 
 logger = logging.getLogger(__name__)
+
+
+def open_client(url: str) -> redis.Redis:
+    """The trainer's Redis client: one server, or a Redis Cluster for a ``redis+cluster://`` URL (the
+    stream and its group share one slot, so the cluster client routes every call to one node)."""
+    target = redis_target(url)
+    if target.cluster:
+        return cast(redis.Redis, redis.RedisCluster.from_url(target.url))
+    return redis.Redis.from_url(target.url)
 
 
 @dataclass(frozen=True)

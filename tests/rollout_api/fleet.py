@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 
 from services.protocol import Trajectory, from_stream_fields, keys
+from services.runtime.redis_pool import open_sync_redis
 from services.runtime.secrets import FleetSecrets
 from tests.support.processes import ServiceProcess, start_service
 
@@ -104,7 +104,7 @@ def wait_finished(client: httpx.Client, headers: dict[str, str], rollout_id: str
 
 
 def trajectories(redis_url: str, job: str) -> list[Trajectory]:
-    client = redis.Redis.from_url(redis_url)
+    client = open_sync_redis(redis_url)
     try:
         entries: Any = client.xrange(keys.trajectory_stream(job))
         return [from_stream_fields(fields) for _, fields in entries]
