@@ -11,24 +11,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import redis
 
 from services.protocol import keys
-from services.protocol.redis_url import redis_target
 from services.protocol.trajectory import Trajectory, from_stream_fields
+from services.runtime.groups import ensure_group
 
 logger = logging.getLogger(__name__)
-
-
-def open_client(url: str) -> redis.Redis:
-    """The trainer's Redis client: one server, or a Redis Cluster for a ``redis+cluster://`` URL (the
-    stream and its group share one slot, so the cluster client routes every call to one node)."""
-    target = redis_target(url)
-    if target.cluster:
-        return cast(redis.Redis, redis.RedisCluster.from_url(target.url))
-    return redis.Redis.from_url(target.url)
 
 
 @dataclass(frozen=True)
@@ -47,11 +38,7 @@ class TrajectoryConsumer:
 
     def ensure_group(self) -> None:
         """Create the consumer group at the start of the stream (idempotent)."""
-        try:
-            self.client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        ensure_group(self.client, self.stream, self.group)
 
     def reclaim(self, batch: int = 500) -> list[Entry]:
         """Every pending entry of the group, claimed for this consumer (a restart's replay)."""

@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _client(args: argparse.Namespace) -> redis.Redis:
     from services.rollout_api.dump import DumpSettings
-    from services.runtime.redis_pool import open_sync_redis
+    from services.runtime.sync_redis import open_sync_redis
 
     settings = DumpSettings(**overrides(args, ("redis_url",)))
     return open_sync_redis(settings.require_redis_url())

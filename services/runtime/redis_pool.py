@@ -23,7 +23,6 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol, cast
 
-import redis
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -144,14 +143,6 @@ def open_redis(url: str, settings: RedisSettings | None = None, *, size: int | N
         return cast(Redis, cluster)
     pool = ObservedPool.from_url(target.url, max_connections=size or s.pool_size, timeout=s.pool_wait_s, **timeouts)
     return Redis(connection_pool=pool)
-
-
-def open_sync_redis(url: str) -> redis.Redis:
-    """A blocking client for command-line tools: one server or, by URL, a cluster."""
-    target = redis_target(url)
-    if target.cluster:
-        return cast(redis.Redis, redis.RedisCluster.from_url(target.url))
-    return redis.Redis.from_url(target.url)
 
 
 def pool_of(client: Redis) -> Observed | None:

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 
 from services.protocol import Trajectory, from_stream_fields, keys
-from services.runtime.redis_pool import open_sync_redis
 from services.runtime.secrets import FleetSecrets
+from services.runtime.sync_redis import open_sync_redis
 from tests.support.processes import ServiceProcess, start_service
 
 ADMIN = "e2e-admin"

@@ -21,6 +21,7 @@ import pytest
 
 from services.protocol import Status, keys
 from services.runtime.redis_cluster import EmbeddedRedisCluster
+from services.runtime.sync_redis import open_sync_redis
 from services.runtime.tokenizer import write_tokenizer_dir
 from tests.rollout_api.fleet import Fleet, create_job, start_fleet, submit, task, wait_finished, write_script
 from tests.rollout_api.test_e2e import (  # noqa: F401  (collected again: they run on this module's fleet)
@@ -32,7 +33,7 @@ from tests.rollout_api.test_e2e import (  # noqa: F401  (collected again: they r
     test_worker_killed_mid_episode_loses_nothing,
     tokenizer,
 )
-from trainer_client.consumer import TrajectoryConsumer, open_client
+from trainer_client.consumer import TrajectoryConsumer
 
 # the first test's timeout also covers the fleet's start (7 processes, slow on a loaded machine)
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -58,7 +59,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_cluster: EmbeddedRedis
 
 def test_the_jobs_live_on_different_nodes(redis_cluster: EmbeddedRedisCluster) -> None:
     """Not one node doing all the work: the jobs of this module hash to slots on every master."""
-    cluster: Any = open_client(redis_cluster.url)
+    cluster: Any = open_sync_redis(redis_cluster.url)
     try:
         nodes = {cluster.get_node_from_key(keys.work_stream(job)).port for job in JOBS}
     finally:
@@ -73,12 +74,12 @@ def test_the_trainers_consumer_reads_acks_and_reclaims(fleet: Fleet) -> None:
         headers = create_job(http, "trainer")
         tasks = [task("solve", "TASK-SOLVE t"), task("wrong", "TASK-WRONG t")]
         wait_finished(http, headers, submit(http, headers, {"job": "trainer", "tasks": tasks, "group_size": 3}))
-    first = TrajectoryConsumer(open_client(fleet.redis_url), "trainer", consumer="trainer-0")
+    first = TrajectoryConsumer(open_sync_redis(fleet.redis_url), "trainer", consumer="trainer-0")
     first.ensure_group()
     entries = first.read(count=100, block_ms=1000)
     assert len(entries) == 6 and all(e.trajectory and e.trajectory.status is Status.COMPLETED for e in entries)
     assert first.ack([e.entry_id for e in entries[:4]]) == 4
-    restarted = TrajectoryConsumer(open_client(fleet.redis_url), "trainer", consumer="trainer-1")
+    restarted = TrajectoryConsumer(open_sync_redis(fleet.redis_url), "trainer", consumer="trainer-1")
     reclaimed = restarted.reclaim()
     assert [e.entry_id for e in reclaimed] == [e.entry_id for e in entries[4:]]
     assert restarted.ack(e.entry_id for e in reclaimed) == 2
