@@ -1,6 +1,7 @@
-"""The proxy on a 3-master Redis Cluster: the weight-update transaction (its lock script, the shared
-pool state) and fleet membership over pub/sub between the proxy's two processes, as in
-``test_weights.py``, whose tests are collected here again with ``redis_url`` naming the cluster."""
+"""The proxy on a 3-master Redis Cluster: the weight-update transaction's lock (a Lua script on the
+``{fleet}`` slot) and the shared pool state its two processes read and are told of over pub/sub,
+as in ``test_weights.py``, whose test is collected here again with ``redis_url`` naming the cluster.
+(The rest of the proxy's Redis use runs in ``tests/rollout_api/test_cluster_e2e.py``.)"""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import pytest
 
 from tests.llm_proxy.test_weights import (  # noqa: F401  (collected again: they run on the cluster)
     test_second_concurrent_update_of_a_pool_is_refused,
-    test_weight_update_with_a_failing_engine_fails_no_call,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
