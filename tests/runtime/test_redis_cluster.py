@@ -75,7 +75,7 @@ def test_a_full_cluster_client_waits_then_times_out_counted(redis_cluster_url: s
 def test_the_fixture_cluster_has_three_masters(redis_cluster: EmbeddedRedisCluster) -> None:
     client = open_sync_redis(redis_cluster.url)
     try:
-        info: Any = client.cluster_info()  # type: ignore[attr-defined]  (RedisCluster's, typed as Redis)
+        info: Any = client.cluster_info()  # type: ignore[attr-defined]
     finally:
         client.close()
     assert info["cluster_state"] == "ok" and int(info["cluster_size"]) == 3
