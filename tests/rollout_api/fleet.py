@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 
 from services.protocol import Trajectory
 from services.rollout_api.dump import stream_entries
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.secrets import FleetSecrets
+from services.runtime.sync_redis import open_sync_redis
 from services.runtime.tokenizer import write_tokenizer_dir
 from tests.support.processes import ServiceProcess, start_service
 
@@ -110,7 +110,7 @@ def wait_finished(client: httpx.Client, headers: dict[str, str], rollout_id: str
 
 
 def trajectories(redis_url: str, job: str) -> list[Trajectory]:
-    client = redis.Redis.from_url(redis_url)
+    client = open_sync_redis(redis_url)
     try:
         return [traj for _, traj in stream_entries(client, job)]
     finally:
