@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 
 from services.protocol import Trajectory, from_stream_fields, keys
 from services.runtime.secrets import FleetSecrets
+from services.runtime.sync_redis import open_sync_redis
 from tests.support.processes import ServiceProcess, start_service
 
 ADMIN = "e2e-admin"
@@ -104,7 +104,7 @@ def wait_finished(client: httpx.Client, headers: dict[str, str], rollout_id: str
 
 
 def trajectories(redis_url: str, job: str) -> list[Trajectory]:
-    client = redis.Redis.from_url(redis_url)
+    client = open_sync_redis(redis_url)
     try:
         entries: Any = client.xrange(keys.trajectory_stream(job))
         return [from_stream_fields(fields) for _, fields in entries]
