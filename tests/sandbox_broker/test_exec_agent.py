@@ -6,9 +6,13 @@ concurrent command runs beside it."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
+import pytest
+
 from services.protocol.sandboxes import ExecRequest, Resources
+from services.sandbox_broker.backends import netns
 from services.sandbox_broker.backends.base import SandboxSpec
 from services.sandbox_broker.backends.local import LocalBackend
 from services.sandbox_broker.settings import BrokerSettings
@@ -56,3 +60,16 @@ def test_commands_share_one_agent_and_keep_their_own_semantics(state_dir: Path) 
         await backend.close()
 
     asyncio.run(scenario())
+
+
+def test_egress_namespaces_open_past_fd_1024(tmp_path: Path) -> None:
+    """Two pipes per agent: a broker with hundreds of sandboxes holds fds past select()'s 1024."""
+    if netns.probe(tmp_path / "probe"):
+        pytest.skip("no isolated egress on this host")
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        netns.open_namespace(tmp_path, netns.ruleset([], []))
+    finally:
+        netns.close_namespace(tmp_path)
+        for fd in held:
+            os.close(fd)

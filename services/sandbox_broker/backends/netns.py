@@ -110,7 +110,9 @@ def open_namespace(root: Path, rules: str) -> int:
         (root / "slirp.pid").write_text(str(pid))
         os.close(write_fd)
         write_fd = -1
-        ready, _, _ = select.select([read_fd], [], [], READY_TIMEOUT_S)
+        poller = select.poll()  # not select(): a broker holding two pipes per exec agent passes fd 1024
+        poller.register(read_fd, select.POLLIN)
+        ready = poller.poll(READY_TIMEOUT_S * 1000)
         if not ready or os.read(read_fd, 1) != b"1":
             raise OSError(f"slirp4netns was not ready within {READY_TIMEOUT_S:g} s")
     finally:
