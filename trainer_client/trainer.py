@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from services.protocol.weights import version_label
 from trainer_client import checkpoint
 from trainer_client.batch import Sample, samples_from_groups, staleness_histogram
 from trainer_client.client import RolloutClient
@@ -24,7 +25,7 @@ from trainer_client.settings import TrainSettings
 from trainer_client.sft import run_sft
 from trainer_client.shards import full_state_dict
 from trainer_client.supply import load_tasks
-from trainer_client.versions import label, next_epoch
+from trainer_client.versions import next_epoch
 from trainer_client.weights import WeightPublisher, job_pool
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ class Trainer:
         result = run_sft(self.policy, s.sft, self.learner.batching, self.ranks)
         self.state.step = self.state.sft_steps = result.steps
         self.state.lineage.extend(self.state.epoch, self.state.step)
-        self.state.version = label(self.state.step, self.state.epoch)
+        self.state.version = version_label(self.state.step, self.state.epoch)
         if self.feed:
             self.feed.sft_steps = result.steps
         self.export_and_sync(force=True)
@@ -124,7 +125,7 @@ class Trainer:
         stats = self.learner.step(batch.samples, self.state.step + 1)
         self.state.step += 1
         self.state.lineage.extend(self.state.epoch, self.state.step)
-        self.state.version = label(self.state.step, self.state.epoch)
+        self.state.version = version_label(self.state.step, self.state.epoch)
         return stats
 
     def export_and_sync(self, force: bool = False) -> bool | None:

@@ -26,11 +26,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="SFT then GRPO of a tiny policy on held-out shell tasks; pass@1 JSON and plots")
     _common(p, "runs/demo")
     p.add_argument("--json", type=Path, default=None, help="write the summary (pass@1 base / SFT / RL, ...) here")
-    p.add_argument("--sft-steps", type=int, default=100, help="SFT optimizer steps before GRPO")
+    p.add_argument("--sft-steps", type=int, default=400, help="SFT optimizer steps before GRPO")
     p.set_defaults(handler=run)
     p = sub.add_parser("up", help="run the whole fleet here and train a tiny policy (the demo without --json)")
     _common(p, "runs/up")
-    p.add_argument("--warm-start-steps", dest="sft_steps", type=int, default=100, help="SFT steps before GRPO")
+    p.add_argument("--warm-start-steps", dest="sft_steps", type=int, default=400, help="SFT steps before GRPO")
     p.set_defaults(handler=run, json=None)
 
 

@@ -38,7 +38,7 @@ class UpOptions:
     json_path: Path | None = None
     engines: int = 2
     concurrency: int = 32
-    sft_steps: int = 100
+    sft_steps: int = 400
     teacher_accuracy: float = 0.5  # share of demonstrations with the right operation
     train_tasks: int = 2000
     heldout_tasks: int = 128

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from services.benchmarks.report import print_table
+from services.runtime.tables import print_table
 from trainer_client.evaluation import EvalRecord
 from trainer_client.metrics import StepRecord
 from trainer_client.plot import plot_steps

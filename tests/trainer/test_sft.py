@@ -24,6 +24,8 @@ def test_pass_at_k_counts_tasks_and_attempts() -> None:
     assert pass_at_k({}, 1) == (0.0, 0.0)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_sft_teaches_the_demonstrated_reply_and_only_it(tmp_path: Path) -> None:
     """After the phase the demonstrated responses are far likelier; prompt tokens are not trained on."""
     path = tmp_path / "demos.jsonl"
