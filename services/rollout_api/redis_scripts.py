@@ -6,7 +6,8 @@ atomically, so a crash between two steps never leaves a counter out of step with
 - ``admit`` (API): idempotency check, queue quota, rollout record and every XADD, all or nothing;
 - ``take`` (worker): start an attempt of a trajectory (counts a first take as queued -> in flight);
 - ``give_back`` (worker shutting down): undo ``take``, the item is queued again for another worker;
-- ``publish`` (worker, API on cancel): the single final record of a trajectory, with its counters.
+- ``publish`` (worker, API on cancel): the single final record of a trajectory, with its counters
+  (an evaluation sample's goes to the eval stream, and its result to the rollout's results hash).
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ return attempt
 PUBLISH = """
 local tid = ARGV[1]
 if redis.call('HSETNX', KEYS[1], tid, ARGV[2]) == 0 then return 0 end
-local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', unpack(ARGV, 11))
+local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', unpack(ARGV, 12))
+if ARGV[11] ~= '' then redis.call('HSET', KEYS[8], tid, ARGV[11]) end
 local status = ARGV[4]
 local now = tonumber(ARGV[5])
 local taken = redis.call('HEXISTS', KEYS[7], tid) == 1
@@ -133,6 +135,8 @@ class Outcome:
     turns: int
     ran: bool  # an episode ran (not dropped from the queue): its duration enters the tail figures
     infra_stage: str | None = None  # an infra_error: the stage of its last failure (counted per stage)
+    mode: str = "train"  # "eval": published to the eval stream, with its result for pass@k
+    result: str = ""  # an eval sample's ``SampleResult`` JSON
 
 
 class Scripts:
@@ -185,13 +189,14 @@ class Scripts:
     ) -> str | None:
         """XADD the record unless this trajectory already has one; returns the entry id or None."""
         script_keys = [
-            keys.finished(job), keys.trajectory_stream(job), keys.job_stats(job), keys.rollout_record(job, rollout_id),
-            keys.rollout_episodes(job, rollout_id), keys.job_recent(job), keys.attempts(job),
+            keys.finished(job), keys.rollout_stream(job, outcome.mode), keys.job_stats(job),
+            keys.rollout_record(job, rollout_id), keys.rollout_episodes(job, rollout_id), keys.job_recent(job),
+            keys.attempts(job), keys.rollout_results(job, rollout_id),
         ]  # fmt: skip
         args: list[Any] = [
             outcome.trajectory_id, outcome.attempt, maxlen, outcome.status, repr(now),
             f"{outcome.duration_s:.3f}", "1" if outcome.turn_cap else "0", outcome.turns, "1" if outcome.ran else "0",
-            counters.infra_error_trajectories(outcome.infra_stage) if outcome.infra_stage else "",
+            counters.infra_error_trajectories(outcome.infra_stage) if outcome.infra_stage else "", outcome.result,
         ]  # fmt: skip
         for name, value in fields.items():
             args += [name, value]

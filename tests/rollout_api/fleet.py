@@ -4,9 +4,11 @@ LLM proxy, the sandbox broker (local backend), the rollout API, workers."""
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,8 +16,10 @@ from typing import Any
 import httpx
 import redis
 
-from services.protocol import Trajectory, from_stream_fields, keys
+from services.protocol import Trajectory, from_stream_fields, keys, trajectory_from_json
+from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.secrets import FleetSecrets
+from services.runtime.tokenizer import write_tokenizer_dir
 from tests.support.processes import ServiceProcess, start_service
 
 ADMIN = "e2e-admin"
@@ -103,13 +107,19 @@ def wait_finished(client: httpx.Client, headers: dict[str, str], rollout_id: str
     return wait_for(f"rollout {rollout_id} to finish", done, timeout_s)
 
 
-def trajectories(redis_url: str, job: str) -> list[Trajectory]:
+def trajectories(redis_url: str, job: str, stream: str | None = None) -> list[Trajectory]:
+    """Every record on the job's trajectory stream (or on ``stream``)."""
     client = redis.Redis.from_url(redis_url)
     try:
-        entries: Any = client.xrange(keys.trajectory_stream(job))
+        entries: Any = client.xrange(stream or keys.trajectory_stream(job))
         return [from_stream_fields(fields) for _, fields in entries]
     finally:
         client.close()
+
+
+def sse_trajectories(client: httpx.Client, path: str, headers: dict[str, str]) -> list[Trajectory]:
+    with client.stream("GET", path, headers=headers) as response:
+        return [trajectory_from_json(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
 
 
 def task(task_id: str, prompt: str, *, answer_check: bool = True, **extra: Any) -> dict[str, Any]:
@@ -167,3 +177,21 @@ def start_fleet(redis_url: str, script: Path, model_path: Path, logs: Path, stat
             service.stop()
         raise
     return Fleet(redis_url, model_path, logs, api, proxy, broker, engines)
+
+
+@contextmanager
+def running_fleet(root: Path, rules: dict[str, list[Any]], jobs: list[str], concurrency: int = 16) -> Iterator[Fleet]:
+    """A fleet on its own Redis whose scripted engines answer by ``rules``, with one worker for ``jobs``."""
+    model = write_tokenizer_dir(root / "model")
+    script = write_script(root / "script.json", rules)
+    # the sandboxes' directories must be reachable by the sandbox user (pytest's tmp root is 0700)
+    state = Path(tempfile.mkdtemp(prefix="rollout-e2e-"))
+    state.chmod(0o755)
+    with EmbeddedRedis() as server:
+        fleet = start_fleet(server.url, script, model, root / "logs", state)
+        try:
+            fleet.start_worker(jobs=jobs, concurrency=concurrency)
+            yield fleet
+        finally:
+            fleet.stop()
+            shutil.rmtree(state, ignore_errors=True)
