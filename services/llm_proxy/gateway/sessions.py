@@ -108,4 +108,5 @@ def _context(doc: dict[str, Any], last: GatewayCall) -> Context:
         segment=int(doc["segment"]),
         held=held,
         ended_with_eos=bool(doc.get("eos")),
+        output_ids=list(last.output_ids),
     )
