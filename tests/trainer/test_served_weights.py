@@ -29,7 +29,7 @@ def trainer_logprobs(model: torch.nn.Module) -> list[float]:
     """log p(token t | tokens < t) under the trainer's model, for t = 1..len(IDS)-1."""
     ids = torch.tensor([IDS])
     with torch.no_grad():
-        return token_logprobs(model.eval(), ids[:, :-1], ids[:, 1:])[0].tolist()  # type: ignore[no-any-return]
+        return token_logprobs(model.eval(), ids[:, :-1], ids[:, 1:])[0].tolist()
 
 
 def served_logprobs(proxy_url: str) -> tuple[str, list[float]]:
