@@ -16,6 +16,7 @@ from aiohttp import web
 from prometheus_client import multiprocess
 
 from services.llm_proxy.app import create_app
+from services.llm_proxy.auth import authenticator
 from services.llm_proxy.limits import MAX_FIELD_BYTES, MAX_HEADERS, MAX_LINE_BYTES, listen_backlog
 from services.llm_proxy.membership import MembershipStore
 from services.llm_proxy.settings import ProxySettings
@@ -65,6 +66,7 @@ async def seed_membership(settings: ProxySettings, redis_url: str) -> None:
 def run(settings: ProxySettings) -> int:
     """Run the parent until SIGTERM/SIGINT; returns the exit code."""
     configure_logging(settings.log_level)
+    authenticator(settings)  # no admin token and no development flag: refuse here, not in a crash-looping child
     soft, _ = raise_fd_limit()  # one socket per call each way: the children inherit it
     log.info("open-file limit %d per process", soft)
     stopping = False

@@ -40,6 +40,7 @@ class BrokerSettings(UsesRedis, UsesAdminToken, UsesServiceToken):
     pids_max: int = Field(512, gt=0)  # cgroup pids limit per sandbox
     nofile: int = Field(4096, gt=0)  # RLIMIT_NOFILE per command
     image_store_mb: int = Field(20_480, gt=0)  # unpacked images kept (LRU beyond it, never one in use)
+    exec_agents: bool = True  # a resident exec agent per sandbox (backends/exec_agent.py); off: a bwrap per command
 
     # docker backend
     docker_host: str | None = None  # e.g. unix:///run/docker.sock; None: DOCKER_HOST
@@ -69,6 +70,7 @@ class BrokerSettings(UsesRedis, UsesAdminToken, UsesServiceToken):
     reap_interval_s: float = Field(2.0, gt=0)  # expired-lease sweep
     orphan_interval_s: float = Field(15.0, gt=0)  # sweep for sandboxes with no lease
     ttl_grace_s: float = Field(60.0, ge=0)  # a lease record outlives its expiry this long (for the reaper)
+    shared_setup_ttl_s: float = Field(900.0, gt=0)  # a group's set-up snapshot is dropped once unused this long
 
     # admission control
     max_leases: int = Field(4096, gt=0)  # all replicas together

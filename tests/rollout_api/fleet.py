@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 
 from services.protocol import Trajectory, from_stream_fields, keys, trajectory_from_json
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.secrets import FleetSecrets
+from services.runtime.sync_redis import open_sync_redis
 from services.runtime.tokenizer import write_tokenizer_dir
 from tests.support.processes import ServiceProcess, start_service
 
@@ -109,7 +109,7 @@ def wait_finished(client: httpx.Client, headers: dict[str, str], rollout_id: str
 
 def trajectories(redis_url: str, job: str, stream: str | None = None) -> list[Trajectory]:
     """Every record on the job's trajectory stream (or on ``stream``)."""
-    client = redis.Redis.from_url(redis_url)
+    client = open_sync_redis(redis_url)
     try:
         entries: Any = client.xrange(stream or keys.trajectory_stream(job))
         return [from_stream_fields(fields) for _, fields in entries]

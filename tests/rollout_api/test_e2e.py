@@ -78,7 +78,8 @@ def tokenizer(fleet: Fleet) -> ChatTokenizer:
 def test_group_of_four_over_several_tasks(fleet: Fleet, client: httpx.Client, tokenizer: ChatTokenizer) -> None:
     headers = create_job(client, "batch")
     tasks = [
-        task("solve-1", "TASK-SOLVE first"), task("solve-2", "TASK-SOLVE second"),
+        task("solve-1", "TASK-SOLVE first", sandbox={"setup": ["sleep 1 && echo seeded > seed.txt"]}),
+        task("solve-2", "TASK-SOLVE second"),
         task("wrong", "TASK-WRONG"), task("format", "TASK-FORMAT"),
     ]  # fmt: skip
     rollout = submit(client, headers, {"job": "batch", "tasks": tasks, "group_size": 4, "limits": {"max_turns": 10}})
@@ -93,6 +94,9 @@ def test_group_of_four_over_several_tasks(fleet: Fleet, client: httpx.Client, to
         assert traj.status is Status.COMPLETED and traj.attempt == 1
         check_tokens(traj, tokenizer)
     assert {len(t.turns) for t in found if t.task_id == "format"} == {4}
+    seeded = [t.timings for t in found if t.task_id == "solve-1"]  # the group's setup ran once (sandbox fork)
+    assert sorted(t.setup_shared for t in seeded) == [False, True, True, True]
+    assert 1.0 <= sum(t.setup_s for t in seeded) < 2.5, seeded  # about 1 s, not 4
     assert all(t.weight_versions == ["default"] * len(t.turns) for t in found)
     job = client.get("/jobs/batch", headers=headers).json()
     assert (job["finished"], job["in_flight"], job["queue_depth"]) == (16, 0, 0)

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 
 from services.protocol import keys
+from services.runtime.sync_redis import open_sync_redis
 from tests.rollout_api.fleet import (
     SUBMIT,
     Fleet,
@@ -78,7 +78,7 @@ def test_eval_rollout_beside_training_is_scored_and_never_reaches_the_trainer(fl
 
 def trainer_reads(redis_url: str) -> set[tuple[str, int]]:
     """What the trainer's consumer group is delivered from the job's trajectory stream."""
-    consumer = TrajectoryConsumer(redis.Redis.from_url(redis_url), "learner")
+    consumer = TrajectoryConsumer(open_sync_redis(redis_url), "learner")
     try:
         consumer.ensure_group()
         return {e.trajectory.key for e in consumer.read(count=1000, block_ms=100) if e.trajectory is not None}
