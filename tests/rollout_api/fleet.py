@@ -163,6 +163,7 @@ def start_fleet(redis_url: str, script: Path, model_path: Path, logs: Path, stat
                 "--redis-url", redis_url, "--state-dir", str(state_dir),
             ],
             log_dir=logs, env={**SECRETS.env(), "ROLLOUT_BROKER_TEMPLATE_ROOTS": tempfile.gettempdir()}, name="broker",
+            timeout_s=120,  # its host probe (bubblewrap) may take up to a minute on a loaded machine
         )  # fmt: skip
         started.append(broker)
         api = start_service(
