@@ -15,7 +15,8 @@ from typing import Any
 
 import httpx
 
-from services.protocol import Trajectory, from_stream_fields, keys, trajectory_from_json
+from services.protocol import Trajectory, trajectory_from_json
+from services.rollout_api.dump import stream_entries
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.secrets import FleetSecrets
 from services.runtime.sync_redis import open_sync_redis
@@ -50,6 +51,7 @@ class Fleet:
     broker: ServiceProcess
     engines: dict[str, ServiceProcess]
     workers: list[ServiceProcess] = field(default_factory=list)
+    state_dir: Path = Path()  # the broker's, reachable by the sandbox user
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.api.url, timeout=30.0)
@@ -107,12 +109,10 @@ def wait_finished(client: httpx.Client, headers: dict[str, str], rollout_id: str
     return wait_for(f"rollout {rollout_id} to finish", done, timeout_s)
 
 
-def trajectories(redis_url: str, job: str, stream: str | None = None) -> list[Trajectory]:
-    """Every record on the job's trajectory stream (or on ``stream``)."""
+def trajectories(redis_url: str, job: str) -> list[Trajectory]:
     client = open_sync_redis(redis_url)
     try:
-        entries: Any = client.xrange(stream or keys.trajectory_stream(job))
-        return [from_stream_fields(fields) for _, fields in entries]
+        return [traj for _, traj in stream_entries(client, job)]
     finally:
         client.close()
 
@@ -177,21 +177,20 @@ def start_fleet(redis_url: str, script: Path, model_path: Path, logs: Path, stat
         for service in started:
             service.stop()
         raise
-    return Fleet(redis_url, model_path, logs, api, proxy, broker, engines)
+    return Fleet(redis_url, model_path, logs, api, proxy, broker, engines, state_dir=state_dir)
 
 
 @contextmanager
-def running_fleet(root: Path, rules: dict[str, list[Any]], jobs: list[str], concurrency: int = 16) -> Iterator[Fleet]:
-    """A fleet on its own Redis whose scripted engines answer by ``rules``, with one worker for ``jobs``."""
+def running_fleet(root: Path, rules: dict[str, list[Any]], name: str) -> Iterator[Fleet]:
+    """Redis, scripted engines answering ``rules``, the proxy, the broker and the API (no worker
+    yet: ``fleet.start_worker``), stopped and cleaned up afterwards."""
     model = write_tokenizer_dir(root / "model")
     script = write_script(root / "script.json", rules)
-    # the sandboxes' directories must be reachable by the sandbox user (pytest's tmp root is 0700)
-    state = Path(tempfile.mkdtemp(prefix="rollout-e2e-"))
-    state.chmod(0o755)
+    state = Path(tempfile.mkdtemp(prefix=f"rollout-{name}-"))
+    state.chmod(0o755)  # the sandbox user must reach the sandboxes' directories (pytest's tmp root is 0700)
     with EmbeddedRedis() as server:
         fleet = start_fleet(server.url, script, model, root / "logs", state)
         try:
-            fleet.start_worker(jobs=jobs, concurrency=concurrency)
             yield fleet
         finally:
             fleet.stop()

@@ -60,7 +60,8 @@ RULES: dict[str, list[Any]] = {
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    with running_fleet(tmp_path_factory.mktemp("fleet"), RULES, ["batch", "caps", "llmfail", "sandboxkill"]) as fleet:
+    with running_fleet(tmp_path_factory.mktemp("fleet"), RULES, "e2e") as fleet:
+        fleet.start_worker(jobs=["batch", "caps", "llmfail", "sandboxkill"], concurrency=16)
         yield fleet
 
 

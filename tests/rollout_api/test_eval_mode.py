@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from services.protocol import keys
+from services.protocol import Trajectory, from_stream_fields, keys
 from services.runtime.sync_redis import open_sync_redis
 from tests.rollout_api.fleet import (
     SUBMIT,
@@ -34,7 +34,8 @@ RULES: dict[str, list[Any]] = {
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    with running_fleet(tmp_path_factory.mktemp("eval-fleet"), RULES, ["learner"], concurrency=8) as fleet:
+    with running_fleet(tmp_path_factory.mktemp("eval-fleet"), RULES, "eval") as fleet:
+        fleet.start_worker(jobs=["learner"], concurrency=8)
         yield fleet
 
 
@@ -52,7 +53,7 @@ def test_eval_rollout_beside_training_is_scored_and_never_reaches_the_trainer(fl
         wait_finished(client, headers, evaluation, timeout_s=300)
 
         trained = trajectories(fleet.redis_url, "learner")
-        evaluated = trajectories(fleet.redis_url, "learner", keys.eval_stream("learner"))
+        evaluated = eval_trajectories(fleet.redis_url, "learner")
         assert {t.rollout_id for t in trained} == {train} and len(trained) == 8
         assert {t.rollout_id for t in evaluated} == {evaluation} and len(evaluated) == 8
         assert {t.mode for t in trained} == {"train"} and {t.mode for t in evaluated} == {"eval"}
@@ -74,6 +75,14 @@ def test_eval_rollout_beside_training_is_scored_and_never_reaches_the_trainer(fl
         assert {t.key for t in over_sse} == {t.key for t in evaluated}
         bad = client.post("/rollouts", json={**body, "eval": {"k": [5]}}, headers=headers)
         assert bad.status_code == 422 and bad.json()["error"]["code"] == "validation_error", bad.text
+
+
+def eval_trajectories(redis_url: str, job: str) -> list[Trajectory]:
+    client = open_sync_redis(redis_url)
+    try:
+        return [from_stream_fields(fields) for _, fields in client.xrange(keys.eval_stream(job))]
+    finally:
+        client.close()
 
 
 def trainer_reads(redis_url: str) -> set[tuple[str, int]]:

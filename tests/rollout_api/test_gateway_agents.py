@@ -49,7 +49,8 @@ RULES: dict[str, list[Any]] = {
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Fleet, ChatTemplate]]:
-    with running_fleet(tmp_path_factory.mktemp("gwfleet"), RULES, ["agents"], concurrency=4) as fleet:
+    with running_fleet(tmp_path_factory.mktemp("gwfleet"), RULES, "gw") as fleet:
+        fleet.start_worker(jobs=["agents"], concurrency=4)
         yield fleet, ChatTemplate.from_dir(fleet.model_path)
 
 
