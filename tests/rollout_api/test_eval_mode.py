@@ -80,7 +80,8 @@ def test_eval_rollout_beside_training_is_scored_and_never_reaches_the_trainer(fl
 def eval_trajectories(redis_url: str, job: str) -> list[Trajectory]:
     client = open_sync_redis(redis_url)
     try:
-        return [from_stream_fields(fields) for _, fields in client.xrange(keys.eval_stream(job))]
+        entries: Any = client.xrange(keys.eval_stream(job))
+        return [from_stream_fields(fields) for _, fields in entries]
     finally:
         client.close()
 
