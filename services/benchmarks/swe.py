@@ -216,6 +216,7 @@ def summary(results: dict[str, list[Trajectory]], prepare: list[float]) -> dict[
     return {
         **{f"{mode}_reward_mean": reward_mean(mode) for mode in MODES},
         "infra_errors": sum(1 for t in every if t.status.value == "infra_error"),
+        "infra_error_samples": sorted({_why(t) for t in every if t.infra is not None})[:8],
         "episode_p50_s": round(statistics.median(durations), 3) if durations else None,
         "image_prepare_s": round(prepare[0], 3) if prepare else None,  # the first image: base layers too
         "image_prepare_next_mean_s": round(statistics.fmean(prepare[1:]), 3) if len(prepare) > 1 else None,
@@ -224,6 +225,11 @@ def summary(results: dict[str, list[Trajectory]], prepare: list[float]) -> dict[
             for t in results["gold"]
         },  # fmt: skip
     }
+
+
+def _why(t: Trajectory) -> str:
+    assert t.infra is not None
+    return f"{t.task_id}: {t.infra.stage}/{t.infra.code}: {t.infra.message[:300]}"
 
 
 def _env() -> dict[str, str]:
