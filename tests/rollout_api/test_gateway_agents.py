@@ -5,9 +5,7 @@ mini-swe-agent from PyPI, unmodified, as a ``command`` agent."""
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,17 +17,14 @@ import redis
 
 from services.protocol import Status, Trajectory, keys
 from services.runtime.chat import ChatTemplate
-from services.runtime.redis_server import EmbeddedRedis
-from services.runtime.tokenizer import write_tokenizer_dir
 from tests.rollout_api.fleet import (
     Fleet,
     create_job,
-    start_fleet,
+    running_fleet,
     submit,
     task,
     trajectories,
     wait_finished,
-    write_script,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]  # fleet start + litellm import under load
@@ -54,19 +49,9 @@ RULES: dict[str, list[Any]] = {
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Fleet, ChatTemplate]]:
-    root = tmp_path_factory.mktemp("gwfleet")
-    model = write_tokenizer_dir(root / "model")
-    script = write_script(root / "script.json", RULES)
-    state = Path(tempfile.mkdtemp(prefix="rollout-gw-"))
-    state.chmod(0o755)
-    with EmbeddedRedis() as server:
-        fleet = start_fleet(server.url, script, model, root / "logs", state)
-        try:
-            fleet.start_worker(jobs=["agents"], concurrency=4)
-            yield fleet, ChatTemplate.from_dir(model)
-        finally:
-            fleet.stop()
-            shutil.rmtree(state, ignore_errors=True)
+    with running_fleet(tmp_path_factory.mktemp("gwfleet"), RULES, "gw") as fleet:
+        fleet.start_worker(jobs=["agents"], concurrency=4)
+        yield fleet, ChatTemplate.from_dir(fleet.model_path)
 
 
 def run_one(fleet: Fleet, task_id: str, agent: dict[str, Any]) -> Trajectory:
