@@ -2,9 +2,9 @@
 
 - the contract (``services.protocol``) imports nothing else from the repository;
 - services never import each other (they may use the contract and ``services.runtime``);
-- the trainer client imports only the contract from the repository, and the two runtime modules
-  that make it resolve its settings and log like every service (``TRAINER_RUNTIME``: they import
-  only pydantic-settings, the standard library and each other).
+- the trainer client imports only the contract from the repository, and the runtime modules that
+  make it resolve its settings, log and create consumer groups like every service
+  (``TRAINER_RUNTIME``: they import only pydantic-settings, redis, the standard library and each other).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ("rollout_api", "llm_proxy", "sandbox_broker", "engines")
 INTERNAL = ("services", "trainer_client")
-TRAINER_RUNTIME = ("services.runtime.settings", "services.runtime.logs")
+TRAINER_RUNTIME = ("services.runtime.settings", "services.runtime.logs", "services.runtime.groups")
 
 
 def internal_imports(package_dir: Path) -> dict[str, set[str]]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from services.protocol.trajectory import Segment
-from trainer_client.groups import Group, key_of
+from trainer_client.groups import Group
 from trainer_client.grpo import group_advantages
 
 
@@ -48,7 +48,7 @@ def samples_from_groups(groups: list[Group], version: int, normalize_std: bool, 
         for member, adv in zip(group.members, advantages.tolist(), strict=True):
             traj = member.trajectory
             for index, segment in enumerate(traj.all_segments()):
-                key = key_of(traj) if index == 0 else f"{key_of(traj)}#{index}"
+                key = traj.attempt_key if index == 0 else f"{traj.attempt_key}#{index}"
                 samples.append(_sample(key, segment, max_len, adv, traj.trainable_reward, version - member.version))
     return samples
 

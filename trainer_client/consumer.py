@@ -17,6 +17,7 @@ import redis
 
 from services.protocol import keys
 from services.protocol.trajectory import Trajectory, from_stream_fields
+from services.runtime.groups import ensure_group
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +38,7 @@ class TrajectoryConsumer:
 
     def ensure_group(self) -> None:
         """Create the consumer group at the start of the stream (idempotent)."""
-        try:
-            self.client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        ensure_group(self.client, self.stream, self.group)
 
     def reclaim(self, batch: int = 500) -> list[Entry]:
         """Every pending entry of the group, claimed for this consumer (a restart's replay)."""

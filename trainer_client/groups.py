@@ -82,10 +82,6 @@ class Decided:
     fate: str  # "used" or a Drop value
 
 
-def key_of(traj: Trajectory) -> str:
-    return f"{traj.trajectory_id}#{traj.attempt}"
-
-
 def oldest_step(traj: Trajectory, lineage: Lineage) -> int | Drop:
     """The step of the oldest weights among the trajectory's turns (0 with no turns), or why it has none."""
     try:
@@ -121,7 +117,7 @@ class GroupAssembler:
 
     def add(self, entry_id: str, traj: Trajectory, version: int) -> None:
         """Take one trajectory read from the stream while the trainer is at ``version``."""
-        key = key_of(traj)
+        key = traj.attempt_key
         group = self.open.get(traj.group_id)
         if key in self.seen or key in self.held or (group and traj.trajectory_id in group.arrived):
             self._decide(entry_id, key, Drop.DUPLICATE)
@@ -221,7 +217,7 @@ class GroupAssembler:
         group.rejected = []
 
     def _release(self, member: Member, fate: str) -> None:
-        key = key_of(member.trajectory)
+        key = member.trajectory.attempt_key
         self.held.discard(key)
         self._decide(member.entry_id, key, fate)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from services.protocol.weights import version_label
 from trainer_client import checkpoint
 from trainer_client.batch import Sample, samples_from_groups, staleness_histogram
 from trainer_client.client import RolloutClient
@@ -21,7 +22,7 @@ from trainer_client.model import Policy, build_gpt, build_policy
 from trainer_client.ranks import Ranks
 from trainer_client.settings import TrainSettings
 from trainer_client.shards import full_state_dict
-from trainer_client.versions import label, next_epoch
+from trainer_client.versions import next_epoch
 from trainer_client.weights import WeightPublisher, job_pool
 
 logger = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class Trainer:
         stats = self.learner.step(batch.samples, self.state.step + 1)
         self.state.step += 1
         self.state.lineage.extend(self.state.epoch, self.state.step)
-        self.state.version = label(self.state.step, self.state.epoch)
+        self.state.version = version_label(self.state.step, self.state.epoch)
         return stats
 
     def export_and_sync(self, force: bool = False) -> bool | None:

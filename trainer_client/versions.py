@@ -1,12 +1,12 @@
 """Weight versions that identify one set of weights for ever.
 
-A label is ``"0"`` for the initial weights (the same at every start: ``INIT_FROM`` or the seeded
-init) and ``"<step>-e<epoch>"`` for the weights after optimizer step ``step`` trained by run
-epoch ``epoch``. The epoch changes at every start of the trainer: it is taken from a counter
-file in the checkpoint directory (``EPOCH``), incremented and fsynced before anything is
-trained or posted. A trainer killed after posting ``"5-e3"`` but before the checkpoint that kept
-those weights restarts as epoch 4 and posts ``"5-e4"``: the label of the lost weights is never
-reused for different weights.
+The label format is the contract's (``services.protocol.weights.version_label``): ``"0"`` for the
+initial weights (the same at every start: ``INIT_FROM`` or the seeded init) and
+``"<step>-e<epoch>"`` for the weights after optimizer step ``step`` trained by run epoch ``epoch``.
+The epoch changes at every start of the trainer: it is taken from a counter file in the checkpoint
+directory (``EPOCH``), incremented and fsynced before anything is trained or posted. A trainer
+killed after posting ``"5-e3"`` but before the checkpoint that kept those weights restarts as epoch
+4 and posts ``"5-e4"``: the label of the lost weights is never reused for different weights.
 
 The *lineage* (kept in every checkpoint) says which labels name ancestors of the current
 weights: for each epoch, the steps whose weights the run still builds on. Staleness is computed
@@ -18,18 +18,13 @@ not parse is ``unknown_version``.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-INITIAL = "0"
+from services.protocol.weights import INITIAL_VERSION, parse_version_label
+
 EPOCH_FILE = "EPOCH"
-_LABEL = re.compile(r"^(\d+)-e(\d+)$")
-
-
-def label(step: int, epoch: int) -> str:
-    return INITIAL if step == 0 else f"{step}-e{epoch}"
 
 
 class Unresolved(Exception):
@@ -52,12 +47,12 @@ class Lineage(BaseModel):
 
     def step_of(self, version: str) -> int:
         """The optimizer step that produced ``version``; raises :class:`Unresolved` if not an ancestor."""
-        if version == INITIAL:
+        if version == INITIAL_VERSION:
             return 0
-        match = _LABEL.match(version)
-        if match is None:
+        parsed = parse_version_label(version)
+        if parsed is None:
             raise Unresolved("unknown_version", version)
-        step, epoch = int(match.group(1)), int(match.group(2))
+        step, epoch = parsed
         span = self.spans.get(epoch)
         if span is None or not span[0] <= step <= span[1]:
             raise Unresolved("orphaned", version)

@@ -18,9 +18,10 @@ from typing import Any
 
 from services.benchmarks.broker_load import Load, leftover_processes, leftover_sandboxes, run_leases
 from services.benchmarks.broker_procs import Proc, python_proc
-from services.benchmarks.report import percentile, print_table, write_json
+from services.benchmarks.report import percentile, write_json
 from services.runtime.redis_server import redis_url_or_embedded
 from services.runtime.secrets import FleetSecrets
+from services.runtime.tables import print_table
 from services.sandbox_broker.backends.local import remove_sandboxes
 from services.sandbox_broker.settings import BrokerSettings
 from services.sandbox_broker.templates import default_template

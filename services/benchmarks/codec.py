@@ -15,7 +15,7 @@ from typing import Any
 import redis
 from tqdm import tqdm
 
-from services.benchmarks.report import percentile, print_table, write_json
+from services.benchmarks.report import percentile, write_json
 from services.protocol import (
     Status,
     Trajectory,
@@ -27,6 +27,7 @@ from services.protocol import (
     token_ids,
 )
 from services.runtime.redis_server import redis_url_or_embedded
+from services.runtime.tables import print_table
 
 STREAM = "rollout:bench:{codec}:traj"
 GROUP = "bench"

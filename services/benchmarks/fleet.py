@@ -32,10 +32,11 @@ import redis
 
 from services.benchmarks import fleet_workload as workload
 from services.benchmarks.fleet_stack import Stack
-from services.benchmarks.report import print_table, write_json
+from services.benchmarks.report import write_json
 from services.protocol import Trajectory, from_stream_fields, keys
 from services.runtime.redis_server import redis_url_or_embedded
 from services.runtime.secrets import FleetSecrets
+from services.runtime.tables import print_table
 from services.runtime.tokenizer import write_tokenizer_dir
 
 SECRETS = FleetSecrets.generate()  # measured with authentication on, as deployed

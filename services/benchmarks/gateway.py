@@ -26,11 +26,12 @@ import aiohttp
 import redis
 
 from services.benchmarks.proxy_fleet import launch, start_engines, stopping
-from services.benchmarks.report import percentile, print_table, write_json
+from services.benchmarks.report import percentile, write_json
 from services.protocol import keys
 from services.protocol.gateway import GatewayCall, GatewaySession, decode_call, token_digest
 from services.runtime.net import free_port
 from services.runtime.redis_server import EmbeddedRedis
+from services.runtime.tables import print_table
 from services.runtime.tokenizer import write_tokenizer_dir
 
 MAX_NEW = 32

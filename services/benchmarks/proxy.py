@@ -20,7 +20,8 @@ import httpx
 
 from services.benchmarks.proxy_fleet import ADMIN_HEADERS, Launched, start_engines, start_proxy, start_router, stopping
 from services.benchmarks.proxy_load import LoadResult, LoadSpec, run_in_process
-from services.benchmarks.report import percentile, print_table, write_json
+from services.benchmarks.report import percentile, write_json
+from services.runtime.tables import print_table
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

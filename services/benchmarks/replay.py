@@ -61,7 +61,7 @@ def session_of(traj: Trajectory, t0: float, scale: float, tag: str) -> Session:
         sampling = {"max_new_tokens": max(1, turn.response_tokens), "ignore_eos": True, "temperature": 1.0}
         calls.append(Call(wait, len(ids), orjson.dumps({"input_ids": ids, "sampling_params": sampling})))
         wait = turn.exec_s / scale
-    return Session(f"{traj.trajectory_id}#{traj.attempt}{tag}", max(0.0, traj.started_at - t0) / scale, tuple(calls))
+    return Session(f"{traj.attempt_key}{tag}", max(0.0, traj.started_at - t0) / scale, tuple(calls))
 
 
 def sessions_from(trajectories: list[Trajectory], scale: float, tag: str = "") -> list[Session]:

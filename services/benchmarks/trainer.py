@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from services.benchmarks.report import print_table, write_json
+from services.benchmarks.report import write_json
+from services.runtime.tables import print_table
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -26,7 +26,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from services.benchmarks.report import print_table, write_json
+from services.benchmarks.report import write_json
 from services.protocol import SamplingParams
 from services.protocol.sandboxes import ExecRequest, ExecResult
 from services.rollout_api.worker.clients import parse_generation, sampling_params
@@ -34,6 +34,7 @@ from services.rollout_api.worker.conversation import observation, parse_action
 from services.rollout_api.worker.tokenization import _BEFORE, ChatTokenizer
 from services.rollout_api.worker.tokens import TokenBuffer
 from services.runtime.net import free_port
+from services.runtime.tables import print_table
 from services.runtime.tokenizer import write_tokenizer_dir
 
 REPLY = "THOUGHT: look at the failing test first.\n```bash\ngrep -rn 'def parse' src/ | head -50\n```"

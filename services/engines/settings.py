@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from services.protocol.weights import ENGINE_DEFAULT_VERSION
 from services.runtime.settings import UsesAdminToken
 
 
@@ -27,7 +28,7 @@ class EngineSettings(UsesAdminToken):
     served_model_name: str = "sim-model"
     script: Path | None = None  # scripted mode: the replies file
     seed: int = 0
-    weight_version: str = "default"  # what the engine reports before any update
+    weight_version: str = ENGINE_DEFAULT_VERSION  # what the engine reports before any update
     context_length: int = Field(65_536, gt=1)
     max_running_requests: int = Field(256, ge=1)
     kv_capacity_tokens: int = Field(1_500_000, ge=1)  # KV cache size; requests wait when it is full

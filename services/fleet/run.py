@@ -11,10 +11,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.benchmarks.report import print_table
 from services.fleet import demo
 from services.fleet.launcher import Fleet, FleetConfig
 from services.runtime.processes import REPO_ROOT, python_env
+from services.runtime.tables import print_table
 
 log = logging.getLogger(__name__)
 

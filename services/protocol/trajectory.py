@@ -147,6 +147,12 @@ class Timings(msgspec.Struct, kw_only=True):
     total_s: float = 0.0  # the whole attempt
 
 
+def attempt_key(trajectory_id: str, attempt: int) -> str:
+    """``trajectory_id#attempt``: one attempt of a trajectory as a string (the gateway's session id,
+    the trainer's record of an entry's fate)."""
+    return f"{trajectory_id}#{attempt}"
+
+
 class Trajectory(msgspec.Struct, kw_only=True):
     """A finished episode. Written once by a worker; read by trainers and the API."""
 
@@ -185,6 +191,11 @@ class Trajectory(msgspec.Struct, kw_only=True):
     def key(self) -> tuple[str, int]:
         """The unique identity of this record."""
         return (self.trajectory_id, self.attempt)
+
+    @property
+    def attempt_key(self) -> str:
+        """The identity as one string (see :func:`attempt_key`)."""
+        return attempt_key(self.trajectory_id, self.attempt)
 
     @property
     def weight_versions(self) -> list[str]:

@@ -3,12 +3,33 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.protocol.tasks import MAX_TIMEOUT_S, Name, Text
+
+# Weight versions. Written by the trainer (``WeightUpdate.version``), reported by every engine and
+# stamped on every generated token (``Turn.weight_version``); the trainer parses them back to the
+# optimizer step that made the weights (staleness).
+INITIAL_VERSION = "0"  # the trainer's initial weights, the same at every start
+ENGINE_DEFAULT_VERSION = "default"  # what an engine reports before any update (SGLang's own default)
+_VERSION_LABEL = re.compile(r"^(\d+)-e(\d+)$")
+
+
+def version_label(step: int, epoch: int) -> str:
+    """``"0"`` for the initial weights, else ``"<step>-e<epoch>"``: the weights after optimizer step
+    ``step`` trained by the trainer's run epoch ``epoch`` (a new epoch at every trainer start)."""
+    return INITIAL_VERSION if step == 0 else f"{step}-e{epoch}"
+
+
+def parse_version_label(version: str) -> tuple[int, int] | None:
+    """``(step, epoch)`` of a label made by :func:`version_label` past the initial one; else None."""
+    match = _VERSION_LABEL.match(version)
+    return None if match is None else (int(match.group(1)), int(match.group(2)))
+
 
 CHECKSUM_FILE = "CHECKSUM"  # in every export: the checksum of the other files, written last
 # An engine host's own route (not SGLang's): fetch an export from the weight store into local

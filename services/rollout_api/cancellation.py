@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 
 from services.protocol import Status, Task, WorkItem, keys
 from services.protocol.keys import WORKERS_GROUP
+from services.protocol.work import WorkEntry
 from services.rollout_api.publishing import publish, trajectory_shell
 from services.rollout_api.redis_scripts import Scripts
 
@@ -43,10 +44,11 @@ async def drop_queued(redis: Redis, scripts: Scripts, job: str, rollout_id: str,
         if not entries:
             return dropped
         for entry_id, fields in entries:
-            if fields.get(b"rollout", b"").decode() != rollout_id:
+            entry = WorkEntry.from_fields(fields)
+            if entry.rollout_id != rollout_id:
                 continue
             try:
-                item = await _decode(redis, job, fields[b"item"], tasks)
+                item = await _decode(redis, job, entry.item, tasks)
             except (KeyError, ValueError):
                 continue  # undecodable: the workers move it to the dead letters
             await redis.xdel(stream, entry_id)

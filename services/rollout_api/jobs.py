@@ -6,7 +6,6 @@ import time
 from typing import Any
 
 from fastapi import APIRouter
-from redis.exceptions import ResponseError
 
 from services.protocol import ErrorCode, PlatformError, keys
 from services.protocol.api import JobCreate, JobCreated, JobStatus
@@ -15,6 +14,7 @@ from services.rollout_api.auth import hash_token, new_token
 from services.rollout_api.context import AuthCaller, Ctx
 from services.rollout_api.records import JobRecord, read_job
 from services.rollout_api.stats import job_status
+from services.runtime.groups import ensure_group_async
 
 router = APIRouter()
 
@@ -34,16 +34,8 @@ async def create_job(body: JobCreate, ctx: Ctx, caller: AuthCaller) -> JobCreate
         pipe.hset(keys.job_tokens(), token_hash, body.job)
         pipe.sadd(keys.jobs_index(), body.job)
         await pipe.execute()
-    await ensure_group(ctx, body.job)
+    await ensure_group_async(ctx.redis, keys.work_stream(body.job), WORKERS_GROUP)
     return JobCreated(job=body.job, token=token)
-
-
-async def ensure_group(ctx: Ctx, job: str) -> None:
-    try:
-        await ctx.redis.xgroup_create(keys.work_stream(job), WORKERS_GROUP, id="0", mkstream=True)
-    except ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
 
 
 async def job_or_404(ctx: Ctx, job: str) -> JobRecord:

@@ -1,7 +1,8 @@
 """The Lua scripts that keep a job's counters consistent with its streams.
 
-Each script touches only one job's keys (one Redis Cluster slot, see ``protocol.keys``) and runs
-atomically, so a crash between two steps never leaves a counter out of step with a stream:
+Each script names its KEYS and ARGV (``runtime.lua``), touches only one job's keys (one Redis
+Cluster slot, see ``protocol.keys``) and runs atomically, so a crash between two steps never
+leaves a counter out of step with a stream:
 
 - ``admit`` (API): idempotency check, queue quota, rollout record and every XADD, all or nothing;
 - ``take`` (worker): start an attempt of a trajectory (counts a first take as queued -> in flight);
@@ -13,100 +14,125 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from string import Template
 from typing import Any
 
 from redis.asyncio import Redis
 
-from services.protocol import counters, keys
+from services.protocol import counters, keys, work
+from services.runtime.lua import LuaScript
 
-ADMIT = """
-if KEYS[1] ~= KEYS[7] then
-  local existing = redis.call('GET', KEYS[1])
+ADMIT = LuaScript(
+    keys=("idem", "stats", "job", "rollout", "rollouts", "work", "sentinel"),  # idem == sentinel: no key given
+    args=("rollout_id", "now", "count", "idem_ttl_s", "record_fields"),
+    # REST: ``record_fields`` (field, value) pairs of the rollout record, then ``count`` (trajectory id, item)
+    body=Template("""
+if idem ~= sentinel then
+  local existing = redis.call('GET', idem)
   if existing then return {0, existing} end
 end
-local max_queued = tonumber(redis.call('HGET', KEYS[3], 'max_queued') or '0')
-local queued = tonumber(redis.call('HGET', KEYS[2], 'queued') or '0')
-local n = tonumber(ARGV[3])
+local max_queued = tonumber(redis.call('HGET', job, 'max_queued') or '0')
+local queued = tonumber(redis.call('HGET', stats, 'queued') or '0')
+local n = tonumber(count)
 if queued + n > max_queued then return {-1, tostring(queued)} end
-local rid = ARGV[1]
-local now = ARGV[2]
-local nfields = tonumber(ARGV[5])
-local i = 6
-for f = 1, nfields do
-  redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1])
+local i = REST
+for f = 1, tonumber(record_fields) do
+  redis.call('HSET', rollout, ARGV[i], ARGV[i + 1])
   i = i + 2
 end
-redis.call('HSET', KEYS[4], 'queued', n, 'in_flight', 0, 'done', 0, 'created_at', now)
-redis.call('ZADD', KEYS[5], now, rid)
+redis.call('HSET', rollout, 'queued', n, 'in_flight', 0, 'done', 0, 'created_at', now)
+redis.call('ZADD', rollouts, now, rollout_id)
 for k = 1, n do
-  redis.call('XADD', KEYS[6], '*', 'rollout', rid, 'trajectory', ARGV[i], 'item', ARGV[i + 1])
+  redis.call('XADD', work, '*', '$ROLLOUT', rollout_id, '$TRAJECTORY', ARGV[i], '$ITEM', ARGV[i + 1])
   i = i + 2
 end
-redis.call('HINCRBY', KEYS[2], 'queued', n)
-redis.call('HINCRBY', KEYS[2], 'submitted', n)
-if KEYS[1] ~= KEYS[7] then redis.call('SET', KEYS[1], rid, 'EX', tonumber(ARGV[4])) end
-return {1, rid}
-"""
+redis.call('HINCRBY', stats, 'queued', n)
+redis.call('HINCRBY', stats, 'submitted', n)
+if idem ~= sentinel then redis.call('SET', idem, rollout_id, 'EX', tonumber(idem_ttl_s)) end
+return {1, rollout_id}
+""").substitute(ROLLOUT=work.ROLLOUT, TRAJECTORY=work.TRAJECTORY, ITEM=work.ITEM),
+)
 
-TAKE = """
-if redis.call('HEXISTS', KEYS[4], ARGV[1]) == 1 then return {-1, 0} end
-local attempt = redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+TAKE = LuaScript(
+    keys=("attempts", "stats", "rollout", "finished"),
+    args=("trajectory_id",),
+    body="""
+if redis.call('HEXISTS', finished, trajectory_id) == 1 then return {-1, 0} end
+local attempt = redis.call('HINCRBY', attempts, trajectory_id, 1)
 if attempt == 1 then
-  redis.call('HINCRBY', KEYS[2], 'queued', -1)
-  redis.call('HINCRBY', KEYS[2], 'in_flight', 1)
-  redis.call('HINCRBY', KEYS[3], 'queued', -1)
-  redis.call('HINCRBY', KEYS[3], 'in_flight', 1)
+  redis.call('HINCRBY', stats, 'queued', -1)
+  redis.call('HINCRBY', stats, 'in_flight', 1)
+  redis.call('HINCRBY', rollout, 'queued', -1)
+  redis.call('HINCRBY', rollout, 'in_flight', 1)
 end
-redis.call('HINCRBY', KEYS[2], 'attempts', 1)
-local cancelled = tonumber(redis.call('HGET', KEYS[3], 'cancelled') or '0')
+redis.call('HINCRBY', stats, 'attempts', 1)
+local cancelled = tonumber(redis.call('HGET', rollout, 'cancelled') or '0')
 return {attempt, cancelled}
-"""
+""",
+)
 
-GIVE_BACK = """
-local attempt = redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
+GIVE_BACK = LuaScript(
+    keys=("attempts", "stats", "rollout"),
+    args=("trajectory_id",),
+    body="""
+local attempt = redis.call('HINCRBY', attempts, trajectory_id, -1)
 if attempt <= 0 then
-  redis.call('HDEL', KEYS[1], ARGV[1])
-  redis.call('HINCRBY', KEYS[2], 'queued', 1)
-  redis.call('HINCRBY', KEYS[2], 'in_flight', -1)
-  redis.call('HINCRBY', KEYS[3], 'queued', 1)
-  redis.call('HINCRBY', KEYS[3], 'in_flight', -1)
+  redis.call('HDEL', attempts, trajectory_id)
+  redis.call('HINCRBY', stats, 'queued', 1)
+  redis.call('HINCRBY', stats, 'in_flight', -1)
+  redis.call('HINCRBY', rollout, 'queued', 1)
+  redis.call('HINCRBY', rollout, 'in_flight', -1)
 end
-redis.call('HINCRBY', KEYS[2], 'attempts', -1)
+redis.call('HINCRBY', stats, 'attempts', -1)
 return attempt
-"""
+""",
+)
 
-PUBLISH = """
-local tid = ARGV[1]
-if redis.call('HSETNX', KEYS[1], tid, ARGV[2]) == 0 then return 0 end
-local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', unpack(ARGV, 11))
-local status = ARGV[4]
-local now = tonumber(ARGV[5])
-local taken = redis.call('HEXISTS', KEYS[7], tid) == 1
+PUBLISH = LuaScript(
+    keys=("finished", "trajectories", "stats", "rollout", "episodes", "recent", "attempts"),
+    args=(
+        "trajectory_id",
+        "attempt",
+        "maxlen",
+        "status",
+        "now",
+        "duration_s",
+        "turn_cap",
+        "turns",
+        "ran",
+        "infra_counter",  # the stats field counting infra_error trajectories at their stage; '' for none
+    ),  # fmt: skip
+    # REST: the trajectory stream entry's (field, value) pairs
+    body="""
+if redis.call('HSETNX', finished, trajectory_id, attempt) == 0 then return 0 end
+local id = redis.call('XADD', trajectories, 'MAXLEN', '~', maxlen, '*', unpack(ARGV, REST))
+local taken = redis.call('HEXISTS', attempts, trajectory_id) == 1
 local field = taken and 'in_flight' or 'queued'
-redis.call('HINCRBY', KEYS[3], field, -1)
-redis.call('HINCRBY', KEYS[4], field, -1)
-redis.call('HINCRBY', KEYS[3], 'status:' .. status, 1)
-redis.call('HINCRBY', KEYS[4], 'status:' .. status, 1)
-redis.call('HINCRBY', KEYS[3], 'finished', 1)
-if ARGV[10] ~= '' then redis.call('HINCRBY', KEYS[3], ARGV[10], 1) end
-redis.call('HINCRBY', KEYS[3], 'turns', tonumber(ARGV[8]))
-if ARGV[7] == '1' then
-  redis.call('HINCRBY', KEYS[3], 'turn_cap', 1)
-  redis.call('HINCRBY', KEYS[4], 'turn_cap', 1)
+redis.call('HINCRBY', stats, field, -1)
+redis.call('HINCRBY', rollout, field, -1)
+redis.call('HINCRBY', stats, 'status:' .. status, 1)
+redis.call('HINCRBY', rollout, 'status:' .. status, 1)
+redis.call('HINCRBY', stats, 'finished', 1)
+if infra_counter ~= '' then redis.call('HINCRBY', stats, infra_counter, 1) end
+redis.call('HINCRBY', stats, 'turns', tonumber(turns))
+if turn_cap == '1' then
+  redis.call('HINCRBY', stats, 'turn_cap', 1)
+  redis.call('HINCRBY', rollout, 'turn_cap', 1)
 end
-local done = redis.call('HINCRBY', KEYS[4], 'done', 1)
-local total = tonumber(redis.call('HGET', KEYS[4], 'total') or '0')
-if done >= math.ceil(0.9 * total) and redis.call('HEXISTS', KEYS[4], 't90') == 0 then
-  redis.call('HSET', KEYS[4], 't90', ARGV[5])
+local done = redis.call('HINCRBY', rollout, 'done', 1)
+local total = tonumber(redis.call('HGET', rollout, 'total') or '0')
+if done >= math.ceil(0.9 * total) and redis.call('HEXISTS', rollout, 't90') == 0 then
+  redis.call('HSET', rollout, 't90', now)
 end
-redis.call('HSET', KEYS[4], 'last_finish', ARGV[5])
-if taken and ARGV[9] == '1' then
-  redis.call('RPUSH', KEYS[5], ARGV[6])
-  redis.call('LPUSH', KEYS[6], ARGV[5] .. ' ' .. ARGV[6] .. ' ' .. ARGV[7])
-  redis.call('LTRIM', KEYS[6], 0, 9999)
+redis.call('HSET', rollout, 'last_finish', now)
+if taken and ran == '1' then
+  redis.call('RPUSH', episodes, duration_s)
+  redis.call('LPUSH', recent, now .. ' ' .. duration_s .. ' ' .. turn_cap)
+  redis.call('LTRIM', recent, 0, 9999)
 end
 return id
-"""
+""",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,10 +165,10 @@ class Scripts:
     """The scripts registered on one client."""
 
     def __init__(self, client: Redis) -> None:
-        self._admit = client.register_script(ADMIT)
-        self._take = client.register_script(TAKE)
-        self._give_back = client.register_script(GIVE_BACK)
-        self._publish = client.register_script(PUBLISH)
+        self._admit = ADMIT.register(client)
+        self._take = TAKE.register(client)
+        self._give_back = GIVE_BACK.register(client)
+        self._publish = PUBLISH.register(client)
 
     async def admit(
         self,
@@ -156,46 +182,44 @@ class Scripts:
         idempotency_ttl_s: int,
     ) -> Admitted:
         sentinel = keys.job_stats(job)
-        idem = keys.idempotency(job, idempotency_key) if idempotency_key else sentinel
-        script_keys = [
-            idem, keys.job_stats(job), keys.job_record(job), keys.rollout_record(job, rollout_id),
-            keys.rollout_index(job), keys.work_stream(job), sentinel,
-        ]  # fmt: skip
-        args: list[Any] = [rollout_id, repr(now), len(items), idempotency_ttl_s, len(record)]
-        for name, value in record.items():
-            args += [name, value]
-        for trajectory_id, body in items:
-            args += [trajectory_id, body]
-        outcome, value = await self._admit(keys=script_keys, args=args)
+        script_keys = {
+            "idem": keys.idempotency(job, idempotency_key) if idempotency_key else sentinel,
+            "stats": keys.job_stats(job), "job": keys.job_record(job), "rollout": keys.rollout_record(job, rollout_id),
+            "rollouts": keys.rollout_index(job), "work": keys.work_stream(job), "sentinel": sentinel,
+        }  # fmt: skip
+        args = {"rollout_id": rollout_id, "now": repr(now), "count": len(items), "idem_ttl_s": idempotency_ttl_s,
+                "record_fields": len(record)}  # fmt: skip
+        rest: list[Any] = [x for pair in record.items() for x in pair] + [x for pair in items for x in pair]
+        outcome, value = await self._admit(script_keys, args, rest)
         return Admitted(int(outcome), _text(value))
 
     async def take(self, job: str, rollout_id: str, trajectory_id: str) -> Taken:
-        script_keys = [
-            keys.attempts(job), keys.job_stats(job), keys.rollout_record(job, rollout_id), keys.finished(job),
-        ]  # fmt: skip
-        attempt, cancelled = await self._take(keys=script_keys, args=[trajectory_id])
+        script_keys = {"attempts": keys.attempts(job), "stats": keys.job_stats(job),
+                       "rollout": keys.rollout_record(job, rollout_id), "finished": keys.finished(job)}  # fmt: skip
+        attempt, cancelled = await self._take(script_keys, {"trajectory_id": trajectory_id})
         return Taken(int(attempt), bool(int(cancelled)))
 
     async def give_back(self, job: str, rollout_id: str, trajectory_id: str) -> None:
-        script_keys = [keys.attempts(job), keys.job_stats(job), keys.rollout_record(job, rollout_id)]
-        await self._give_back(keys=script_keys, args=[trajectory_id])
+        script_keys = {"attempts": keys.attempts(job), "stats": keys.job_stats(job),
+                       "rollout": keys.rollout_record(job, rollout_id)}  # fmt: skip
+        await self._give_back(script_keys, {"trajectory_id": trajectory_id})
 
     async def publish(
         self, job: str, rollout_id: str, outcome: Outcome, fields: Mapping[str, str | bytes], *, maxlen: int, now: float
     ) -> str | None:
         """XADD the record unless this trajectory already has one; returns the entry id or None."""
-        script_keys = [
-            keys.finished(job), keys.trajectory_stream(job), keys.job_stats(job), keys.rollout_record(job, rollout_id),
-            keys.rollout_episodes(job, rollout_id), keys.job_recent(job), keys.attempts(job),
-        ]  # fmt: skip
-        args: list[Any] = [
-            outcome.trajectory_id, outcome.attempt, maxlen, outcome.status, repr(now),
-            f"{outcome.duration_s:.3f}", "1" if outcome.turn_cap else "0", outcome.turns, "1" if outcome.ran else "0",
-            counters.infra_error_trajectories(outcome.infra_stage) if outcome.infra_stage else "",
-        ]  # fmt: skip
-        for name, value in fields.items():
-            args += [name, value]
-        entry = await self._publish(keys=script_keys, args=args)
+        script_keys = {
+            "finished": keys.finished(job), "trajectories": keys.trajectory_stream(job), "stats": keys.job_stats(job),
+            "rollout": keys.rollout_record(job, rollout_id), "episodes": keys.rollout_episodes(job, rollout_id),
+            "recent": keys.job_recent(job), "attempts": keys.attempts(job),
+        }  # fmt: skip
+        args = {
+            "trajectory_id": outcome.trajectory_id, "attempt": outcome.attempt, "maxlen": maxlen,
+            "status": outcome.status, "now": repr(now), "duration_s": f"{outcome.duration_s:.3f}",
+            "turn_cap": "1" if outcome.turn_cap else "0", "turns": outcome.turns, "ran": "1" if outcome.ran else "0",
+            "infra_counter": counters.infra_error_trajectories(outcome.infra_stage) if outcome.infra_stage else "",
+        }  # fmt: skip
+        entry = await self._publish(script_keys, args, [x for pair in fields.items() for x in pair])
         return None if entry == 0 else _text(entry)
 
 

@@ -5,18 +5,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 
+from services.protocol import ErrorBody, ErrorCode, InfraStage, RewardSpec
 from services.protocol.sandboxes import ExecResult
 from services.protocol.swebench import SweBenchRolloutRequest, SweInstance
 from services.rollout_api.figures import percentile, rate_per_hour, tail_share
 from services.rollout_api.swebench import image_for, instance_task, patched_files, template_for
-from services.rollout_api.worker.clients import parse_generation
+from services.rollout_api.worker.clients import BrokerClient, InfraError, parse_generation
 from services.rollout_api.worker.conversation import SUBMIT_COMMAND, observation, parse_action, truncate_middle
-from services.rollout_api.worker.reward import parse_reward
+from services.rollout_api.worker.reward import parse_reward, score
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.tokens import TokenBuffer
+from services.runtime.net import free_port
 from services.runtime.tokenizer import write_tokenizer_dir
 
 
@@ -136,3 +140,29 @@ def test_the_context_json_grows_with_the_buffer() -> None:
     buffer.add_observation([6])
     buffer.add_generated([], [])
     assert orjson.loads(buffer.context_json()) == buffer.context() == [1, 2, 3, 4, 5, 6]
+
+
+async def test_reward_keeps_whether_a_broker_refusal_is_retryable() -> None:
+    """A broker 422 (a request error, not the platform's) rewrapped at stage ``reward`` stays
+    non-retryable: the runner gives the trajectory up instead of spending its attempts."""
+
+    async def refuse(_: web.Request) -> web.Response:
+        body = ErrorBody.of(ErrorCode.VALIDATION_ERROR, "bad path").model_dump(mode="json")
+        return web.json_response(body, status=422)
+
+    app = web.Application()
+    app.router.add_put("/leases/{lease}/files", refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    spec = RewardSpec(command="true", files={"/tmp/t.py": "x"})
+    try:
+        async with aiohttp.ClientSession() as session:
+            broker = BrokerClient(session, f"http://127.0.0.1:{port}", overhead_s=5)
+            with pytest.raises(InfraError) as raised:
+                await score(broker, "lease-1", spec)
+    finally:
+        await runner.cleanup()
+    assert raised.value.stage is InfraStage.REWARD and raised.value.code is ErrorCode.VALIDATION_ERROR
+    assert not raised.value.retryable

@@ -198,7 +198,7 @@ class Episode:
         started = time.monotonic()
         generation = await self.deps.proxy.generate(
             self.tokens.context_json(), self.sampling, max_new,
-            pool=self.item.pool, session_id=f"{self.item.trajectory_id}#{self.traj.attempt}", job=self.item.job,
+            pool=self.item.pool, session_id=self.traj.attempt_key, job=self.item.job,
         )  # fmt: skip
         llm_s = time.monotonic() - started
         self.deps.metrics.llm_calls.inc()

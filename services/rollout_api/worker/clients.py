@@ -34,6 +34,10 @@ class InfraError(Exception):
         self.message = message
         self.retryable = retryable
 
+    def at(self, stage: InfraStage, context: str) -> InfraError:
+        """The same failure seen at ``stage``: its code and ``retryable`` kept, ``context`` prefixed."""
+        return InfraError(stage, self.code, f"{context}: {self.message}", retryable=self.retryable)
+
 
 class ContextExceeded(Exception):
     """The proxy refused the call: the context would pass the engine's limit."""

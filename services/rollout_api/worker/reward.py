@@ -46,7 +46,7 @@ async def snapshot(broker: BrokerClient, lease_id: str, spec: RewardSpec, workdi
         try:
             taken[absolute] = await broker.read_file(lease_id, absolute)
         except InfraError as exc:
-            raise InfraError(InfraStage.REWARD, exc.code, f"saving {path} for the reward: {exc.message}") from exc
+            raise exc.at(InfraStage.REWARD, f"saving {path} for the reward") from exc
     return taken
 
 
@@ -94,7 +94,7 @@ async def _prepare(
         for path, file_content in spec.files.items():  # fresh copies: the agent's edits to them do not count
             await broker.write_file(lease_id, path, file_content)
     except InfraError as exc:
-        raise InfraError(InfraStage.REWARD, exc.code, f"writing reward files: {exc.message}") from exc
+        raise exc.at(InfraStage.REWARD, "writing reward files") from exc
     absent = [path for path, content in saved.items() if content is None]
     steps = ([f"rm -rf -- {' '.join(shlex.quote(p) for p in absent)}"] if absent else []) + spec.setup
     for step in steps:

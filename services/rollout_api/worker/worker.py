@@ -12,10 +12,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
 from services.protocol import Task, WorkItem, keys
 from services.protocol.keys import WORKERS_GROUP
+from services.protocol.work import WorkEntry, dead_letter_fields
 from services.rollout_api.records import read_jobs
 from services.rollout_api.redis_scripts import Scripts
 from services.rollout_api.worker.agent import AgentDeps
@@ -23,6 +23,7 @@ from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.outages import BROKER
 from services.rollout_api.worker.runner import STOP_CANCELLED, STOP_SHUTDOWN, Delivery, ItemRunner
 from services.rollout_api.worker.scheduler import FairShare
+from services.runtime.groups import ensure_group_async
 from services.runtime.outages import STORE_ERRORS, Outage
 
 log = logging.getLogger(__name__)
@@ -97,16 +98,9 @@ class Worker:
             records = [r for r in records if r.job in self.settings.jobs]
         for record in records:
             if record.job not in self.fair.jobs:
-                await self._ensure_group(record.job)
+                await ensure_group_async(self.redis, keys.work_stream(record.job), WORKERS_GROUP)
         self.fair.set_jobs({r.job: r.weight for r in records})
         self.max_in_flight = {r.job: r.quotas.max_in_flight for r in records}
-
-    async def _ensure_group(self, job: str) -> None:
-        try:
-            await self.redis.xgroup_create(keys.work_stream(job), WORKERS_GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
 
     async def _fill(self) -> None:
         while not self.stopping.is_set():
@@ -172,7 +166,7 @@ class Worker:
         """Run the entry's item (1), or move an entry that cannot be decoded to the dead letters (0)."""
         entry_id, fields = entry
         try:
-            raw = fields.get(b"item", b"")
+            raw = WorkEntry.from_fields(fields).item
             item = WorkItem.decode(raw, await self._task(job, raw))
         except (KeyError, ValueError) as exc:  # no such task, pydantic's ValidationError, bytes that are no JSON
             await self._dead_letter(job, entry_id, fields, str(exc).splitlines()[0][:500])
@@ -204,7 +198,7 @@ class Worker:
         log.warning("work entry %s of job %s cannot be decoded (%s): moved to the dead letters", entry_id, job, reason)
         stream = keys.work_stream(job)
         async with self.redis.pipeline(transaction=True) as pipe:
-            mapping: dict[Any, Any] = {**fields, b"dead_reason": reason.encode(), b"dead_entry": entry_id}
+            mapping: dict[Any, Any] = dead_letter_fields(fields, reason, entry_id)
             pipe.xadd(keys.dead_letters(job), mapping, maxlen=10_000, approximate=True)
             pipe.xack(stream, WORKERS_GROUP, entry_id)
             pipe.xdel(stream, entry_id)

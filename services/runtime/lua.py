@@ -1,0 +1,59 @@
+"""Lua scripts whose KEYS and ARGV are named.
+
+A :class:`LuaScript` lists the names of its keys and of its leading arguments once. The script's
+source starts with Lua locals of those names (``local stats, record = KEYS[1], KEYS[2]``), so its
+body never indexes by position, and a caller passes them by name, so the argument lists are built
+from the same definition. Arguments past the named ones (a variable-length tail, such as a stream
+entry's field/value pairs) start at the Lua local ``REST``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+
+@dataclass(frozen=True, slots=True)
+class LuaScript:
+    keys: tuple[str, ...]  # KEYS[1], KEYS[2], ... as Lua locals
+    args: tuple[str, ...]  # ARGV[1], ARGV[2], ... as Lua locals; ARGV[REST] onwards is the tail
+    body: str  # Lua using those names
+
+    @property
+    def source(self) -> str:
+        """The script as Redis runs it: the named locals, then the body."""
+        lines = [_locals(self.keys, "KEYS"), _locals(self.args, "ARGV"), f"local REST = {len(self.args) + 1}"]
+        return "\n".join(line for line in lines if line) + "\n" + self.body.lstrip("\n")
+
+    def register(self, client: Redis) -> BoundScript:
+        return BoundScript(self, client.register_script(self.source))
+
+
+@dataclass(frozen=True, slots=True)
+class BoundScript:
+    """A :class:`LuaScript` registered on one client."""
+
+    script: LuaScript
+    runner: Any  # redis-py's AsyncScript
+
+    async def __call__(self, keys: Mapping[str, str], args: Mapping[str, Any], rest: Sequence[Any] = ()) -> Any:
+        """Run with ``keys`` and ``args`` by name (exactly the declared ones) and ``rest`` after them."""
+        _check(self.script.keys, keys, "keys")
+        _check(self.script.args, args, "args")
+        ordered_keys = [keys[name] for name in self.script.keys]
+        ordered_args = [args[name] for name in self.script.args] + list(rest)
+        return await self.runner(keys=ordered_keys, args=ordered_args)
+
+
+def _locals(names: tuple[str, ...], array: str) -> str:
+    if not names:
+        return ""
+    return f"local {', '.join(names)} = " + ", ".join(f"{array}[{i}]" for i in range(1, len(names) + 1))
+
+
+def _check(declared: tuple[str, ...], given: Mapping[str, Any], what: str) -> None:
+    if set(given) != set(declared):
+        raise TypeError(f"script {what} {sorted(given)} differ from the declared {list(declared)}")
