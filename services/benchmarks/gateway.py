@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import os
 import secrets
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,11 +24,10 @@ from typing import Any
 import aiohttp
 import redis
 
-from services.benchmarks.proxy_fleet import launch, start_engines, stopping
+from services.benchmarks.proxy_fleet import start_engines, start_proxy, stopping
 from services.benchmarks.report import percentile, write_json
 from services.protocol import keys
 from services.protocol.gateway import GatewayCall, GatewaySession, decode_call, token_digest
-from services.runtime.net import free_port
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.tables import print_table
 from services.runtime.tokenizer import write_tokenizer_dir
@@ -54,11 +52,8 @@ def run(args: argparse.Namespace) -> int:
         model = write_tokenizer_dir(Path(tmp) / "tokenizer")
         engines, urls = start_engines(args.engines, 1, engine_args, Path(tmp))
         with stopping(engines) as launched:
-            port = free_port()
-            argv = [sys.executable, "-m", "services.cli", "proxy", "--port", str(port), "--workers", str(args.workers),
-                    "--engines", ",".join(urls), "--gateway-tokenizers", f"default={model}"]  # fmt: skip
-            os.environ["ROLLOUT_REDIS_URL"] = server.url
-            proxy = launch("proxy", argv, f"http://127.0.0.1:{port}", "/healthz", Path(tmp))
+            os.environ["ROLLOUT_REDIS_URL"] = server.url  # the sessions live where the bench writes them
+            proxy = start_proxy(urls, args.workers, Path(tmp), "--gateway-tokenizers", f"default={model}")
             launched.append(proxy)
             figures = asyncio.run(measure(args, proxy.url, server.url, proxy.cpu_s))
     print_table(f"gateway benchmark: {args.sessions} sessions x {args.turns} calls", figures["rows"])

@@ -86,10 +86,11 @@ def start_engines(
     return launched, urls
 
 
-def start_proxy(engine_urls: Sequence[str], workers: int, log_dir: Path) -> Launched:
+def start_proxy(engine_urls: Sequence[str], workers: int, log_dir: Path, *extra: str) -> Launched:
+    """Our proxy with authentication on (as deployed); Redis from ``ROLLOUT_REDIS_URL`` or embedded."""
     port = free_port()
     argv = [sys.executable, "-m", "services.cli", "proxy", "--port", str(port), "--workers", str(workers),
-            "--engines", ",".join(engine_urls)]  # fmt: skip
+            "--engines", ",".join(engine_urls), *extra]  # fmt: skip
     env_url = f"http://127.0.0.1:{port}"
     proxy = launch("proxy", argv, env_url, "/healthz", log_dir, env={"ROLLOUT_PROXY_ADMIN_TOKEN": BENCH_ADMIN})
     deadline = time.monotonic() + 30  # every engine routable from the process we ask

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from services.llm_proxy.admin import Admin
+from services.llm_proxy.admission import Admission
 from services.llm_proxy.auth import ProxyAuth, authenticator
 from services.llm_proxy.calls import Forwarder
 from services.llm_proxy.errors import Handler, error_bodies
@@ -16,6 +17,7 @@ from services.llm_proxy.fleet import FleetView
 from services.llm_proxy.gateway.metrics import GatewayMetrics
 from services.llm_proxy.gateway.service import Gateway
 from services.llm_proxy.health import HealthChecker
+from services.llm_proxy.limits import process_limits, queue_limits
 from services.llm_proxy.membership import MembershipStore
 from services.llm_proxy.metrics import ProxyMetrics
 from services.llm_proxy.openapi import document
@@ -57,7 +59,7 @@ async def models(request: web.Request) -> web.Response:
 
 def create_app(settings: ProxySettings, redis_url: str) -> web.Application:
     authenticator(settings)  # no admin token and no development flag: refuse to start
-    app = web.Application(client_max_size=1024**3, middlewares=[error_bodies, authenticate])
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_bodies, authenticate])
     proxy_metrics = ProxyMetrics()
     app[METRICS] = proxy_metrics
     gateway_metrics = GatewayMetrics(proxy_metrics.registry)
@@ -75,7 +77,9 @@ def create_app(settings: ProxySettings, redis_url: str) -> web.Application:
         app[AUTH] = ProxyAuth(settings, redis, proxy_metrics)
         session = create_session(settings)
         background = BackgroundTasks()
-        forwarder = Forwarder(settings, view, store, session, proxy_metrics, background)
+        admission = Admission(queue_limits(settings), proxy_metrics)
+        proxy_metrics.limits(process_limits(settings, session))
+        forwarder = Forwarder(settings, view, store, session, proxy_metrics, background, admission)
         for path in ("/generate", "/v1/chat/completions", "/v1/completions"):
             app.router.add_post(path, forwarder.handle)
         Gateway(settings, forwarder, redis, view, gateway_metrics).add_routes(app)

@@ -21,6 +21,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from services.llm_proxy.admission import Admission
 from services.llm_proxy.body import ParsedBody
 from services.llm_proxy.fleet import EngineRuntime, FleetView
 from services.llm_proxy.guard import ContextGuard, is_engine_length_error
@@ -72,8 +73,10 @@ class Forwarder:
         session: aiohttp.ClientSession,
         metrics: ProxyMetrics,
         background: BackgroundTasks,
+        admission: Admission,
     ) -> None:
         self.settings = settings
+        self.admission = admission
         self.view = view
         self.store = store
         self.session = session
@@ -87,21 +90,40 @@ class Forwarder:
         self._rid_prefix = secrets.token_hex(8)  # random per process
         self._rid_counter = itertools.count()
 
-    def _mint_rid(self) -> str:
+    def mint_rid(self) -> str:
         """32 hex characters: a random per-process prefix and a counter. All rids have the same length,
         so none is a prefix of another (SGLang's ``/abort_request`` matches by prefix)."""
         return f"{self._rid_prefix}{next(self._rid_counter):016x}"
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
-        rid = self._mint_rid()
+        rid = self.mint_rid()
         try:
             call = await self._prepare(request, rid, started)
-            await self._hold(call.pool)
-            return await self._dispatch(request, call)
+            return await self.send(request, call)
         except PlatformError as exc:
             self.metrics.errors.labels("-", exc.code.value).inc()
             return error_response(exc, {h.HEADER_RID: rid})
+
+    def native_call(
+        self, pool: str, body: dict[str, Any], prompt_len: int, session: str | None, deadline_s: float | None
+    ) -> Call:
+        """A non-streaming ``/generate`` call built inside the proxy (the agent gateway): guarded and given
+        a rid like a client's call. ``body`` holds ``input_ids``; raises ``PlatformError`` on a guard refusal."""
+        started = time.perf_counter()
+        self.guard.guard_generate(body, prompt_len)
+        rid = body["rid"] = self.mint_rid()
+        deadline_at = None if deadline_s is None else asyncio.get_running_loop().time() + deadline_s
+        return Call(
+            route=GENERATE, pool=pool, body=ParsedBody(body, None, prompt_len), rid=rid, session=session,
+            deadline_s=deadline_s, stream=False, started=started, deadline_at=deadline_at,
+        )  # fmt: skip
+
+    async def send(self, request: web.Request, call: Call) -> web.StreamResponse:
+        """What every call goes through: held while its pool's weights update, queued while every engine
+        is saturated, routed, forwarded (retried elsewhere when unanswered), answered with provenance."""
+        await self._hold(call.pool)
+        return await self._dispatch(request, call)
 
     async def _prepare(self, request: web.Request, rid: str, started: float) -> Call:
         route = request.path
@@ -159,9 +181,13 @@ class Forwarder:
         payload = call.body.encode()
         tried: set[str] = set()  # engines that refused or reset: not tried again for this call
         slow: set[str] = set()  # engines slow to connect: others first, then these again
+
+        def untried() -> list[EngineRuntime]:
+            return [e for e in self.view.routable(call.pool) if e.url not in tried]
+
         while len(tried) <= self.settings.retries:
-            routable = [e for e in self.view.routable(call.pool) if e.url not in tried]
-            engines = [e for e in routable if e.url not in slow] or routable
+            free = await self.admission.engines(call.pool, untried, len(payload), call.deadline_at)
+            engines = [e for e in free if e.url not in slow] or free
             if not engines:
                 break
             rt = self.router.choose(engines, call.session, self.rng)
@@ -209,6 +235,7 @@ class Forwarder:
         finally:
             rt.in_flight -= 1
             series.in_flight.dec()
+            self.admission.released(call.pool)
 
     async def _send(self, rt: EngineRuntime, call: Call, payload: bytes) -> aiohttp.ClientResponse:
         try:

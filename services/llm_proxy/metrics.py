@@ -82,6 +82,28 @@ class ProxyMetrics:
             multiprocess_mode="livesum",
         )  # fmt: skip
         self.held_total = Counter("rollout_proxy_held_calls", "Calls that were held", ["pool"], registry=r)
+        self.queue_depth = Gauge(
+            "rollout_proxy_queue_depth", "Calls waiting in the overload queue (every engine saturated)", registry=r,
+            multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.queue_bytes = Gauge(
+            "rollout_proxy_queue_bytes", "Request bytes waiting in the overload queue", registry=r,
+            multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.queue_waits = Counter(
+            "rollout_proxy_queue_waits", "Calls that met the overload queue, by outcome", ["outcome"], registry=r
+        )
+        self.queue_wait_seconds = Histogram(
+            "rollout_proxy_queue_wait_seconds", "Time calls spent in the overload queue", buckets=LATENCY_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.limit = Gauge(
+            "rollout_proxy_limit", "Every limit of one proxy process (0: none); used/limit is saturation", ["limit"],
+            registry=r, multiprocess_mode="max",
+        )  # fmt: skip
+        self.processes = Gauge(
+            "rollout_proxy_processes", "Live proxy worker processes", registry=r, multiprocess_mode="livesum"
+        )
         self.engine_up = Gauge(
             "rollout_proxy_engine_up", "1 if routable from this process", ["engine"], registry=r,
             multiprocess_mode="min",
@@ -103,6 +125,12 @@ class ProxyMetrics:
             self.redis_pool_limit.labels("proxy", "commands").set(f["limit"])
             self.redis_pool_waits.labels("proxy", "commands", "waited").set(f["waits"])
             self.redis_pool_waits.labels("proxy", "commands", "timed_out").set(f["wait_timeouts"])
+
+    def limits(self, values: dict[str, float]) -> None:
+        """Publish this process's limits (``services.llm_proxy.limits``)."""
+        self.processes.set(1)
+        for name, value in values.items():
+            self.limit.labels(name).set(value)
 
     def engine(self, engine_id: str) -> EngineSeries:
         series = self._engines.get(engine_id)

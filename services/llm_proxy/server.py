@@ -16,8 +16,11 @@ from aiohttp import web
 from prometheus_client import multiprocess
 
 from services.llm_proxy.app import create_app
+from services.llm_proxy.auth import authenticator
+from services.llm_proxy.limits import MAX_FIELD_BYTES, MAX_HEADERS, MAX_LINE_BYTES, listen_backlog
 from services.llm_proxy.membership import MembershipStore
 from services.llm_proxy.settings import ProxySettings
+from services.runtime.limits import raise_fd_limit
 from services.runtime.logs import configure_logging
 from services.runtime.processes import die_with_parent
 from services.runtime.redis_pool import open_redis
@@ -29,10 +32,11 @@ log = logging.getLogger(__name__)
 
 async def serve_worker(settings: ProxySettings, redis_url: str) -> None:
     runner = web.AppRunner(
-        create_app(settings, redis_url), handler_cancellation=True, access_log=None, shutdown_timeout=3.0
-    )
+        create_app(settings, redis_url), handler_cancellation=True, access_log=None, shutdown_timeout=3.0,
+        max_line_size=MAX_LINE_BYTES, max_field_size=MAX_FIELD_BYTES, max_headers=MAX_HEADERS,
+    )  # fmt: skip
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=True, backlog=16_384)
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=True, backlog=listen_backlog(settings))
     await site.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -62,6 +66,9 @@ async def seed_membership(settings: ProxySettings, redis_url: str) -> None:
 def run(settings: ProxySettings) -> int:
     """Run the parent until SIGTERM/SIGINT; returns the exit code."""
     configure_logging(settings.log_level)
+    authenticator(settings)  # no admin token and no development flag: refuse here, not in a crash-looping child
+    soft, _ = raise_fd_limit()  # one socket per call each way: the children inherit it
+    log.info("open-file limit %d per process", soft)
     stopping = False
 
     def _stop(signum: int, frame: object) -> None:

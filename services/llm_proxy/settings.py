@@ -35,6 +35,14 @@ class ProxySettings(UsesRedis, UsesAdminToken, UsesServiceToken):
     keepalive_s: float = Field(4.0, gt=0, lt=5.0)  # below SGLang's 5 s server keep-alive
     default_deadline_s: float | None = Field(None, gt=0)  # per call, unless X-Deadline-S says otherwise
     retries: int = Field(2, ge=0)  # other engines tried when a connection fails before sending
+    # overload queue: while every engine of a pool holds engine_max_in_flight calls, calls wait (FIFO)
+    engine_max_in_flight: int = Field(2048, ge=0)  # per engine, over all processes (split evenly); 0: no limit
+    queue_max_calls: int = Field(20_000, ge=0)  # calls waiting at once, per process; past it 503 + Retry-After
+    queue_max_bytes: int = Field(1024**3, ge=0)  # request bytes waiting at once, per process
+    queue_wait_s: float = Field(600.0, gt=0)  # longest wait in the queue (503 capacity_exhausted after it)
+    # server: explicit limits that the kernel or aiohttp would otherwise set silently
+    listen_backlog: int = Field(16_384, ge=1)  # accept queue per process (the kernel caps it at somaxconn)
+    max_body_bytes: int = Field(1024**3, ge=1)  # larger request bodies get 413
     # health and load
     health_interval_s: float = Field(1.0, gt=0)
     health_timeout_s: float = Field(2.0, gt=0)

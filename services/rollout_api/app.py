@@ -24,6 +24,13 @@ from services.runtime.redis_pool import observe_pools, open_redis
 from services.runtime.settings import RedisSettings
 
 
+def http_client(settings: ApiSettings) -> httpx.AsyncClient:
+    """The API's HTTP client with its pool sized by settings (httpx's default is a silent 100)."""
+    size = settings.http_connections
+    limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
+    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(5.0, pool=settings.http_pool_wait_s))
+
+
 def create_app(settings: ApiSettings, redis_url: str, redis_settings: RedisSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -31,7 +38,8 @@ def create_app(settings: ApiSettings, redis_url: str, redis_settings: RedisSetti
         streams = open_redis(redis_url, redis_settings, size=settings.sse_connections)
         metrics = ApiMetrics()
         observe_pools(metrics.registry, "api", {"commands": redis, "streams": streams})
-        async with httpx.AsyncClient() as http:
+        async with http_client(settings) as http:
+            metrics.observe_http(http, settings.http_connections)
             app.state.ctx = ApiContext(
                 settings=settings, redis=redis, streams=streams, scripts=Scripts(redis), http=http,
                 templates=TemplateCatalog(settings.broker_url, settings.template_cache_s, settings.client_token()),

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from typing import Any
+
+import httpx
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class ApiMetrics:
@@ -28,3 +31,17 @@ class ApiMetrics:
         self.sse_events = Counter(
             "rollout_api_sse_events_total", "trajectories sent over SSE", ["job"], registry=self.registry
         )
+
+    def observe_http(self, client: httpx.AsyncClient, limit: int) -> None:
+        """The HTTP client's pool as saturation gauges: connections in use and idle, and the limit."""
+        pool = Gauge("rollout_api_http_pool_connections", "HTTP client connections, by state", ["state"],
+                     registry=self.registry)  # fmt: skip
+        pool.labels("in_use").set_function(lambda: _http_connections(client, idle=False))
+        pool.labels("idle").set_function(lambda: _http_connections(client, idle=True))
+        Gauge("rollout_api_http_pool_limit", "Most HTTP client connections", registry=self.registry).set(limit)
+
+
+def _http_connections(client: httpx.AsyncClient, *, idle: bool) -> int:
+    """Counted from httpcore's pool (httpx has no public counter; 0 if its layout changes)."""
+    connections: list[Any] = getattr(getattr(getattr(client, "_transport", None), "_pool", None), "connections", [])
+    return sum(1 for c in connections if c.is_idle() == idle)

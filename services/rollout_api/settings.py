@@ -22,6 +22,9 @@ class ApiSettings(UsesRedis, UsesAdminToken, UsesServiceToken):
     max_body_bytes: int = 32 * 1024 * 1024  # POST bodies above this get 413
     idempotency_ttl_s: int = 7 * 24 * 3600  # how long a submitted idempotency key is remembered
     template_cache_s: float = 5.0  # how long the broker's template list is reused
+    # the API's own HTTP client (broker templates, dashboard sources): an explicit pool, in /metrics
+    http_connections: int = Field(256, ge=1)  # most connections open at once; callers past it wait
+    http_pool_wait_s: float = Field(5.0, gt=0)  # longest wait for a connection (then the check is skipped)
     sse_block_ms: int = Field(
         5_000, ge=1, le=30_000
     )  # XREAD BLOCK of a trajectory stream; a keep-alive follows each empty wait

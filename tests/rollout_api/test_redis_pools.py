@@ -76,6 +76,8 @@ def test_300_subscribers_on_a_100_connection_pool_and_a_submission(tmp_path: Pat
     assert metric(text, "rollout_redis_pool_wait_timeouts_total", pool="streams") == 0
     assert metric(text, "rollout_redis_pool_limit", pool="commands") >= 1
     assert "process_open_fds" in text and "process_max_fds" in text
+    assert "rollout_api_http_pool_limit 256.0" in text  # the template check's HTTP pool: sized, not httpx's 100
+    assert metric(text, "rollout_api_http_pool_connections", state="in_use") >= 0
 
 
 @pytest.mark.slow

@@ -7,7 +7,6 @@ retries on another engine, aborts on disconnect or deadline, provenance and metr
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import time
 from dataclasses import dataclass, field
@@ -16,8 +15,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from services.llm_proxy.body import ParsedBody
-from services.llm_proxy.calls import GENERATE, Call, Forwarder
+from services.llm_proxy.calls import Forwarder
 from services.protocol import ErrorCode, PlatformError
 from services.protocol import llm as h
 from services.protocol.trajectory import RoutedExperts
@@ -66,23 +64,8 @@ async def generate(forwarder: Forwarder, request: web.Request, req: EngineReques
     if req.routed_experts is not None:
         body["return_routed_experts"] = True
     started = time.perf_counter()
-    forwarder.guard.guard_generate(body)
-    rid = forwarder._mint_rid()
-    body["rid"] = rid
-    loop_now = asyncio.get_running_loop().time()
-    call = Call(
-        route=GENERATE,
-        pool=req.pool,
-        body=ParsedBody(body, None, len(req.prompt_ids)),
-        rid=rid,
-        session=req.affinity,
-        deadline_s=req.deadline_s,
-        stream=False,
-        started=started,
-        deadline_at=None if req.deadline_s is None else loop_now + req.deadline_s,
-    )
-    await forwarder._hold(req.pool)
-    response = await forwarder._dispatch(request, call)
+    call = forwarder.native_call(req.pool, body, len(req.prompt_ids), req.affinity, req.deadline_s)
+    response = await forwarder.send(request, call)
     assert isinstance(response, web.Response) and isinstance(response.body, bytes)
     doc = orjson.loads(response.body)
     if response.status != 200:

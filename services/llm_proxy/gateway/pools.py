@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from services.llm_proxy.fleet import FleetView
+from services.llm_proxy.gateway.delta import is_local
 from services.llm_proxy.gateway.parsers import PARSERS
 from services.llm_proxy.settings import ProxySettings
 from services.runtime.chat import ChatTemplate, bundled_chat_template
@@ -24,6 +25,7 @@ class PoolConfigs:
                 raise ValueError(f"gateway_tool_parsers: {pool}={name} is not one of {', '.join(PARSERS)}")
         self.experts = {p: _shape(v) for p, v in settings.gateway_map("gateway_routed_experts").items()}
         self._loaded: dict[str, ChatTemplate] = {}
+        self._local: dict[int, bool] = {}  # id(template) -> delta rendering is exact for it
 
     def template(self, pool: str) -> ChatTemplate:
         """The configured tokenizer directory, else the pool's current weights directory when it has a
@@ -43,6 +45,16 @@ class PoolConfigs:
                 log.warning("pool %s has no tokenizer configured: the gateway renders with the bundled one", pool)
                 found = bundled_chat_template()
             self._loaded[key] = found
+        return found
+
+    def local(self, pool: str) -> bool:
+        """Whether the pool's template may render only new messages (``delta.is_local``, checked once)."""
+        chat = self.template(pool)
+        found = self._local.get(id(chat))
+        if found is None:
+            found = self._local[id(chat)] = is_local(chat)
+            log.info("pool %s: chat template is %s", pool, "local: new messages rendered alone" if found else
+                     "not local: every call renders the whole conversation")  # fmt: skip
         return found
 
     def parser(self, pool: str) -> str:

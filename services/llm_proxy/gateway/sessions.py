@@ -85,17 +85,19 @@ class SessionStore:
         await self.redis.hsetnx(keys.gateway_state(session.session), "truncated", cap)
 
     async def record(self, session: GatewaySession, call: GatewayCall, context: Context, *, mismatch: bool) -> None:
+        """One round trip, no MULTI/EXEC: the call's index is already taken, so a partial write cannot
+        clash with another call; the keys' expiry (which never moves) is set by each call that opens a segment."""
         sid = session.session
         ttl = max(1, int(session.expires_at - time.time()) + 60)
-        async with self.redis.pipeline(transaction=True) as pipe:
+        async with self.redis.pipeline(transaction=False) as pipe:
             pipe.rpush(keys.gateway_calls(sid), encode_call(call))
             pipe.set(keys.gateway_context(sid), orjson.dumps(context.to_json()), ex=ttl)
             if mismatch:
                 pipe.hincrby(keys.gateway_state(sid), "mismatches", 1)
-            if not call.merged:
+            if not call.merged:  # a merged call follows a recorded one, which set the expiry
                 pipe.hincrby(keys.gateway_state(sid), "segments", 1)
-            for key in (keys.gateway_calls(sid), keys.gateway_state(sid)):
-                pipe.expire(key, ttl)
+                for key in (keys.gateway_calls(sid), keys.gateway_state(sid)):
+                    pipe.expire(key, ttl)
             await pipe.execute()
 
 
@@ -108,4 +110,5 @@ def _context(doc: dict[str, Any], last: GatewayCall) -> Context:
         segment=int(doc["segment"]),
         held=held,
         ended_with_eos=bool(doc.get("eos")),
+        output_ids=list(last.output_ids),
     )

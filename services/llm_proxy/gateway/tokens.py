@@ -1,5 +1,9 @@
 """Which prompt ids a call sends, and whether it extends the session's open token sequence.
 
+0. When the pool's template is local (``delta.is_local``) and the messages are the last call's
+   messages plus the reply the gateway gave plus new ones, only the new messages are rendered and
+   tokenised, and appended to the recorded ids (``delta.extend``); a reply that does not re-render
+   as sampled is counted as a mismatch, as in 2.
 1. Render the conversation with the pool's chat template and tokenize it. When those ids start
    with the open segment's ids (the last call's prompt + output), the call merges: the extra
    tail is template/tool text (loss mask 0).
@@ -12,9 +16,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from services.llm_proxy.gateway.delta import extend
 from services.runtime.chat import ChatTemplate
 
 Messages = list[dict[str, Any]]
@@ -30,6 +35,7 @@ class Context:
     segment: int
     held: list[int]  # the segment's ids: the last call's prompt + output
     ended_with_eos: bool
+    output_ids: list[int] = field(default_factory=list)  # the last call's output (the reply's sampled ids)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -59,8 +65,19 @@ def normal(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def plan_chat(
-    chat: ChatTemplate, messages: Messages, tools: list[dict[str, Any]] | None, last: Context | None, next_segment: int
+    chat: ChatTemplate,
+    messages: Messages,
+    tools: list[dict[str, Any]] | None,
+    last: Context | None,
+    next_segment: int,
+    *,
+    local: bool = False,
 ) -> Plan:
+    if local and last is not None:
+        delta = _delta(chat, messages, tools, last)
+        if delta is not None:
+            ids, exact = delta
+            return Plan([*last.held, *ids], last.segment, merged=True, mismatch=not exact)
     full = chat.render(messages, True, tools)
     rendered = chat.encode(full)
     if last is None:
@@ -84,15 +101,29 @@ def _extends(ids: Sequence[int], held: Sequence[int]) -> bool:
     return len(ids) > len(held) and ids[: len(held)] == held
 
 
+def _continues(messages: Messages, tools: list[dict[str, Any]] | None, last: Context) -> bool:
+    """The messages are the last call's, then the gateway's reply, then at least one more."""
+    if last.reply is None or not last.ended_with_eos or tools != last.tools:
+        return False
+    before = [*last.messages, last.reply]
+    n = len(before)
+    return len(messages) > n and [normal(m) for m in messages[:n]] == [normal(m) for m in before]
+
+
+def _delta(
+    chat: ChatTemplate, messages: Messages, tools: list[dict[str, Any]] | None, last: Context
+) -> tuple[list[int], bool] | None:
+    if not _continues(messages, tools, last) or last.reply is None:
+        return None
+    return extend(chat, last.messages, last.reply, messages[len(last.messages) + 1 :], last.output_ids, tools)
+
+
 def _token_in(
     chat: ChatTemplate, messages: Messages, tools: list[dict[str, Any]] | None, last: Context, full: str
 ) -> list[int] | None:
-    if last.reply is None or not last.ended_with_eos or tools != last.tools:
+    if not _continues(messages, tools, last):
         return None
-    before = [*last.messages, last.reply]
-    n = len(before)
-    if len(messages) <= n or [normal(m) for m in messages[:n]] != [normal(m) for m in before]:
-        return None
+    n = len(last.messages) + 1
     base = chat.render(messages[:n], False, tools)
     cut = base.rfind(chat.eos_text)
     if not full.startswith(base) or cut < 0:

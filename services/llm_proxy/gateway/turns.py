@@ -71,7 +71,8 @@ class Turns:
         view = await self.store.open_call(session)
         chat = self.pools.template(session.pool)
         if turn.messages is not None:
-            plan = plan_chat(chat, turn.messages, turn.tools, view.last, view.segments)
+            local = self.pools.local(session.pool)
+            plan = plan_chat(chat, turn.messages, turn.tools, view.last, view.segments, local=local)
         else:
             ids = turn.prompt if isinstance(turn.prompt, list) else chat.encode(turn.prompt or "")
             plan = plan_ids(ids, view.last, view.segments)

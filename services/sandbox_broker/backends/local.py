@@ -11,15 +11,12 @@ this one after a restart, finds it again by id; nothing runs between commands.
 from __future__ import annotations
 
 import asyncio
-import errno
-import io
 import json
 import logging
 import os
 import posixpath
 import secrets
 import shutil
-import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -27,18 +24,21 @@ from typing import Any
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import ExecRequest, ExecResult
 from services.protocol.status import ErrorCode
-from services.sandbox_broker.backends import disk, imageroot, netns, overlay
+from services.sandbox_broker.backends import disk, imageroot, leftovers, netns, overlay
+from services.sandbox_broker.backends.agents import AgentRequest, ExecAgents, agent_command
 from services.sandbox_broker.backends.base import OutputSink, Sandbox, SandboxSpec, bad_path, sandbox_gone
-from services.sandbox_broker.backends.bwrap import (
-    BASE_PATH,
-    HostProbe,
-    SandboxPaths,
-    bwrap_argv,
-    limits_prefix,
-    probe_bwrap,
-)
+from services.sandbox_broker.backends.bwrap import HostProbe, SandboxPaths, probe_bwrap
 from services.sandbox_broker.backends.cgroups import Cgroups
-from services.sandbox_broker.backends.local_images import LocalImages, image_of, read_meta, shell_argv, workdir_of
+from services.sandbox_broker.backends.local_commands import (
+    AGENT_ENV,
+    agent_python,
+    command_of,
+    cwd_of,
+    env_of,
+    sandbox_prefix,
+)
+from services.sandbox_broker.backends.local_files import extract_tar, pack_tar, read_host_file, write_host_file
+from services.sandbox_broker.backends.local_images import LocalImages, image_of, read_meta, workdir_of
 from services.sandbox_broker.backends.process import run_process, watch_children_with_pidfds
 from services.sandbox_broker.settings import BrokerSettings
 
@@ -67,6 +67,8 @@ class LocalBackend:
         self.disk_quota = False  # each sandbox's writable state on a loop-mounted, size-limited ext4
         self.egress_problem = "not probed"  # '' when egress sandboxes get their own isolated namespace
         self._bwrap: str | None = None
+        self.agents = ExecAgents()
+        self.use_agents = settings.exec_agents
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -75,15 +77,17 @@ class LocalBackend:
         self.root.mkdir(parents=True, exist_ok=True)
         for directory in (self.root.parent, self.root):
             directory.chmod(0o711)  # the sandbox uid passes through, lists nothing
+        await asyncio.to_thread(leftovers.clean_probes, self.root.parent)
         await asyncio.to_thread(self.images.clean_leftovers)
         self.cgroups = await asyncio.to_thread(Cgroups.probe, self.pids_max, Cgroups.scope_of(self.root))
         paths = SandboxPaths(self.root.parent / "probe")
         self._layout(paths)
         binary, version, ok, detail = await probe_bwrap(paths, self.uid)
         await asyncio.to_thread(shutil.rmtree, paths.root, True)
-        self.overlay = await asyncio.to_thread(overlay.probe, self.root.parent / f"overlay-probe-{os.getpid()}")
-        self.disk_quota = await asyncio.to_thread(disk.probe, self.root.parent / f"disk-probe-{os.getpid()}")
-        self.egress_problem = await asyncio.to_thread(netns.probe, self.root.parent / f"netns-probe-{os.getpid()}")
+        state, pid = self.root.parent, os.getpid()
+        self.overlay = await asyncio.to_thread(overlay.probe, leftovers.probe_dir(state, "overlay", pid))
+        self.disk_quota = await asyncio.to_thread(disk.probe, leftovers.probe_dir(state, "disk", pid))
+        self.egress_problem = await asyncio.to_thread(netns.probe, leftovers.probe_dir(state, "netns", pid))
         self.probe = HostProbe(binary, version, ok, self.cgroups.mode, detail, self.overlay)
         self._bwrap = binary if ok else None
         if not ok and not self.allow_unisolated:
@@ -104,6 +108,7 @@ class LocalBackend:
         return {"disk_quota": disk.KIND if self.disk_quota else "none (file-size rlimit only)", "egress": egress}
 
     async def close(self) -> None:
+        await self.agents.close()
         await asyncio.to_thread(self.cgroups.remove_scope)
         await asyncio.to_thread(self.images.clean_leftovers)
 
@@ -115,6 +120,7 @@ class LocalBackend:
         meta: dict[str, object] = {"labels": spec.labels, "network": spec.network, "created_at": time.time()}
         try:
             await asyncio.to_thread(self._prepare, paths, spec, meta)
+            await self._start_agent(sandbox_id, paths, meta)
             for command in spec.template.setup:
                 request = ExecRequest(shell=command, timeout_s=self.setup_timeout_s)
                 result = await self.exec(sandbox_id, request)
@@ -178,6 +184,7 @@ class LocalBackend:
     async def destroy(self, sandbox_id: str) -> None:
         paths = self._paths(sandbox_id)
         paths.meta.unlink(missing_ok=True)  # first: a command cut short now reports the sandbox gone
+        await self.agents.stop(sandbox_id)
         await asyncio.to_thread(self.cgroups.remove, sandbox_id)
         await asyncio.to_thread(teardown, paths)
 
@@ -219,38 +226,51 @@ class LocalBackend:
         if request.keep_background:
             why = "local commands run in their own pid namespace: their processes always end with them"
             raise PlatformError(ErrorCode.BAD_REQUEST, why, field="keep_background")
-        command = request.argv if request.argv is not None else shell_argv(request.shell or "", meta)
-        cwd = request.cwd or workdir_of(meta)
-        image = image_of(meta)
-        env = image.base_env() if image else {"PATH": BASE_PATH, "HOME": WORKDIR, "USER": "sandbox",
-                                              "LANG": "C.UTF-8", "TERM": "dumb"}  # fmt: skip
-        env.update(request.env)
-        network = meta.get("network") == "egress"
-        if self._bwrap is None:  # --allow-unisolated on a host without bwrap: UNSAFE
-            argv, host_cwd = command, str(self._unisolated_cwd(paths, cwd))
-        elif image is not None:
-            argv = [*imageroot.bwrap_image_argv(self._bwrap, paths, image, uid=self.uid, network=network, cwd=cwd),
-                    *command]  # fmt: skip
-            host_cwd = None
+        command, cwd, env = command_of(request, meta), cwd_of(request, meta), env_of(request, meta)
+        cap = min(request.max_output_bytes, self.max_output_bytes)
+        agent = self.agents.take(sandbox_id)
+        if agent is None:
+            await self._start_agent(sandbox_id, paths, meta)  # for the next command (a broker restart)
+
+        def alone() -> asyncio.Future[ExecResult]:  # a bubblewrap of its own, as before agents
+            return asyncio.ensure_future(
+                self._exec_alone(sandbox_id, paths, meta, request, command, cwd, env, cap, sink)
+            )
+
+        if agent is None:
+            result = await alone()
         else:
-            argv = [*bwrap_argv(self._bwrap, paths, uid=self.uid, network=network, cwd=cwd), *command]
-            host_cwd = None
-        if meta.get("netns") and self._bwrap is not None:
-            argv = [*netns.enter_prefix(paths.root), *argv]
-        argv = [*limits_prefix(meta.get("rlimits", {}), self.cgroups.procs_files(sandbox_id)), *argv]
-        result = await run_process(
-            argv,
-            env=env,
-            timeout_s=request.timeout_s,
-            max_output_bytes=min(request.max_output_bytes, self.max_output_bytes),
-            stdin=request.stdin.encode() if request.stdin is not None else None,
-            cwd=host_cwd,
-            sink=sink,
-            on_timeout=lambda: self._kill_all(sandbox_id),
-        )
+            asked = AgentRequest(command, env, cwd, request.stdin, request.timeout_s, cap)
+            result = await self.agents.run(agent, asked, sink, alone)
         if not paths.meta.is_file():  # destroyed under the command (reaped, released): not a result
             raise sandbox_gone(sandbox_id)
         return result
+
+    async def _exec_alone(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], request: ExecRequest,
+                          command: list[str], cwd: str, env: dict[str, str], cap: int,
+                          sink: OutputSink | None) -> ExecResult:  # fmt: skip
+        if self._bwrap is None:  # --allow-unisolated on a host without bwrap: UNSAFE
+            argv, host_cwd = command, str(self._unisolated_cwd(paths, cwd))
+        else:
+            argv, host_cwd = [*self._prefix(sandbox_id, paths, meta, cwd), *command], None
+        return await run_process(
+            argv, env=env, timeout_s=request.timeout_s, max_output_bytes=cap,
+            stdin=request.stdin.encode() if request.stdin is not None else None, cwd=host_cwd, sink=sink,
+            on_timeout=lambda: self._kill_all(sandbox_id),
+        )  # fmt: skip
+
+    def _prefix(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], cwd: str) -> list[str]:
+        assert self._bwrap is not None
+        procs = self.cgroups.procs_files(sandbox_id)
+        return sandbox_prefix(self._bwrap, paths, meta, uid=self.uid, cwd=cwd, cgroup_procs=procs)
+
+    async def _start_agent(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any]) -> None:
+        """The sandbox's exec agent, started with it (or at its first command after a broker restart)."""
+        python = agent_python(meta)
+        if self._bwrap is None or python is None or not self.use_agents:
+            return
+        argv = [*self._prefix(sandbox_id, paths, meta, workdir_of(meta)), *agent_command(python)]
+        await self.agents.ensure(sandbox_id, argv, AGENT_ENV, paths.root / "agent.log")
 
     def _kill_all(self, sandbox_id: str) -> None:
         killed = self.cgroups.kill(sandbox_id)
@@ -278,7 +298,7 @@ class LocalBackend:
         host.parent.mkdir(parents=True, exist_ok=True)
         for directory in made:
             self._own(directory)
-        _write(host, data)
+        write_host_file(host, data)
         self._own(host)
 
     def _own(self, path: Path) -> None:
@@ -289,7 +309,7 @@ class LocalBackend:
     async def read_file(self, sandbox_id: str, path: str) -> bytes:
         host = self._host_path(self._existing(sandbox_id), path)
         try:
-            return await asyncio.to_thread(_read, host)
+            return await asyncio.to_thread(read_host_file, host)
         except FileNotFoundError:
             raise PlatformError(ErrorCode.NOT_FOUND, f"no file {path!r} in the sandbox") from None
         except IsADirectoryError:
@@ -297,14 +317,14 @@ class LocalBackend:
 
     async def put_archive(self, sandbox_id: str, directory: str, tar: bytes) -> None:
         host = self._host_path(self._existing(sandbox_id), directory)
-        await asyncio.to_thread(_extract, host, tar)
+        await asyncio.to_thread(extract_tar, host, tar)
         await asyncio.to_thread(overlay.chown_tree, host, self.uid)
 
     async def get_archive(self, sandbox_id: str, directory: str) -> bytes:
         host = self._host_path(self._existing(sandbox_id), directory)
         if not host.is_dir():
             raise PlatformError(ErrorCode.NOT_FOUND, f"no directory {directory!r} in the sandbox")
-        return await asyncio.to_thread(_pack, host)
+        return await asyncio.to_thread(pack_tar, host)
 
     def _existing(self, sandbox_id: str) -> SandboxPaths:
         paths = self._paths(sandbox_id)
@@ -353,37 +373,3 @@ def remove_sandboxes(state_dir: Path) -> list[str]:
         teardown(SandboxPaths(root / sandbox_id))
     cgroups.remove_scope()
     return left
-
-
-def _write(host: Path, data: bytes) -> None:
-    fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise PlatformError(ErrorCode.PAYLOAD_TOO_LARGE, "the sandbox's disk quota is full",
-                                field="body") from exc  # fmt: skip
-        raise
-
-
-def _read(host: Path) -> bytes:
-    fd = os.open(host, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
-
-
-def _extract(host: Path, tar: bytes) -> None:
-    host.mkdir(parents=True, exist_ok=True)
-    try:
-        with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
-            archive.extractall(host, filter="data")
-    except (tarfile.TarError, OSError) as exc:
-        raise PlatformError(ErrorCode.BAD_REQUEST, f"bad tar archive: {exc}", field="body") from exc
-
-
-def _pack(host: Path) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        archive.add(host, arcname=".")
-    return buffer.getvalue()

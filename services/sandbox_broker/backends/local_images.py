@@ -73,14 +73,9 @@ class LocalImages:
         return used
 
     def clean_leftovers(self) -> None:
-        """What a broker killed mid-way (or an older version) left: overlay probe mounts, half-unpacked
+        """What a broker killed mid-way (or an older version) left: half-unpacked
         images, the old per-rootfs copies, trees over budget. (Sandboxes, mounted or half-made, are
         the reaper's: it destroys those no lease accounts for.)"""
-        for probe_dir in self.state_dir.glob("overlay-probe-*"):
-            pid = probe_dir.name.rpartition("-")[2]
-            if not pid.isdigit() or not Path(f"/proc/{pid}").exists():  # its broker is gone
-                overlay.unmount_under(probe_dir)
-                shutil.rmtree(probe_dir, ignore_errors=True)
         legacy = self.state_dir / "layers"  # rootfs copies of older versions, never removed then
         if legacy.is_dir() and not overlay.mounts_under(legacy) and not _lower_in_use(legacy):
             shutil.rmtree(legacy, ignore_errors=True)

@@ -1,0 +1,204 @@
+"""The broker's side of the exec agents (``exec_agent.py``): one per local sandbox, started with it
+as the command of a bubblewrap that lives as long as the sandbox, and spoken to over its pipes.
+
+An agent runs one command at a time; a sandbox whose agent is busy (a second, concurrent command),
+is starting, or cannot start runs the command through a bubblewrap of its own, as before agents.
+The agent's pipes tie it to this broker process: bubblewrap's ``--die-with-parent`` ends it (and
+every process of the sandbox) with the broker, and a restarted broker starts a new one at the
+sandbox's next command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from services.protocol.sandboxes import ExecResult
+from services.sandbox_broker.backends import exec_agent
+from services.sandbox_broker.backends.base import OutputBuffer, OutputSink
+
+log = logging.getLogger(__name__)
+
+BOOTSTRAP = "import sys;n=int(sys.stdin.buffer.readline());exec(compile(sys.stdin.buffer.read(n),'exec_agent','exec'))"
+START_TIMEOUT_S = 30.0
+GRACE_S = 10.0  # past a command's timeout, how long the broker waits for the agent before killing it
+KILLED_EXIT_CODE = 137  # the command killed the agent (and so its own namespace): as if SIGKILLed
+
+
+@cache
+def _source() -> bytes:
+    return Path(exec_agent.__file__).read_bytes()
+
+
+def agent_command(python: str) -> list[str]:
+    """The agent's argv inside the sandbox: its source comes first on stdin."""
+    return [python, "-I", "-S", "-c", BOOTSTRAP]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRequest:
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    stdin: str | None
+    timeout_s: float
+    max_output_bytes: int
+
+    def frame(self, rid: int, stream: bool) -> bytes:
+        body = {"argv": self.argv, "env": self.env, "cwd": self.cwd, "stdin": self.stdin,
+                "timeout_s": self.timeout_s, "max_output_bytes": self.max_output_bytes, "stream": stream}  # fmt: skip
+        payload = json.dumps(body).encode()
+        return exec_agent.HEADER.pack(len(payload), b"X", rid) + payload
+
+
+class NotStarted(Exception):
+    """The agent ended before it started the command: the command can run elsewhere."""
+
+
+class ExecAgent:
+    """One running agent: its bubblewrap process and pipes."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, log_path: Path) -> None:
+        self.proc = proc
+        self.log_path = log_path
+        self.busy = False
+        self.next_id = 1
+
+    @classmethod
+    async def start(cls, argv: list[str], env: dict[str, str], log_path: Path) -> ExecAgent:
+        with log_path.open("ab") as stderr:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr, env=env,
+                start_new_session=True, limit=2**20,
+            )  # fmt: skip
+        agent = cls(proc, log_path)
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(b"%d\n" % len(_source()) + _source())
+            frame = await asyncio.wait_for(agent._frame(), START_TIMEOUT_S)
+            if frame is None or frame[0] != b"R":
+                raise OSError(f"the exec agent did not start (see {log_path})")
+        except BaseException:
+            await agent.stop()
+            raise
+        return agent
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.returncode is None
+
+    async def run(self, request: AgentRequest, sink: OutputSink | None) -> ExecResult:
+        """Run one command; NotStarted when the agent was gone before it began."""
+        rid, self.next_id = self.next_id, self.next_id + 1
+        out, err = OutputBuffer(request.max_output_bytes), OutputBuffer(request.max_output_bytes)
+        started = time.monotonic()
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(request.frame(rid, sink is not None))
+            done = await asyncio.wait_for(self._collect(out, err, sink), request.timeout_s + GRACE_S)
+        except TimeoutError:
+            log.warning("exec agent %d did not answer past a command's deadline: killed", self.proc.pid)
+            done = {"exit_code": exec_agent.TIMEOUT_EXIT_CODE, "timed_out": True}
+        except ConnectionError as exc:
+            await self.stop()
+            raise NotStarted from exc
+        except BaseException:  # not started, or cancelled (the caller went away): nothing may run on
+            await self.stop()
+            raise
+        if "duration_s" not in done:  # the agent is gone or hangs: its namespace must end with the command
+            await self.stop()
+        return ExecResult(
+            exit_code=int(done["exit_code"]), stdout=out.text(), stderr=err.text(),
+            stdout_truncated=out.truncated or bool(done.get("stdout_truncated")),
+            stderr_truncated=err.truncated or bool(done.get("stderr_truncated")),
+            timed_out=bool(done["timed_out"]), duration_s=float(done.get("duration_s", time.monotonic() - started)),
+        )  # fmt: skip
+
+    async def _collect(self, out: OutputBuffer, err: OutputBuffer, sink: OutputSink | None) -> dict[str, float]:
+        began = False
+        while (frame := await self._frame()) is not None:
+            kind, _, payload = frame
+            if kind == b"D":
+                result: dict[str, float] = json.loads(payload)
+                return result
+            began = True
+            if kind in (b"o", b"e"):
+                (out if kind == b"o" else err).add(payload)
+                if sink is not None:
+                    await sink("stdout" if kind == b"o" else "stderr", payload)
+        if not began:
+            raise NotStarted
+        return {"exit_code": KILLED_EXIT_CODE, "timed_out": False}  # the command killed the agent
+
+    async def _frame(self) -> tuple[bytes, int, bytes] | None:
+        assert self.proc.stdout is not None
+        try:
+            head = await self.proc.stdout.readexactly(exec_agent.HEADER.size)
+            size, kind, rid = exec_agent.HEADER.unpack(head)
+            return kind, rid, await self.proc.stdout.readexactly(size)
+        except asyncio.IncompleteReadError:
+            return None
+
+    async def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        await self.proc.wait()
+        with contextlib.suppress(OSError):
+            if said := self.log_path.read_bytes()[-2000:]:
+                log.warning("exec agent %d said: %s", self.proc.pid, said.decode(errors="replace"))
+                self.log_path.unlink()
+
+
+class ExecAgents:
+    """The agents of this broker's local sandboxes, by sandbox id."""
+
+    def __init__(self) -> None:
+        self.agents: dict[str, ExecAgent] = {}
+        self.starting: set[str] = set()
+
+    async def ensure(self, sandbox_id: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        """Start the sandbox's agent unless it runs; a failure is logged (commands run without it)."""
+        if sandbox_id in self.starting or (sandbox_id in self.agents and self.agents[sandbox_id].alive):
+            return
+        self.starting.add(sandbox_id)
+        try:
+            self.agents[sandbox_id] = await ExecAgent.start(argv, env, log_path)
+        except OSError as exc:
+            log.warning("no exec agent in %s (%s): its commands start a bubblewrap each", sandbox_id, exc)
+        finally:
+            self.starting.discard(sandbox_id)
+
+    def take(self, sandbox_id: str) -> ExecAgent | None:
+        """The sandbox's idle agent, marked busy; None when it is busy, starting or absent."""
+        agent = self.agents.get(sandbox_id)
+        if agent is None or agent.busy or not agent.alive:
+            return None
+        agent.busy = True
+        return agent
+
+    async def run(self, agent: ExecAgent, request: AgentRequest, sink: OutputSink | None,
+                  fallback: Callable[[], asyncio.Future[ExecResult]]) -> ExecResult:  # fmt: skip
+        try:
+            return await agent.run(request, sink)
+        except NotStarted:
+            return await fallback()
+        finally:
+            agent.busy = False
+
+    async def stop(self, sandbox_id: str) -> None:
+        agent = self.agents.pop(sandbox_id, None)
+        if agent is not None:
+            await agent.stop()
+
+    async def close(self) -> None:
+        for sandbox_id in list(self.agents):
+            await self.stop(sandbox_id)

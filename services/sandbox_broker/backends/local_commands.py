@@ -1,0 +1,54 @@
+"""How a local sandbox's command is started: its environment, and the command line that puts it in
+the sandbox (limits and cgroups, the egress namespace, bubblewrap), whether for one command or for
+the sandbox's exec agent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.protocol.sandboxes import ExecRequest
+from services.sandbox_broker.backends import imageroot, netns
+from services.sandbox_broker.backends.bwrap import BASE_PATH, SandboxPaths, bwrap_argv, limits_prefix
+from services.sandbox_broker.backends.local_images import image_of, shell_argv, workdir_of
+
+WORKDIR = "/workspace"
+HOST_PYTHON = "/usr/bin/python3"  # the exec agent's interpreter: the host's, where the sandbox sees its /usr
+AGENT_ENV = {"PATH": BASE_PATH, "LANG": "C.UTF-8"}
+
+
+def command_of(request: ExecRequest, meta: dict[str, Any]) -> list[str]:
+    return request.argv if request.argv is not None else shell_argv(request.shell or "", meta)
+
+
+def env_of(request: ExecRequest, meta: dict[str, Any]) -> dict[str, str]:
+    image = image_of(meta)
+    env = image.base_env() if image else {"PATH": BASE_PATH, "HOME": WORKDIR, "USER": "sandbox",
+                                          "LANG": "C.UTF-8", "TERM": "dumb"}  # fmt: skip
+    env.update(request.env)
+    return env
+
+
+def cwd_of(request: ExecRequest, meta: dict[str, Any]) -> str:
+    return request.cwd or workdir_of(meta)
+
+
+def sandbox_prefix(bwrap: str, paths: SandboxPaths, meta: dict[str, Any], *, uid: int, cwd: str,
+                   cgroup_procs: list[Any]) -> list[str]:  # fmt: skip
+    """Everything before the command: join the cgroups and set rlimits, enter the egress namespace,
+    then bubblewrap (with the image as root where the sandbox has one)."""
+    image = image_of(meta)
+    network = meta.get("network") == "egress"
+    if image is not None:
+        argv = imageroot.bwrap_image_argv(bwrap, paths, image, uid=uid, network=network, cwd=cwd)
+    else:
+        argv = bwrap_argv(bwrap, paths, uid=uid, network=network, cwd=cwd)
+    if meta.get("netns"):
+        argv = [*netns.enter_prefix(paths.root), *argv]
+    return [*limits_prefix(meta.get("rlimits", {}), cgroup_procs), *argv]
+
+
+def agent_python(meta: dict[str, Any]) -> str | None:
+    """The interpreter the sandbox's exec agent runs on, or None (an image without the host's /usr:
+    its commands start a bubblewrap each)."""
+    image = image_of(meta)
+    return HOST_PYTHON if image is None or image.host_usr else None
