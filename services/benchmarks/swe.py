@@ -20,7 +20,8 @@ import redis
 
 from services.benchmarks.fleet_stack import Stack
 from services.benchmarks.report import write_json
-from services.protocol import Trajectory, from_stream_fields, keys
+from services.protocol import Trajectory
+from services.rollout_api.dump import stream_entries
 from services.rollout_api.swebench import template_for
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.tokenizer import write_tokenizer_dir
@@ -147,8 +148,7 @@ def run_mode(api: str, redis_url: str, instances: list[dict[str, Any]], mode: st
             time.sleep(0.5)
     client = redis.Redis.from_url(redis_url)
     try:
-        entries: Any = client.xrange(keys.trajectory_stream(job))
-        return [from_stream_fields(fields) for _, fields in entries]
+        return [traj for _, traj in stream_entries(client, job)]
     finally:
         client.close()
 

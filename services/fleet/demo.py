@@ -69,13 +69,14 @@ def demonstration(task: Task, word: str) -> list[tuple[str, str]]:
 def warm_start(model_dir: Path, *, steps: int = 250, seed: int = 0, hidden: int = 64) -> Path:
     """Write a tokenizer and a fine-tuned tiny Llama (HF format) into ``model_dir``."""
     import torch
-    from tokenizers import Tokenizer
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from services.runtime.chat import load_tokenizer
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
     write_tokenizer_dir(model_dir)
-    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tok = load_tokenizer(model_dir)
     config = LlamaConfig(
         vocab_size=VOCAB_SIZE, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT_TOKENS, eos_token_id=258,

@@ -7,9 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,19 +23,16 @@ from agent_client.sandbox import SandboxClient
 from services.protocol import Status, Trajectory, keys
 from services.runtime.auth import mint_lease_token, revoke_lease_token
 from services.runtime.chat import ChatTemplate
-from services.runtime.redis_server import EmbeddedRedis
-from services.runtime.tokenizer import write_tokenizer_dir
 from tests.rollout_api.fleet import (
     SECRETS,
     Fleet,
     bearer,
     create_job,
-    start_fleet,
+    running_fleet,
     submit,
     task,
     trajectories,
     wait_finished,
-    write_script,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,19 +62,9 @@ RULES: dict[str, list[Any]] = {
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Fleet, ChatTemplate]]:
-    root = tmp_path_factory.mktemp("gwfleet")
-    model = write_tokenizer_dir(root / "model")
-    script = write_script(root / "script.json", RULES)
-    state = Path(tempfile.mkdtemp(prefix="rollout-gw-"))
-    state.chmod(0o755)
-    with EmbeddedRedis() as server:
-        fleet = start_fleet(server.url, script, model, root / "logs", state)
-        try:
-            fleet.start_worker(jobs=["agents"], concurrency=4)
-            yield fleet, ChatTemplate.from_dir(model)
-        finally:
-            fleet.stop()
-            shutil.rmtree(state, ignore_errors=True)
+    with running_fleet(tmp_path_factory.mktemp("gwfleet"), RULES, "gw") as fleet:
+        fleet.start_worker(jobs=["agents"], concurrency=4)
+        yield fleet, ChatTemplate.from_dir(fleet.model_path)
 
 
 def run_one(fleet: Fleet, task_id: str, agent: dict[str, Any]) -> Trajectory:

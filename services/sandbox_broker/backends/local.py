@@ -24,7 +24,7 @@ from typing import Any
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import ExecRequest, ExecResult
 from services.protocol.status import ErrorCode
-from services.sandbox_broker.backends import disk, imageroot, leftovers, netns, overlay
+from services.sandbox_broker.backends import disk, imageroot, leftovers, netns, overlay, snapshots
 from services.sandbox_broker.backends.agents import AgentRequest, ExecAgents, agent_command
 from services.sandbox_broker.backends.base import OutputSink, Sandbox, SandboxSpec, bad_path, sandbox_gone
 from services.sandbox_broker.backends.bwrap import HostProbe, SandboxPaths, probe_bwrap
@@ -78,6 +78,7 @@ class LocalBackend:
         for directory in (self.root.parent, self.root):
             directory.chmod(0o711)  # the sandbox uid passes through, lists nothing
         await asyncio.to_thread(leftovers.clean_probes, self.root.parent)
+        await asyncio.to_thread(snapshots.clean, self.root.parent)
         await asyncio.to_thread(self.images.clean_leftovers)
         self.cgroups = await asyncio.to_thread(Cgroups.probe, self.pids_max, Cgroups.scope_of(self.root))
         paths = SandboxPaths(self.root.parent / "probe")
@@ -132,12 +133,23 @@ class LocalBackend:
         except BaseException:
             await self.destroy(sandbox_id)
             raise
-        return Sandbox(sandbox_id, spec.labels, workdir_of(meta), float(str(meta["created_at"])))
+        return Sandbox(sandbox_id, spec.labels, workdir_of(meta), float(str(meta["created_at"])),
+                       float(str(meta.get("cloned_s", 0.0))))  # fmt: skip
+
+    async def snapshot(self, sandbox_id: str) -> str:
+        return await asyncio.to_thread(snapshots.take, self._existing(sandbox_id).disk, self.root.parent)
+
+    async def drop_snapshot(self, snapshot_id: str) -> None:
+        await asyncio.to_thread(snapshots.drop, snapshot_id, self.root.parent)
 
     def _prepare(self, paths: SandboxPaths, spec: SandboxSpec, meta: dict[str, object]) -> None:
         paths.root.mkdir(parents=True)
         if self.disk_quota:  # first: the workspace, /tmp and an image's upper layer all live on it
             disk.create(paths.root, paths.disk, spec.resources.disk_mb)
+        if spec.clone_of is not None:  # before any overlay is mounted over the copied upper layer
+            started = time.monotonic()
+            snapshots.restore(spec.clone_of, self.root.parent, paths.disk)
+            meta["cloned_s"] = time.monotonic() - started
         self._layout(paths)
         if spec.network == "egress":
             meta["netns"] = self._network(paths, spec)

@@ -55,7 +55,7 @@ class LocalImages:
         if use_overlay:
             upper, work = paths.root / "rw" / "upper", paths.root / "rw" / "work"
             for d in (upper, work):
-                d.mkdir(parents=True)
+                d.mkdir(parents=True, exist_ok=True)  # a fork's upper layer is already there
             overlay.chown_tree(upper, self.uid)
             overlay.mount(seed.rootfs, upper, work, paths.workspace)
         else:
