@@ -118,7 +118,9 @@ class LocalBackend:
     async def create(self, spec: SandboxSpec) -> Sandbox:
         sandbox_id = "loc-" + secrets.token_hex(8)
         paths = self._paths(sandbox_id)
-        meta: dict[str, object] = {"labels": spec.labels, "network": spec.network, "created_at": time.time()}
+        unpack_s = await asyncio.to_thread(self.images.unpack, spec.template, self.overlay)  # before its dir exists
+        meta: dict[str, object] = {"labels": spec.labels, "network": spec.network, "created_at": time.time(),
+                                   "image_prepare_s": unpack_s}  # fmt: skip
         try:
             await asyncio.to_thread(self._prepare, paths, spec, meta)
             await self._start_agent(sandbox_id, paths, meta)
@@ -242,7 +244,7 @@ class LocalBackend:
         cap = min(request.max_output_bytes, self.max_output_bytes)
         agent = self.agents.take(sandbox_id)
         if agent is None:
-            await self._start_agent(sandbox_id, paths, meta)  # for the next command (a broker restart)
+            await self._start_agent(sandbox_id, paths, meta, wait=False)  # for the next ones (a broker restart)
 
         def alone() -> asyncio.Future[ExecResult]:  # a bubblewrap of its own, as before agents
             return asyncio.ensure_future(
@@ -276,13 +278,13 @@ class LocalBackend:
         procs = self.cgroups.procs_files(sandbox_id)
         return sandbox_prefix(self._bwrap, paths, meta, uid=self.uid, cwd=cwd, cgroup_procs=procs)
 
-    async def _start_agent(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any]) -> None:
+    async def _start_agent(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], wait: bool = True) -> None:
         """The sandbox's exec agent, started with it (or at its first command after a broker restart)."""
         python = agent_python(meta)
         if self._bwrap is None or python is None or not self.use_agents:
             return
         argv = [*self._prefix(sandbox_id, paths, meta, workdir_of(meta)), *agent_command(python)]
-        await self.agents.ensure(sandbox_id, argv, AGENT_ENV, paths.root / "agent.log")
+        await self.agents.ensure(sandbox_id, argv, AGENT_ENV, paths.root / "agent.log", wait)
 
     def _kill_all(self, sandbox_id: str) -> None:
         killed = self.cgroups.kill(sandbox_id)
