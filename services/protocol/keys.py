@@ -96,6 +96,12 @@ def job_tokens() -> str:
     return f"{PREFIX}:jobs:tokens"
 
 
+def lease_token(token_sha256: str) -> str:
+    """String: the one lease a lease token may act on (exec and files only), keyed by the token's
+    sha256; written by the worker for a ``command`` agent, read by the broker, gone with the episode."""
+    return f"{PREFIX}:leasetoken:{{{token_sha256}}}"
+
+
 def attempts(job: str) -> str:
     """Hash: trajectory id -> attempts started so far (workers; survives a worker crash)."""
     return f"{_job(job)}:attempts"
