@@ -31,7 +31,7 @@ ENTRYPOINT ["rollout"]
 
 FROM build AS build-trainer
 RUN /opt/venv/bin/pip install --no-cache-dir "torch==2.13.0" \
-    && /opt/venv/bin/pip install --no-cache-dir -c deploy/service.lock ".[trainer]"
+    && /opt/venv/bin/pip install --no-cache-dir -c deploy/service.lock ".[trainer,s3]"
 
 FROM service AS trainer
 COPY --from=build-trainer /opt/venv /opt/venv
@@ -39,7 +39,7 @@ ENTRYPOINT []
 CMD ["rollout-train"]
 
 FROM build AS build-engine
-RUN /opt/venv/bin/pip install --no-cache-dir ".[engine]"
+RUN /opt/venv/bin/pip install --no-cache-dir ".[engine,s3]"
 
 FROM service AS engine
 COPY --from=build-engine /opt/venv /opt/venv

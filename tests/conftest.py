@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from services.runtime.redis_cluster import EmbeddedRedisCluster
 from services.runtime.redis_server import EmbeddedRedis
 
 
@@ -40,3 +41,20 @@ def service_logs(tmp_path: Path) -> Path:
     path = tmp_path / "logs"
     path.mkdir()
     return path
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[EmbeddedRedisCluster]:
+    """A 3-master Redis Cluster (valkey in cluster mode, one password) on loopback, for the session.
+
+    Started only by the tests that ask for it (about 2-3 s); its URL has the ``redis+cluster://``
+    scheme, which every service and the trainer turn into a cluster client."""
+    with EmbeddedRedisCluster(masters=3) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster: EmbeddedRedisCluster) -> str:
+    """The cluster's URL, every node flushed before the test."""
+    redis_cluster.flush()
+    return redis_cluster.url

@@ -9,8 +9,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-import redis
-
+from services.runtime.sync_redis import open_sync_redis
 from trainer_client.checkpoint import TrainerState
 from trainer_client.client import RolloutClient
 from trainer_client.consumer import Entry, TrajectoryConsumer
@@ -33,7 +32,7 @@ class Feed:
     @classmethod
     def start(cls, s: TrainSettings, state: TrainerState, client: RolloutClient | None) -> Feed:
         """Acknowledge what the checkpoint decided, reclaim the rest, restore the counters."""
-        consumer = TrajectoryConsumer(redis.Redis.from_url(s.require_redis_url()), s.job, s.consumer_group)
+        consumer = TrajectoryConsumer(open_sync_redis(s.require_redis_url()), s.job, s.consumer_group)
         consumer.ensure_group()
         consumer.ack(state.to_ack)  # a crash between checkpoint and ack
         assembler = GroupAssembler(s.min_valid, s.max_staleness, seen=state.seen(), group_timeout_s=s.group_timeout_s,

@@ -18,6 +18,7 @@ from typing import Any
 
 from services.benchmarks.broker_load import Load, leftover_processes, leftover_sandboxes, run_leases
 from services.benchmarks.broker_procs import Proc, python_proc
+from services.benchmarks.procstat import session_cpu_s
 from services.benchmarks.report import percentile, write_json
 from services.runtime.redis_server import redis_url_or_embedded
 from services.runtime.secrets import FleetSecrets
@@ -125,7 +126,9 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
     warm = await run_leases(load, args.leases, {"template": "bench"})
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)  # refills done: measure the exec path alone
+    cpu_before = _broker_cpu_s(broker)
     via_broker, direct = await load.overhead(settings, args.exec_samples)
+    broker_cpu_ms = (_broker_cpu_s(broker) - cpu_before) * 1000 / max(len(via_broker), 1)
     template["warm_pool"] = 0  # the restarted broker need not refill it
     await load.register(template, timeout_s=60)
     recovery = await _kill9_and_restart(load, broker, min(args.leases, 50))
@@ -141,10 +144,18 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
         "exec_under_load_p50_ms": percentile(warm.exec_ms, 50), "exec_under_load_p99_ms": percentile(warm.exec_ms, 99),
         "exec_broker_p50_ms": percentile(via_broker, 50), "exec_direct_p50_ms": percentile(direct, 50),
         "exec_overhead_p50_ms": percentile([b - d for b, d in zip(via_broker, direct, strict=True)], 50),
+        "broker_cpu_ms_per_exec": broker_cpu_ms,
         "errors": cold.errors + egress.errors + warm.errors + recovery["errors_after_restart"],
         "error_samples": cold.samples + egress.samples + warm.samples,
         **recovery,
     }  # fmt: skip
+
+
+def _broker_cpu_s(broker: Proc) -> float:
+    """CPU seconds of the broker's session: the broker, and the commands it ran and reaped itself (a
+    bubblewrap per command without exec agents; the agents have sessions of their own)."""
+    assert broker.proc is not None
+    return session_cpu_s({broker.proc.pid: "broker"})["broker"]
 
 
 async def _kill9_and_restart(load: Load, broker: Proc, n: int) -> dict[str, Any]:
@@ -178,7 +189,8 @@ def _report(args: argparse.Namespace, f: dict[str, Any]) -> None:
         {"figure": "exec via broker (seq)", "p50_ms": f["exec_broker_p50_ms"], "p99_ms": float("nan")},
         {"figure": "exec on bare backend (seq)", "p50_ms": f["exec_direct_p50_ms"], "p99_ms": float("nan")},
     ])  # fmt: skip
-    print(f"\ncold/warm p99 ratio {ratio:.1f}x; exec overhead p50 {f['exec_overhead_p50_ms']:.2f} ms; "
+    print(f"\ncold/warm p99 ratio {ratio:.1f}x; exec overhead p50 {f['exec_overhead_p50_ms']:.2f} ms "
+          f"(broker CPU {f['broker_cpu_ms_per_exec']:.2f} ms per exec); "
           f"warm hits {f['warm_hits']}/{f['leases']}; errors {f['errors']}; leaked {f['leaked']}; "
           f"kill -9 with {f['kill9_leases']} leases held: {f['kill9_interrupted_execs']} in-flight execs cut, "
           f"{f['errors_after_restart']} errors after restart")  # fmt: skip

@@ -27,9 +27,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _client(args: argparse.Namespace) -> redis.Redis:
     from services.rollout_api.dump import DumpSettings
+    from services.runtime.sync_redis import open_sync_redis
 
     settings = DumpSettings(**overrides(args, ("redis_url",)))
-    return redis.Redis.from_url(settings.require_redis_url())
+    return open_sync_redis(settings.require_redis_url())
 
 
 def run_export(args: argparse.Namespace) -> int:

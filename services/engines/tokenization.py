@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from services.runtime.chat import load_tokenizer, token_text, tokenizer_config
 from services.runtime.tokenizer import build_tokenizer
 
 
@@ -24,13 +24,8 @@ class TextCodec:
     @classmethod
     def from_dir(cls, directory: Path) -> TextCodec:
         """Load ``tokenizer.json`` and the eos token named in ``tokenizer_config.json``."""
-        tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-        config_path = directory / "tokenizer_config.json"
-        config = json.loads(config_path.read_text()) if config_path.exists() else {}
-        eos = config.get("eos_token") or "<|im_end|>"
-        if isinstance(eos, dict):  # AddedToken serialised form
-            eos = eos["content"]
-        return cls(tokenizer, str(eos))
+        eos = token_text(tokenizer_config(directory, missing_ok=True).get("eos_token")) or "<|im_end|>"
+        return cls(load_tokenizer(directory), eos)
 
     @classmethod
     def bundled(cls) -> TextCodec:

@@ -165,6 +165,16 @@ class TorchPolicy:
                              past_key_values=out.past_key_values, use_cache=True)  # fmt: skip
         return [f for f in finish if f is not None]
 
+    @torch.inference_mode()
+    def prompt_logprobs(self, input_ids: list[int], start: int) -> list[float | None]:
+        """SGLang's ``input_token_logprobs`` from ``start``: the logprob of each prompt token given the
+        tokens before it (None for the first token of the prompt, which has no context)."""
+        with self._lock:
+            out = self.model(input_ids=torch.tensor([input_ids], dtype=torch.long))
+        lps = torch.log_softmax(out.logits[0, :-1].float(), dim=-1)
+        scored = lps.gather(1, torch.tensor(input_ids[1:]).unsqueeze(1)).squeeze(1).tolist()
+        return [None, *scored][start:]
+
     @staticmethod
     def _pick(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:
         if temperature <= 0:
@@ -215,6 +225,9 @@ class TorchReplies:
         ends = sampled.finish == "stop"
         tokens = sampled.output_ids[:-1] if ends else sampled.output_ids
         return Reply(token_ids=tokens, ends_with_eos=ends, logprobs=sampled.logprobs)
+
+    def prompt_logprobs(self, prompt_ids: Sequence[int], start: int) -> list[float | None]:
+        return self.policy.prompt_logprobs(list(prompt_ids), start)
 
     def load_weights(self, model_dir: Path) -> None:
         self.policy.reload(model_dir)

@@ -20,7 +20,7 @@ import aiohttp
 from services.llm_proxy.fleet import EngineRuntime, FleetView
 from services.llm_proxy.metrics import ProxyMetrics
 from services.llm_proxy.upstream import EngineClient, open_connections
-from services.runtime.redis_pool import ObservedPool
+from services.runtime.redis_pool import Observed
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class HealthChecker:
         client: EngineClient,
         session: aiohttp.ClientSession,
         metrics: ProxyMetrics,
-        redis_pool: ObservedPool | None = None,
+        redis_pool: Observed | None = None,
     ) -> None:
         self.view = view
         self.client = client

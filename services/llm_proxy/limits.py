@@ -40,11 +40,12 @@ def somaxconn() -> int:
         return 0
 
 
-def listen_backlog(settings: ProxySettings) -> int:
-    """The accept queue each process gets: the setting, capped by the kernel (logged when it is)."""
+def listen_backlog(settings: ProxySettings, *, warn: bool = False) -> int:
+    """The accept queue each process gets: the setting, capped by the kernel (logged when ``warn``)."""
     cap = somaxconn()
     if cap and settings.listen_backlog > cap:
-        log.warning("listen_backlog %d is capped by net.core.somaxconn=%d", settings.listen_backlog, cap)
+        if warn:
+            log.warning("listen_backlog %d is capped by net.core.somaxconn=%d", settings.listen_backlog, cap)
         return cap
     return settings.listen_backlog
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 from services.runtime.limits import fd_usage
-from services.runtime.redis_pool import ObservedPool
+from services.runtime.redis_pool import Observed
 
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 300, 600, 1800)
 OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -113,7 +113,7 @@ class ProxyMetrics:
             registry=r,
         )  # fmt: skip
 
-    def saturation(self, pool: ObservedPool | None) -> None:
+    def saturation(self, pool: Observed | None) -> None:
         """Sample the limits that do not count themselves: the Redis pool and open files."""
         used, limit = fd_usage()
         self.open_fds.set(used)

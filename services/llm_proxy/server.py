@@ -36,7 +36,9 @@ async def serve_worker(settings: ProxySettings, redis_url: str) -> None:
         max_line_size=MAX_LINE_BYTES, max_field_size=MAX_FIELD_BYTES, max_headers=MAX_HEADERS,
     )  # fmt: skip
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, reuse_port=True, backlog=listen_backlog(settings))
+    site = web.TCPSite(
+        runner, settings.host, settings.port, reuse_port=True, backlog=listen_backlog(settings, warn=True)
+    )
     await site.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -21,7 +21,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from services.protocol.tasks import MAX_DISK_MB, MAX_MEMORY_MB, MAX_TIMEOUT_S, EnvKey, Name, Text
+from services.protocol.tasks import MAX_DISK_MB, MAX_MEMORY_MB, MAX_TIMEOUT_S, EnvKey, FilePath, Name, Text
 
 Label = Annotated[str, StringConstraints(max_length=256, pattern=r"^[^\x00]*$")]
 
@@ -76,6 +76,19 @@ class Template(_Model):
     egress_allow: list[EgressDestination] = Field(default_factory=list, max_length=64)
 
 
+class SandboxSetup(_Model):
+    """A lease's task setup, run by the broker: once per ``key`` when the backend can fork sandboxes
+    (local), the other leases of that key starting from a copy of the set-up sandbox's writable state
+    (a GRPO group pays its task's setup once); otherwise once per lease. Written by a worker."""
+
+    key: Label  # leases with the same key share one run of the setup (the worker: job and rollout id)
+    files: dict[FilePath, str] = Field(default_factory=dict, max_length=10_000)  # path -> content, before the commands
+    commands: list[Text] = Field(default_factory=list, max_length=1_000)
+    env: dict[EnvKey, Text] = Field(default_factory=dict)
+    cwd: Text | None = None  # default: the lease's workdir
+    timeout_s: float = Field(300.0, gt=0, le=MAX_TIMEOUT_S)  # per command
+
+
 class LeaseRequest(_Model):
     """Written by a worker, read by the broker."""
 
@@ -86,6 +99,7 @@ class LeaseRequest(_Model):
     labels: dict[Label, Label] = Field(default_factory=dict, max_length=64)
     network: Literal["none", "egress"] = "none"
     wait_s: float = Field(30.0, ge=0, le=3_600)  # how long to queue for capacity before 429/503
+    setup: SandboxSetup | None = None  # run by the broker before the lease is handed out
 
 
 class Lease(_Model):
@@ -101,6 +115,8 @@ class Lease(_Model):
     start_s: float  # time from request to a ready sandbox
     workdir: str = "/workspace"
     labels: dict[str, str] = Field(default_factory=dict)
+    setup_s: float = 0.0  # the request's setup in this lease's sandbox: its run, or the copy of a shared one
+    setup_shared: bool = False  # started from a copy of another sandbox that ran the same setup key
 
 
 class RenewRequest(_Model):

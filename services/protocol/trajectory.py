@@ -140,7 +140,8 @@ class Timings(msgspec.Struct, kw_only=True):
 
     queued_s: float = 0.0  # enqueue -> a worker took it
     sandbox_start_s: float = 0.0  # lease granted (warm or cold)
-    setup_s: float = 0.0  # task setup commands
+    setup_s: float = 0.0  # task setup commands (or the copy of a sandbox that ran them: setup_shared)
+    setup_shared: bool = False  # the sandbox started from a copy of one set up for the same group
     llm_s: float = 0.0  # sum over turns
     exec_s: float = 0.0  # sum over turns
     reward_s: float = 0.0
@@ -165,6 +166,7 @@ class Trajectory(msgspec.Struct, kw_only=True):
     group_id: str  # the GRPO group (rollout x task)
     sample_index: int
     group_size: int
+    mode: str = "train"  # "eval": an evaluation sample, published to the eval stream; never trained on
     # outcome
     status: Status
     truncation: Cap | None = None  # set when status is truncated

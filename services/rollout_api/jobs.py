@@ -28,12 +28,13 @@ async def create_job(body: JobCreate, ctx: Ctx, caller: AuthCaller) -> JobCreate
     created: Any = await ctx.redis.hsetnx(keys.job_record(body.job), "job", body.job)
     if not created:
         raise PlatformError(ErrorCode.CONFLICT, f"job {body.job!r} exists", field="job")
-    async with ctx.redis.pipeline(transaction=True) as pipe:
-        mapping: dict[Any, Any] = record.to_hash(token_hash, time.time())
-        pipe.hset(keys.job_record(body.job), mapping=mapping)
-        pipe.hset(keys.job_tokens(), token_hash, body.job)
-        pipe.sadd(keys.jobs_index(), body.job)
-        await pipe.execute()
+    # three hash tags (the job's, the job index, the token index): no transaction spans them in a Redis
+    # Cluster, so the writes go in order and the token, which makes the job reachable, goes last. A
+    # crash before it leaves what the HSETNX above already could: a job name taken, no token handed out.
+    mapping: dict[Any, Any] = record.to_hash(token_hash, time.time())
+    await ctx.redis.hset(keys.job_record(body.job), mapping=mapping)
+    await ctx.redis.sadd(keys.jobs_index(), body.job)
+    await ctx.redis.hset(keys.job_tokens(), token_hash, body.job)
     await ensure_group_async(ctx.redis, keys.work_stream(body.job), WORKERS_GROUP)
     return JobCreated(job=body.job, token=token)
 

@@ -44,6 +44,28 @@ def token_text(value: Any) -> str | None:
     return str(value) if value else None
 
 
+TOKENIZER_FILE = "tokenizer.json"  # a Hugging Face fast tokenizer
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"  # its special tokens and chat template
+
+
+def has_tokenizer(directory: Path) -> bool:
+    return (directory / TOKENIZER_FILE).exists()
+
+
+def load_tokenizer(directory: Path) -> Tokenizer:
+    """The model directory's ``tokenizer.json``."""
+    return Tokenizer.from_file(str(directory / TOKENIZER_FILE))
+
+
+def tokenizer_config(directory: Path, *, missing_ok: bool = False) -> dict[str, Any]:
+    """The model directory's ``tokenizer_config.json`` (``{}`` when absent and ``missing_ok``)."""
+    path = directory / TOKENIZER_CONFIG_FILE
+    if missing_ok and not path.exists():
+        return {}
+    config: dict[str, Any] = json.loads(path.read_text())
+    return config
+
+
 @dataclass(frozen=True)
 class ChatTemplate:
     """A tokenizer, its chat template and its end-of-turn token."""
@@ -56,8 +78,8 @@ class ChatTemplate:
 
     @classmethod
     def from_dir(cls, directory: Path) -> ChatTemplate:
-        tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-        config = json.loads((directory / "tokenizer_config.json").read_text())
+        tokenizer = load_tokenizer(directory)
+        config = tokenizer_config(directory)
         eos_text = token_text(config.get("eos_token"))
         eos_id = tokenizer.token_to_id(eos_text) if eos_text else None
         if eos_text is None or eos_id is None:

@@ -6,23 +6,38 @@ redis-py's defaults are two hidden caps: a pool of 100 connections that raises
 timeout that kills every blocking read of 5 s or more (an idle SSE stream closed after 5 s). Here
 the pool blocks up to ``pool_wait_s`` for a free connection, counting the waits and the waits that
 timed out, and the socket timeout is longer than any blocking read the platform issues.
+
+A ``redis+cluster://`` URL (``services.protocol.redis_url``) gives a Redis Cluster client instead,
+with the same guarantees: redis-py's cluster client raises past ``max_connections`` per node, so
+:class:`ObservedCluster` lets at most ``pool_size`` commands and pipelines hold a connection at
+once and makes the rest wait (counted) for up to ``pool_wait_s``. Every multi-key command, script
+and transaction of the platform names the keys of one hash tag (``services.protocol.keys``), so
+each runs on one node. Clients are typed as :class:`Redis`: the cluster client has the same
+command methods.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Protocol, cast
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from services.protocol.redis_url import redis_target
 from services.runtime.settings import RedisSettings
 
 MAX_BLOCK_S = 30.0  # no blocking read (XREAD BLOCK ...) may ask for longer than this
+
+
+class Observed(Protocol):
+    def figures(self) -> dict[str, int]: ...
 
 
 class ObservedPool(BlockingConnectionPool):
@@ -54,19 +69,86 @@ class ObservedPool(BlockingConnectionPool):
         }
 
 
+class ObservedCluster(RedisCluster):
+    """A cluster client on which at most ``limit`` commands or pipelines run at once; the rest wait."""
+
+    def __init__(self, *, limit: int, wait_s: float, **kwargs: Any) -> None:
+        super().__init__(max_connections=limit + 8, **kwargs)  # + pub/sub and topology refreshes
+        self.limit = limit
+        self.wait_s = wait_s
+        self.waits = 0
+        self.wait_timeouts = 0
+        self._free = asyncio.Semaphore(limit)
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        """One of the ``limit`` slots, waited for (counted) up to ``wait_s``."""
+        if self._free.locked():
+            self.waits += 1
+        try:
+            await asyncio.wait_for(self._free.acquire(), self.wait_s)
+        except TimeoutError:
+            self.wait_timeouts += 1
+            raise RedisConnectionError(f"No connection available after {self.wait_s:g} s") from None
+        try:
+            yield
+        finally:
+            self._free.release()
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        async with self.held():
+            return await super().execute_command(*args, **kwargs)
+
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> ClusterPipeline:
+        if shard_hint:
+            raise ValueError("shard_hint is not supported in cluster mode")
+        return _HeldPipeline(self, transaction)  # type: ignore[abstract]
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        """Close every node's connections (``close_connection_pool``: accepted like ``Redis.aclose``)."""
+        await super().aclose()
+
+    def figures(self) -> dict[str, int]:
+        nodes = self.nodes_manager.nodes_cache.values()
+        return {
+            "in_use": self.limit - self._free._value,
+            "idle": sum(len(node._free) for node in nodes),
+            "limit": self.limit,
+            "waits": self.waits,
+            "wait_timeouts": self.wait_timeouts,
+        }
+
+
+class _HeldPipeline(ClusterPipeline):
+    cluster_client: ObservedCluster
+
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> list[Any]:
+        async with self.cluster_client.held():
+            return await super().execute(raise_on_error, allow_redirections)
+
+
 def open_redis(url: str, settings: RedisSettings | None = None, *, size: int | None = None) -> Redis:
-    """A client on its own :class:`ObservedPool` (``size`` overrides ``settings.pool_size``)."""
+    """A client on its own observed pool (``size`` overrides ``settings.pool_size``); a cluster
+    client when ``url`` has the ``redis+cluster://`` scheme."""
     s = settings or RedisSettings()
     if s.socket_timeout_s <= MAX_BLOCK_S:
         raise ValueError(f"socket_timeout_s must exceed the longest blocking read ({MAX_BLOCK_S:g} s)")
-    pool = ObservedPool.from_url(
-        url, max_connections=size or s.pool_size, timeout=s.pool_wait_s, socket_timeout=s.socket_timeout_s,
-        socket_connect_timeout=s.connect_timeout_s, health_check_interval=30,
-    )  # fmt: skip
+    target = redis_target(url)
+    timeouts: dict[str, Any] = {
+        "socket_timeout": s.socket_timeout_s, "socket_connect_timeout": s.connect_timeout_s,
+        "health_check_interval": 30,
+    }  # fmt: skip
+    if target.cluster:
+        cluster = ObservedCluster.from_url(target.url, limit=size or s.pool_size, wait_s=s.pool_wait_s, **timeouts)
+        return cast(Redis, cluster)
+    pool = ObservedPool.from_url(target.url, max_connections=size or s.pool_size, timeout=s.pool_wait_s, **timeouts)
     return Redis(connection_pool=pool)
 
 
-def pool_of(client: Redis) -> ObservedPool | None:
+def pool_of(client: Redis) -> Observed | None:
+    """What ``/metrics`` reads about the client's connections (None: an unobserved client)."""
+    if isinstance(client, ObservedCluster):
+        return client
     pool = client.connection_pool
     return pool if isinstance(pool, ObservedPool) else None
 

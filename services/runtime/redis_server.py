@@ -64,6 +64,7 @@ class EmbeddedRedis:
     host: str = "127.0.0.1"
     binary: Path | None = None
     password: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
+    extra_args: tuple[str, ...] = ()  # more server options (cluster mode: ``redis_cluster.py``)
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
 
@@ -114,6 +115,7 @@ class EmbeddedRedis:
             "--dir", str(self.data_dir),
             "--daemonize", "no",
             "--loglevel", "warning",
+            *self.extra_args,
         ]  # fmt: skip
 
     def _wait_ready(self, port: int, timeout_s: float) -> bool:

@@ -25,6 +25,7 @@ from services.sandbox_broker.backends.base import (
     Sandbox,
     SandboxSpec,
 )
+from services.sandbox_broker.forks import SetUp, SharedSetups
 from services.sandbox_broker.leases import LeaseRecord, LeaseStore
 from services.sandbox_broker.metrics import BrokerMetrics
 from services.sandbox_broker.pools import PoolKey, Pools
@@ -54,6 +55,7 @@ class Broker:
         self.admission = Admission()
         self.bucket = TokenBucket(settings.create_rate, settings.create_burst)
         self.capabilities: dict[str, Any] = {}
+        self.setups = SharedSetups(backend, settings.shared_setup_ttl_s)
 
     async def start(self) -> None:
         self.capabilities = await self.backend.start()
@@ -66,6 +68,7 @@ class Broker:
     async def close(self) -> None:
         await self.admission.close()
         await self.pools.close(self.settings.create_timeout_s)
+        await self.setups.close()
         await self.backend.close()
 
     # -- leases --------------------------------------------------------------------------------
@@ -77,7 +80,7 @@ class Broker:
         await self._admit(lease_id, request)
         self.metrics.lease_wait.observe(time.monotonic() - started)
         try:
-            sandbox, warm = await self._sandbox_for(lease_id, template, request)
+            sandbox, warm, setup = await self._set_up_sandbox(lease_id, template, request)
         except BaseException:
             await self._abandon(lease_id)
             raise
@@ -85,7 +88,8 @@ class Broker:
         lease = Lease(
             id=lease_id, template=template.name, backend=self.backend.name, job=request.job,
             sandbox_id=sandbox.sandbox_id, expires_at=time.time() + request.ttl_s, warm=warm, start_s=start_s,
-            workdir=sandbox.workdir, labels=request.labels,
+            workdir=sandbox.workdir, labels=request.labels, setup_s=setup.setup_s if setup else 0.0,
+            setup_shared=setup.shared if setup else False,
         )  # fmt: skip
         try:
             activated = await self.store.activate(LeaseRecord(lease, request.network, self.instance))
@@ -115,16 +119,39 @@ class Broker:
         finally:
             self.metrics.queue.set(self.admission.waiting)
 
+    async def _set_up_sandbox(
+        self, lease_id: str, template: Template, request: LeaseRequest
+    ) -> tuple[Sandbox, bool, SetUp | None]:
+        """The lease's sandbox (warm or cold) with the request's setup done: once per setup key, shared."""
+        if request.setup is None:
+            return *(await self._sandbox_for(lease_id, template, request)), None
+        warm = False
+
+        async def create(clone_of: str | None) -> Sandbox:
+            nonlocal warm
+            if clone_of is not None:
+                return await self._cold(lease_id, template, request, clone_of)
+            sandbox, warm = await self._sandbox_for(lease_id, template, request)
+            return sandbox
+
+        setup = await self.setups.sandbox_for(request, create)
+        return setup.sandbox, warm, setup
+
     async def _sandbox_for(self, lease_id: str, template: Template, request: LeaseRequest) -> tuple[Sandbox, bool]:
         if request.network == "none" and request.resources == template.resources:
             pooled = self.pools.take(PoolKey.of(template.name, template.resources))
             if pooled is not None:
                 return pooled, True
+        return await self._cold(lease_id, template, request), False
+
+    async def _cold(
+        self, lease_id: str, template: Template, request: LeaseRequest, clone_of: str | None = None
+    ) -> Sandbox:
         labels = {LABEL_BROKER: self.instance, LABEL_LEASE: lease_id, LABEL_JOB: request.job,
                   LABEL_TEMPLATE: template.name}  # fmt: skip
-        spec = SandboxSpec(template, request.resources, request.network, labels)
+        spec = SandboxSpec(template, request.resources, request.network, labels, clone_of)
         deadline = time.monotonic() + request.wait_s
-        return await self.create_sandbox(spec, deadline), False
+        return await self.create_sandbox(spec, deadline)
 
     async def create_sandbox(self, spec: SandboxSpec, rate_deadline: float | None = None) -> Sandbox:
         """A backend create under the rate limit and the create timeout, failures classified."""

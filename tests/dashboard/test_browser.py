@@ -4,8 +4,6 @@ a trajectory's commands and reward; screenshots go to the test's output director
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
@@ -14,8 +12,6 @@ from typing import Any
 import httpx
 import pytest
 
-from services.runtime.redis_server import EmbeddedRedis
-from services.runtime.tokenizer import write_tokenizer_dir
 from tests.dashboard.browser import chromium, screenshot, wait_until
 from tests.rollout_api.fleet import (
     ADMIN,
@@ -23,11 +19,10 @@ from tests.rollout_api.fleet import (
     Fleet,
     bearer,
     create_job,
-    start_fleet,
+    running_fleet,
     submit,
     task,
     wait_finished,
-    write_script,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -42,19 +37,9 @@ JOB = "dash"
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    root = tmp_path_factory.mktemp("dash-fleet")
-    model = write_tokenizer_dir(root / "model")
-    script = write_script(root / "script.json", RULES)
-    state = Path(tempfile.mkdtemp(prefix="rollout-dash-"))
-    state.chmod(0o755)  # the sandbox user must reach it (pytest's tmp root is 0700)
-    with EmbeddedRedis() as server:
-        fleet = start_fleet(server.url, script, model, root / "logs", state)
-        try:
-            fleet.start_worker(jobs=[JOB], concurrency=8)
-            yield fleet
-        finally:
-            fleet.stop()
-            shutil.rmtree(state, ignore_errors=True)
+    with running_fleet(tmp_path_factory.mktemp("dash-fleet"), RULES, "dash") as fleet:
+        fleet.start_worker(jobs=[JOB], concurrency=8)
+        yield fleet
 
 
 def fixed(value: float | None, digits: int, scale: float = 1.0) -> str:

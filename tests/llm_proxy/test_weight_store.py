@@ -4,6 +4,7 @@ directories stand for the trainer's disk, the shared store and the engine host's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,17 @@ def _info(url: str) -> dict[str, str]:
 
 @pytest.mark.e2e
 def test_engines_load_weights_written_on_another_host(tmp_path: Path, redis_url: str) -> None:
+    store = tmp_path / "store"
+
+    def damage(location: str) -> None:
+        (store / "v2" / "config.json").write_text("{}")
+
+    hosts_load_and_refuse(tmp_path, redis_url, store.as_uri(), damage)
+
+
+def hosts_load_and_refuse(tmp_path: Path, redis_url: str, store_url: str, damage: Callable[[str], None]) -> None:
+    """Two engine hosts (their own cache directory) load version 1 from the store through the proxy's
+    transaction; version 2, damaged in the store by ``damage(location)``, is refused by every host."""
     logs, host_disk = tmp_path / "logs", tmp_path / "engine-host"
     base, base_urls = start_engines(logs, 1)
     proxy = start_proxy(logs, redis_url, base_urls)
@@ -78,7 +90,7 @@ def test_engines_load_weights_written_on_another_host(tmp_path: Path, redis_url:
     try:
         wait_until(lambda: len(status().get("hosts", {}).get("engines", [])) == 2, what="engines in pool hosts")
         export, checksum = make_export(tmp_path / "trainer", "1")
-        location = publish(export, (tmp_path / "store").as_uri())
+        location = publish(export, store_url)
         result = _post(proxy.url, WeightUpdate(pool="hosts", version="1", location=location, checksum=checksum))
         assert result.ok and not result.quarantined, result
         for url in urls:
@@ -86,8 +98,8 @@ def test_engines_load_weights_written_on_another_host(tmp_path: Path, redis_url:
             assert info["weight_version"] == "1" and Path(info["model_path"]).is_relative_to(host_disk)
 
         bad, bad_checksum = make_export(tmp_path / "trainer", "2")
-        location = publish(bad, (tmp_path / "store").as_uri())
-        (tmp_path / "store" / "v2" / "config.json").write_text("{}")  # damaged in the store
+        location = publish(bad, store_url)
+        damage(location)
         result = _post(proxy.url, WeightUpdate(pool="hosts", version="2", location=location, checksum=bad_checksum))
         assert not result.ok and not result.quarantined  # every host refused: the pool keeps version 1
         assert all("checksum mismatch" in str(e.error) for e in result.engines)

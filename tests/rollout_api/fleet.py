@@ -4,18 +4,23 @@ LLM proxy, the sandbox broker (local backend), the rollout API, workers."""
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 
-from services.protocol import Trajectory, from_stream_fields, keys
+from services.protocol import Trajectory, trajectory_from_json
+from services.rollout_api.dump import stream_entries
+from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.secrets import FleetSecrets
+from services.runtime.sync_redis import open_sync_redis
+from services.runtime.tokenizer import write_tokenizer_dir
 from tests.support.processes import ServiceProcess, start_service
 
 ADMIN = "e2e-admin"
@@ -46,6 +51,7 @@ class Fleet:
     broker: ServiceProcess
     engines: dict[str, ServiceProcess]
     workers: list[ServiceProcess] = field(default_factory=list)
+    state_dir: Path = Path()  # the broker's, reachable by the sandbox user
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.api.url, timeout=30.0)
@@ -104,12 +110,16 @@ def wait_finished(client: httpx.Client, headers: dict[str, str], rollout_id: str
 
 
 def trajectories(redis_url: str, job: str) -> list[Trajectory]:
-    client = redis.Redis.from_url(redis_url)
+    client = open_sync_redis(redis_url)
     try:
-        entries: Any = client.xrange(keys.trajectory_stream(job))
-        return [from_stream_fields(fields) for _, fields in entries]
+        return [traj for _, traj in stream_entries(client, job)]
     finally:
         client.close()
+
+
+def sse_trajectories(client: httpx.Client, path: str, headers: dict[str, str]) -> list[Trajectory]:
+    with client.stream("GET", path, headers=headers) as response:
+        return [trajectory_from_json(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
 
 
 def task(task_id: str, prompt: str, *, answer_check: bool = True, **extra: Any) -> dict[str, Any]:
@@ -153,6 +163,7 @@ def start_fleet(redis_url: str, script: Path, model_path: Path, logs: Path, stat
                 "--redis-url", redis_url, "--state-dir", str(state_dir),
             ],
             log_dir=logs, env={**SECRETS.env(), "ROLLOUT_BROKER_TEMPLATE_ROOTS": tempfile.gettempdir()}, name="broker",
+            timeout_s=120,  # its host probe (bubblewrap) may take up to a minute on a loaded machine
         )  # fmt: skip
         started.append(broker)
         api = start_service(
@@ -166,4 +177,21 @@ def start_fleet(redis_url: str, script: Path, model_path: Path, logs: Path, stat
         for service in started:
             service.stop()
         raise
-    return Fleet(redis_url, model_path, logs, api, proxy, broker, engines)
+    return Fleet(redis_url, model_path, logs, api, proxy, broker, engines, state_dir=state_dir)
+
+
+@contextmanager
+def running_fleet(root: Path, rules: dict[str, list[Any]], name: str) -> Iterator[Fleet]:
+    """Redis, scripted engines answering ``rules``, the proxy, the broker and the API (no worker
+    yet: ``fleet.start_worker``), stopped and cleaned up afterwards."""
+    model = write_tokenizer_dir(root / "model")
+    script = write_script(root / "script.json", rules)
+    state = Path(tempfile.mkdtemp(prefix=f"rollout-{name}-"))
+    state.chmod(0o755)  # the sandbox user must reach the sandboxes' directories (pytest's tmp root is 0700)
+    with EmbeddedRedis() as server:
+        fleet = start_fleet(server.url, script, model, root / "logs", state)
+        try:
+            yield fleet
+        finally:
+            fleet.stop()
+            shutil.rmtree(state, ignore_errors=True)

@@ -3,35 +3,30 @@ proxy, the real sandbox broker with local (bubblewrap) sandboxes, the rollout AP
 
 from __future__ import annotations
 
-import shutil
 import signal
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import redis
 
-from services.protocol import Cap, Status, Trajectory, keys, trajectory_from_json
+from services.protocol import Cap, Status, keys
 from services.rollout_api.worker.tokenization import ChatTokenizer
-from services.runtime.redis_server import EmbeddedRedis
-from services.runtime.tokenizer import write_tokenizer_dir
 from tests.rollout_api.fleet import (
     ADMIN,
     SUBMIT,
     Fleet,
     bearer,
     create_job,
-    start_fleet,
+    running_fleet,
+    sse_trajectories,
     submit,
     task,
     trajectories,
     wait_finished,
     wait_for,
-    write_script,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -65,20 +60,9 @@ RULES: dict[str, list[Any]] = {
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    root = tmp_path_factory.mktemp("fleet")
-    model = write_tokenizer_dir(root / "model")
-    script = write_script(root / "script.json", RULES)
-    # the sandboxes' directories must be reachable by the sandbox user (pytest's tmp root is 0700)
-    state = Path(tempfile.mkdtemp(prefix="rollout-e2e-"))
-    state.chmod(0o755)
-    with EmbeddedRedis() as server:
-        fleet = start_fleet(server.url, script, model, root / "logs", state)
-        try:
-            fleet.start_worker(jobs=["batch", "caps", "llmfail", "sandboxkill"], concurrency=16)
-            yield fleet
-        finally:
-            fleet.stop()
-            shutil.rmtree(state, ignore_errors=True)
+    with running_fleet(tmp_path_factory.mktemp("fleet"), RULES, "e2e") as fleet:
+        fleet.start_worker(jobs=["batch", "caps", "llmfail", "sandboxkill"], concurrency=16)
+        yield fleet
 
 
 @pytest.fixture
@@ -95,7 +79,8 @@ def tokenizer(fleet: Fleet) -> ChatTokenizer:
 def test_group_of_four_over_several_tasks(fleet: Fleet, client: httpx.Client, tokenizer: ChatTokenizer) -> None:
     headers = create_job(client, "batch")
     tasks = [
-        task("solve-1", "TASK-SOLVE first"), task("solve-2", "TASK-SOLVE second"),
+        task("solve-1", "TASK-SOLVE first", sandbox={"setup": ["sleep 1 && echo seeded > seed.txt"]}),
+        task("solve-2", "TASK-SOLVE second"),
         task("wrong", "TASK-WRONG"), task("format", "TASK-FORMAT"),
     ]  # fmt: skip
     rollout = submit(client, headers, {"job": "batch", "tasks": tasks, "group_size": 4, "limits": {"max_turns": 10}})
@@ -110,6 +95,9 @@ def test_group_of_four_over_several_tasks(fleet: Fleet, client: httpx.Client, to
         assert traj.status is Status.COMPLETED and traj.attempt == 1
         check_tokens(traj, tokenizer)
     assert {len(t.turns) for t in found if t.task_id == "format"} == {4}
+    seeded = [t.timings for t in found if t.task_id == "solve-1"]  # the group's setup ran once (sandbox fork)
+    assert sorted(t.setup_shared for t in seeded) == [False, True, True, True]
+    assert 1.0 <= sum(t.setup_s for t in seeded) < 2.5, seeded  # about 1 s, not 4
     assert all(t.weight_versions == ["default"] * len(t.turns) for t in found)
     job = client.get("/jobs/batch", headers=headers).json()
     assert (job["finished"], job["in_flight"], job["queue_depth"]) == (16, 0, 0)
@@ -118,11 +106,6 @@ def test_group_of_four_over_several_tasks(fleet: Fleet, client: httpx.Client, to
     assert [t.key for t in over_http] == [t.key for t in found]
     assert all(a.response_ids == b.response_ids and a.response_logprobs == b.response_logprobs
                and a.loss_mask == b.loss_mask for a, b in zip(over_http, found, strict=True))  # fmt: skip
-
-
-def sse_trajectories(client: httpx.Client, path: str, headers: dict[str, str]) -> list[Trajectory]:
-    with client.stream("GET", path, headers=headers) as response:
-        return [trajectory_from_json(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
 
 
 def check_tokens(traj: Any, tokenizer: ChatTokenizer) -> None:

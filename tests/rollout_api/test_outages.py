@@ -4,7 +4,6 @@ while 300 trajectories run or wait; after it comes back every trajectory complet
 
 from __future__ import annotations
 
-import shutil
 import signal
 import tempfile
 import time
@@ -17,20 +16,17 @@ import httpx
 import pytest
 
 from services.protocol import Status
-from services.runtime.redis_server import EmbeddedRedis
-from services.runtime.tokenizer import write_tokenizer_dir
 from tests.rollout_api.fleet import (
     SECRETS,
     SUBMIT,
     Fleet,
     create_job,
-    start_fleet,
+    running_fleet,
     submit,
     task,
     trajectories,
     wait_finished,
     wait_for,
-    write_script,
 )
 from tests.support.processes import ServiceProcess, start_service
 
@@ -49,17 +45,8 @@ RULES: dict[str, list[Any]] = {
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[Fleet]:
-    model = write_tokenizer_dir(tmp_path / "model")
-    script = write_script(tmp_path / "script.json", RULES)
-    state = Path(tempfile.mkdtemp(prefix="rollout-outage-"))
-    state.chmod(0o755)  # the sandbox user must reach the sandboxes' directories
-    with EmbeddedRedis() as server:
-        fleet = start_fleet(server.url, script, model, tmp_path / "logs", state)
-        try:
-            yield fleet
-        finally:
-            fleet.stop()
-            shutil.rmtree(state, ignore_errors=True)
+    with running_fleet(tmp_path, RULES, "outage") as fleet:
+        yield fleet
 
 
 def restart(service: ServiceProcess, logs: Path, env: dict[str, str]) -> ServiceProcess:

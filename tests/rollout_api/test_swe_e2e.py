@@ -4,28 +4,22 @@ to the tests never count, and a reward that cannot run is an infra error, not re
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from services.protocol import InfraStage, Status
-from services.runtime.redis_server import EmbeddedRedis
-from services.runtime.tokenizer import write_tokenizer_dir
 from tests.rollout_api.fleet import (
     ADMIN,
     SUBMIT,
     Fleet,
     bearer,
     create_job,
-    start_fleet,
+    running_fleet,
     trajectories,
     wait_finished,
-    write_script,
 )
 from tests.sandbox_broker.conftest import needs_bwrap
 from tests.sandbox_broker.images_support import calc_repo_image
@@ -44,24 +38,13 @@ RULES: dict[str, list[Any]] = {
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    root = tmp_path_factory.mktemp("swe")
-    model = write_tokenizer_dir(root / "model")
-    script = root / "script.json"
-    write_script(script, RULES)
-    state = Path(tempfile.mkdtemp(prefix="rollout-swe-"))
-    state.chmod(0o755)
-    image = calc_repo_image(state / "img")
-    with EmbeddedRedis() as server:
-        fleet = start_fleet(server.url, script, model, root / "logs", state)
-        try:
-            template = {"name": "calc", "image": str(image), "host_usr": True}
-            made = httpx.post(f"{fleet.broker.url}/templates", json=template, headers=bearer(ADMIN))
-            assert made.status_code == 201, made.text
-            fleet.start_worker(concurrency=8, ROLLOUT_WORKER_RETRY_BACKOFF_S="0.1")
-            yield fleet
-        finally:
-            fleet.stop()
-            shutil.rmtree(state, ignore_errors=True)
+    with running_fleet(tmp_path_factory.mktemp("swe"), RULES, "swe") as fleet:
+        image = calc_repo_image(fleet.state_dir / "img")
+        template = {"name": "calc", "image": str(image), "host_usr": True}
+        made = httpx.post(f"{fleet.broker.url}/templates", json=template, headers=bearer(ADMIN))
+        assert made.status_code == 201, made.text
+        fleet.start_worker(concurrency=8, ROLLOUT_WORKER_RETRY_BACKOFF_S="0.1")
+        yield fleet
 
 
 def _run(fleet: Fleet, job: str, body: dict[str, Any], path: str = "/rollouts") -> list[Any]:

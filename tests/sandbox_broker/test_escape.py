@@ -125,7 +125,7 @@ def test_docker_sandbox_escapes_are_blocked(
     targets = _targets(broker, redis_url, services)
     with httpx.Client(base_url=broker.url, timeout=120) as client:
         bridge = client.get("/healthz").json()["isolation"]["bridge"]
-        assert docker_firewall.installed(bridge)  # before any probe: nothing may leave the host
+        assert docker_firewall.installed(bridge) and docker_firewall.installed6(bridge)  # before any probe
         resources = {"memory_mb": 128, "disk_mb": 64, "cpus": 1}
         lid = lease(client, network=network, resources=resources)["id"]
         connect = escape.connect_script(targets, escape.BUSYBOX_CONNECT, escape.GATEWAY)

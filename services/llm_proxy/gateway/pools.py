@@ -10,7 +10,7 @@ from services.llm_proxy.fleet import FleetView
 from services.llm_proxy.gateway.delta import is_local
 from services.llm_proxy.gateway.parsers import PARSERS
 from services.llm_proxy.settings import ProxySettings
-from services.runtime.chat import ChatTemplate, bundled_chat_template
+from services.runtime.chat import ChatTemplate, bundled_chat_template, has_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class PoolConfigs:
         if directory is None:
             record = self.view.pool(pool)
             location = record.location if record else None
-            if location and (Path(location) / "tokenizer.json").exists():
+            if location and has_tokenizer(Path(location)):
                 directory = location
         key = directory or ""
         found = self._loaded.get(key)

@@ -27,10 +27,10 @@ class TokenTexts:
     def tokenizer(self) -> Any:
         if self.path is None:
             return None
-        from tokenizers import Tokenizer
+        from services.runtime.chat import load_tokenizer
 
         try:
-            return Tokenizer.from_file(str(self.path / "tokenizer.json"))
+            return load_tokenizer(self.path)
         except Exception:  # a broken tokenizer must not break the viewer: it shows ids instead
             log.warning("cannot load the tokenizer at %s; the viewer shows token ids", self.path, exc_info=True)
             return None

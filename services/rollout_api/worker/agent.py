@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 
 from services.protocol import Cap, ErrorCode, InfraStage, Message, Status, Trajectory, Turn, WorkItem
 from services.protocol.agents import BashAgent
-from services.protocol.sandboxes import ExecRequest, ExecResult, Lease, LeaseRequest, Resources
+from services.protocol.sandboxes import ExecRequest, ExecResult, Lease, LeaseRequest, Resources, SandboxSetup
 from services.rollout_api.publishing import trajectory_shell
 from services.rollout_api.settings import WorkerSettings
 from services.rollout_api.worker.clients import (
@@ -103,6 +103,7 @@ class Episode:
             labels={"trajectory": self.item.trajectory_id, "attempt": str(self.traj.attempt)},
             network=spec.network,
             wait_s=self.deps.settings.lease_wait_s,
+            setup=self._setup_request(),
         )
         started = time.monotonic()
         lease = await self.deps.broker.lease(request)
@@ -126,22 +127,22 @@ class Episode:
             return await self._loop(lease, agent)
         return await run_gateway_agent(self, lease)
 
-    async def _setup(self, lease: Lease) -> None:
+    def _setup_request(self) -> SandboxSetup | None:
+        """The task's files and setup commands, run by the broker: once per group (the rollout's
+        samples share one run where the backend can fork sandboxes), else once per lease."""
         spec = self.item.task.sandbox
+        if not (spec.files or spec.setup):
+            return None
+        return SandboxSetup(key=self.item.group_id, files=spec.files, commands=spec.setup, env=spec.env,
+                            cwd=spec.workdir, timeout_s=self.limits.command_timeout_s)  # fmt: skip
+
+    async def _setup(self, lease: Lease) -> None:
+        """The broker ran the task's files and setup commands with the lease (``_setup_request``);
+        keep the reward's files as they are now."""
         started = time.monotonic()
-        for path, content in spec.files.items():
-            await self.deps.broker.write_file(lease.id, path, content)
-        for command in spec.setup:
-            timeout = self.limits.command_timeout_s
-            request = ExecRequest(shell=command, timeout_s=timeout, env=spec.env, cwd=self.workdir)
-            result = await self.deps.broker.exec(lease.id, request)
-            if result.exit_code != 0:
-                raise InfraError(
-                    InfraStage.SANDBOX_EXEC, ErrorCode.INTERNAL_ERROR,
-                    f"setup command {command!r} exited {result.exit_code}: {(result.stdout + result.stderr)[-300:]}",
-                )  # fmt: skip
         self.saved = await snapshot(self.deps.broker, lease.id, self.item.task.reward, self.workdir)
-        self.traj.timings.setup_s = time.monotonic() - started
+        self.traj.timings.setup_s = lease.setup_s + time.monotonic() - started
+        self.traj.timings.setup_shared = lease.setup_shared
 
     async def _loop(self, lease: Lease, agent: BashAgent) -> Cap | None:
         tok = self.deps.tokenizer_for(self.item.pool)

@@ -211,7 +211,7 @@ class BrokerClient:
     async def lease(self, request: LeaseRequest) -> Lease:
         body = await self._call(
             InfraStage.SANDBOX_CREATE, "POST", "/leases", json=request.model_dump(mode="json"),
-            timeout_s=request.wait_s + self.overhead_s,
+            timeout_s=request.wait_s + self.overhead_s + _setup_budget_s(request),
         )  # fmt: skip
         return Lease.model_validate(body)
 
@@ -288,3 +288,9 @@ async def _release(broker: BrokerClient, lease_id: str) -> None:
         await broker.release(lease_id)
     except InfraError as exc:
         log.warning("release of lease %s failed (its TTL will reap it): %s", lease_id, exc)
+
+
+def _setup_budget_s(request: LeaseRequest) -> float:
+    """How long the broker may take to run the lease's setup (or wait for its group's first run)."""
+    setup = request.setup
+    return (1 + len(setup.commands)) * setup.timeout_s if setup is not None else 0.0

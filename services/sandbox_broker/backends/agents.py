@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -163,19 +163,29 @@ class ExecAgents:
 
     def __init__(self) -> None:
         self.agents: dict[str, ExecAgent] = {}
-        self.starting: set[str] = set()
+        self.starting: dict[str, asyncio.Task[None]] = {}
 
-    async def ensure(self, sandbox_id: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
-        """Start the sandbox's agent unless it runs; a failure is logged (commands run without it)."""
-        if sandbox_id in self.starting or (sandbox_id in self.agents and self.agents[sandbox_id].alive):
+    async def ensure(self, sandbox_id: str, argv: list[str], env: dict[str, str], log_path: Path,
+                     wait: bool = True) -> None:  # fmt: skip
+        """Start the sandbox's agent unless it runs or is starting (``wait``: until it is up); a
+        failure is logged (its commands run without it)."""
+        if sandbox_id in self.agents and self.agents[sandbox_id].alive:
             return
-        self.starting.add(sandbox_id)
+        task = self.starting.get(sandbox_id)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._start(sandbox_id, argv, env, log_path))
+            self.starting[sandbox_id] = task
+        if wait:
+            await asyncio.shield(task)
+
+    async def _start(self, sandbox_id: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
         try:
             self.agents[sandbox_id] = await ExecAgent.start(argv, env, log_path)
-        except OSError as exc:
-            log.warning("no exec agent in %s (%s): its commands start a bubblewrap each", sandbox_id, exc)
+        except OSError as exc:  # TimeoutError included: a host this loaded is better off without
+            log.warning("no exec agent in %s (%r): its commands start a bubblewrap each", sandbox_id, exc)
         finally:
-            self.starting.discard(sandbox_id)
+            if self.starting.get(sandbox_id) is asyncio.current_task():
+                del self.starting[sandbox_id]
 
     def take(self, sandbox_id: str) -> ExecAgent | None:
         """The sandbox's idle agent, marked busy; None when it is busy, starting or absent."""
@@ -186,7 +196,7 @@ class ExecAgents:
         return agent
 
     async def run(self, agent: ExecAgent, request: AgentRequest, sink: OutputSink | None,
-                  fallback: Callable[[], asyncio.Future[ExecResult]]) -> ExecResult:  # fmt: skip
+                  fallback: Callable[[], Awaitable[ExecResult]]) -> ExecResult:  # fmt: skip
         try:
             return await agent.run(request, sink)
         except NotStarted:
@@ -195,10 +205,16 @@ class ExecAgents:
             agent.busy = False
 
     async def stop(self, sandbox_id: str) -> None:
+        """Stop the sandbox's agent, or its start (a destroyed sandbox must not get one after)."""
+        task = self.starting.pop(sandbox_id, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         agent = self.agents.pop(sandbox_id, None)
         if agent is not None:
             await agent.stop()
 
     async def close(self) -> None:
-        for sandbox_id in list(self.agents):
+        for sandbox_id in {*self.agents, *self.starting}:
             await self.stop(sandbox_id)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import ExecRequest, ExecResult, Resources, Template
@@ -29,6 +29,7 @@ class SandboxSpec:
     resources: Resources
     network: Literal["none", "egress"] = "none"
     labels: dict[str, str] = field(default_factory=dict)
+    clone_of: str | None = None  # a snapshot (ForkingBackend.snapshot) to start from, not an empty sandbox
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,18 @@ class Sandbox:
     labels: dict[str, str]
     workdir: str = "/workspace"
     created_at: float = 0.0
+    cloned_s: float = 0.0  # time spent copying ``clone_of`` into it
+
+
+@runtime_checkable
+class ForkingBackend(Protocol):
+    """A backend that can copy a sandbox's state to start others from (sandbox fork for groups)."""
+
+    async def snapshot(self, sandbox_id: str) -> str:
+        """Copy the sandbox's writable state (while nothing runs in it); return the snapshot's id."""
+        ...
+
+    async def drop_snapshot(self, snapshot_id: str) -> None: ...
 
 
 class Backend(Protocol):

@@ -167,7 +167,7 @@ async def _output(argv: list[str]) -> str:
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL
     )
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), 10)
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)  # a loaded host is slow, not unable
     except TimeoutError:
         proc.kill()
         await proc.wait()

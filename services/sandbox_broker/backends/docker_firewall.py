@@ -8,7 +8,10 @@ namespace (``docker_firewall``), it owns one iptables chain per sandbox bridge a
 - INPUT from the bridge: rejected (a sandbox never talks to the host itself);
 - FORWARD from the bridge: DNS to the host's resolvers allowed, then private, shared, link-local
   (metadata), multicast and reserved ranges and every network of the host rejected; the rest (the
-  outside world, through docker's NAT) allowed.
+  outside world, through docker's NAT) allowed;
+- IPv6 (ip6tables) from the bridge, INPUT and FORWARD: rejected. The sandbox network is created
+  without IPv6, but a container's link-local address still reaches the host's services bound to
+  ``::`` through the bridge.
 
 The rules are re-asserted at start and removed at close. Elsewhere (compose, Kubernetes) the
 operator sets the equivalent rules or NetworkPolicy: see docs/sandbox_broker.md.
@@ -60,23 +63,44 @@ def install(bridge: str) -> None:
     _iptables(["-N", chain])
     for rule in chain_rules(chain):
         _iptables(rule)
-    _iptables(["-I", "INPUT", "-i", bridge, "-j", "REJECT", "--reject-with", "icmp-admin-prohibited"])
-    _iptables(["-I", "INPUT", "-i", bridge, "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"])
-    _iptables(["-I", "FORWARD", "-i", bridge, "-j", chain])
-    log.info("sandbox bridge %s: host and private networks blocked (iptables chain %s)", bridge, chain)
+    for jump in reversed(_jumps(bridge)):  # inserted at the top, in this order
+        _iptables(["-I", *jump])
+    try:
+        for jump in reversed(_jumps6(bridge)):
+            _iptables(["-I", *jump], binary="ip6tables")
+    except OSError as exc:  # a host without IPv6 filtering has no IPv6 for the sandboxes to use either
+        log.warning("sandbox bridge %s: no ip6tables rules (%s)", bridge, exc)
+    log.info("sandbox bridge %s: host and private networks blocked (iptables chain %s, IPv6 refused)", bridge, chain)
+
+
+def _jumps(bridge: str) -> list[list[str]]:
+    return [
+        ["INPUT", "-i", bridge, "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"],
+        ["INPUT", "-i", bridge, "-j", "REJECT", "--reject-with", "icmp-admin-prohibited"],
+        ["FORWARD", "-i", bridge, "-j", chain_of(bridge)],
+    ]
+
+
+def _jumps6(bridge: str) -> list[list[str]]:
+    """IPv6 from a sandbox bridge: refused, to the host (a link-local address reaches its services
+    on ``::``) and beyond (the sandbox network is created without IPv6: nothing to allow)."""
+    return [
+        [hook, "-i", bridge, *match]
+        for hook in ("INPUT", "FORWARD")
+        for match in (
+            ["-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"],
+            ["-j", "REJECT", "--reject-with", "icmp6-adm-prohibited"],
+        )  # fmt: skip
+    ]
 
 
 def remove(bridge: str) -> None:
     """Remove the jumps and the chain; idempotent."""
     chain = chain_of(bridge)
-    jumps = [
-        ["INPUT", "-i", bridge, "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"],
-        ["INPUT", "-i", bridge, "-j", "REJECT", "--reject-with", "icmp-admin-prohibited"],
-        ["FORWARD", "-i", bridge, "-j", chain],
-    ]
-    for jump in jumps:
-        while _iptables(["-D", *jump], check=False):
-            pass
+    for binary, jumps in (("iptables", _jumps(bridge)), ("ip6tables", _jumps6(bridge))):
+        for jump in jumps:
+            while _iptables(["-D", *jump], check=False, binary=binary):
+                pass
     _iptables(["-F", chain], check=False)
     _iptables(["-X", chain], check=False)
 
@@ -86,10 +110,15 @@ def installed(bridge: str) -> bool:
     return f"-i {bridge} -j {chain_of(bridge)}" in done.stdout
 
 
-def _iptables(args: list[str], check: bool = True) -> bool:
-    done = subprocess.run(["iptables", "-w", "5", *args], capture_output=True, text=True, check=False)
+def installed6(bridge: str) -> bool:
+    done = subprocess.run(["ip6tables", "-S"], capture_output=True, text=True, check=False)
+    return all(f"-A {hook} -i {bridge} -j REJECT" in done.stdout for hook in ("INPUT", "FORWARD"))
+
+
+def _iptables(args: list[str], check: bool = True, binary: str = "iptables") -> bool:
+    done = subprocess.run([binary, "-w", "5", *args], capture_output=True, text=True, check=False)
     if check and done.returncode != 0:
-        raise OSError(f"iptables {' '.join(args)} failed: {done.stderr.strip()}")
+        raise OSError(f"{binary} {' '.join(args)} failed: {done.stderr.strip()}")
     return done.returncode == 0
 
 

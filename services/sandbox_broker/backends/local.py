@@ -24,7 +24,7 @@ from typing import Any
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import ExecRequest, ExecResult
 from services.protocol.status import ErrorCode
-from services.sandbox_broker.backends import disk, imageroot, leftovers, netns, overlay
+from services.sandbox_broker.backends import disk, imageroot, leftovers, netns, overlay, snapshots
 from services.sandbox_broker.backends.agents import AgentRequest, ExecAgents, agent_command
 from services.sandbox_broker.backends.base import OutputSink, Sandbox, SandboxSpec, bad_path, sandbox_gone
 from services.sandbox_broker.backends.bwrap import HostProbe, SandboxPaths, probe_bwrap
@@ -78,6 +78,7 @@ class LocalBackend:
         for directory in (self.root.parent, self.root):
             directory.chmod(0o711)  # the sandbox uid passes through, lists nothing
         await asyncio.to_thread(leftovers.clean_probes, self.root.parent)
+        await asyncio.to_thread(snapshots.clean, self.root.parent)
         await asyncio.to_thread(self.images.clean_leftovers)
         self.cgroups = await asyncio.to_thread(Cgroups.probe, self.pids_max, Cgroups.scope_of(self.root))
         paths = SandboxPaths(self.root.parent / "probe")
@@ -117,7 +118,9 @@ class LocalBackend:
     async def create(self, spec: SandboxSpec) -> Sandbox:
         sandbox_id = "loc-" + secrets.token_hex(8)
         paths = self._paths(sandbox_id)
-        meta: dict[str, object] = {"labels": spec.labels, "network": spec.network, "created_at": time.time()}
+        unpack_s = await asyncio.to_thread(self.images.unpack, spec.template, self.overlay)  # before its dir exists
+        meta: dict[str, object] = {"labels": spec.labels, "network": spec.network, "created_at": time.time(),
+                                   "image_prepare_s": unpack_s}  # fmt: skip
         try:
             await asyncio.to_thread(self._prepare, paths, spec, meta)
             await self._start_agent(sandbox_id, paths, meta)
@@ -132,12 +135,23 @@ class LocalBackend:
         except BaseException:
             await self.destroy(sandbox_id)
             raise
-        return Sandbox(sandbox_id, spec.labels, workdir_of(meta), float(str(meta["created_at"])))
+        return Sandbox(sandbox_id, spec.labels, workdir_of(meta), float(str(meta["created_at"])),
+                       float(str(meta.get("cloned_s", 0.0))))  # fmt: skip
+
+    async def snapshot(self, sandbox_id: str) -> str:
+        return await asyncio.to_thread(snapshots.take, self._existing(sandbox_id).disk, self.root.parent)
+
+    async def drop_snapshot(self, snapshot_id: str) -> None:
+        await asyncio.to_thread(snapshots.drop, snapshot_id, self.root.parent)
 
     def _prepare(self, paths: SandboxPaths, spec: SandboxSpec, meta: dict[str, object]) -> None:
         paths.root.mkdir(parents=True)
         if self.disk_quota:  # first: the workspace, /tmp and an image's upper layer all live on it
             disk.create(paths.root, paths.disk, spec.resources.disk_mb)
+        if spec.clone_of is not None:  # before any overlay is mounted over the copied upper layer
+            started = time.monotonic()
+            snapshots.restore(spec.clone_of, self.root.parent, paths.disk)
+            meta["cloned_s"] = time.monotonic() - started
         self._layout(paths)
         if spec.network == "egress":
             meta["netns"] = self._network(paths, spec)
@@ -230,7 +244,7 @@ class LocalBackend:
         cap = min(request.max_output_bytes, self.max_output_bytes)
         agent = self.agents.take(sandbox_id)
         if agent is None:
-            await self._start_agent(sandbox_id, paths, meta)  # for the next command (a broker restart)
+            await self._start_agent(sandbox_id, paths, meta, wait=False)  # for the next ones (a broker restart)
 
         def alone() -> asyncio.Future[ExecResult]:  # a bubblewrap of its own, as before agents
             return asyncio.ensure_future(
@@ -264,13 +278,13 @@ class LocalBackend:
         procs = self.cgroups.procs_files(sandbox_id)
         return sandbox_prefix(self._bwrap, paths, meta, uid=self.uid, cwd=cwd, cgroup_procs=procs)
 
-    async def _start_agent(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any]) -> None:
+    async def _start_agent(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], wait: bool = True) -> None:
         """The sandbox's exec agent, started with it (or at its first command after a broker restart)."""
         python = agent_python(meta)
         if self._bwrap is None or python is None or not self.use_agents:
             return
         argv = [*self._prefix(sandbox_id, paths, meta, workdir_of(meta)), *agent_command(python)]
-        await self.agents.ensure(sandbox_id, argv, AGENT_ENV, paths.root / "agent.log")
+        await self.agents.ensure(sandbox_id, argv, AGENT_ENV, paths.root / "agent.log", wait)
 
     def _kill_all(self, sandbox_id: str) -> None:
         killed = self.cgroups.kill(sandbox_id)

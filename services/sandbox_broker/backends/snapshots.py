@@ -1,0 +1,68 @@
+"""Copies of a local sandbox's writable state, to start other sandboxes from (sandbox fork for groups).
+
+Everything a sandbox can write lives under ``<sandbox>/rw`` (its workspace, ``/tmp`` and, with an
+image or a seeded workspace, its overlay's upper layer). A snapshot is a ``cp -a`` of that (not the
+overlay's work directory), kept in ``<state_dir>/snapshots/<id>``: ``cp -a`` keeps the overlay's
+whiteouts (0/0 character devices) and its ``trusted.overlay.*`` xattrs, so a child mounted over the
+copy sees the parent's deletions too. A child gets its own copy before its overlay is mounted (the
+layers of a mounted overlay must not change). Processes are not carried over: a child starts idle,
+as after the parent's setup, which ran to its end (its background processes died with it).
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import subprocess
+from pathlib import Path
+
+SKIP = ("work", "lost+found")  # the overlay's scratch directory; ext4's own
+
+
+def root(state_dir: Path) -> Path:
+    return state_dir / "snapshots"
+
+
+def take(rw: Path, state_dir: Path) -> str:
+    """Copy a sandbox's writable state; return the snapshot's id."""
+    snapshot_id = "snap-" + secrets.token_hex(8)
+    dest = root(state_dir) / snapshot_id
+    dest.mkdir(parents=True)
+    entries = [str(p) for p in rw.iterdir() if p.name not in SKIP]
+    try:
+        if entries:
+            _cp([*entries, str(dest)])
+    except OSError:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+    return snapshot_id
+
+
+def restore(snapshot_id: str, state_dir: Path, rw: Path) -> None:
+    """Copy a snapshot into a new sandbox's (empty, not yet mounted over) writable state."""
+    source = root(state_dir) / _checked(snapshot_id)
+    if not source.is_dir():
+        raise OSError(f"no snapshot {snapshot_id}")
+    rw.mkdir(parents=True, exist_ok=True)
+    _cp([f"{source}/.", str(rw)])
+
+
+def drop(snapshot_id: str, state_dir: Path) -> None:
+    shutil.rmtree(root(state_dir) / _checked(snapshot_id), ignore_errors=True)
+
+
+def clean(state_dir: Path) -> None:
+    """Remove every snapshot (at start: a killed broker's; they are not shared between replicas)."""
+    shutil.rmtree(root(state_dir), ignore_errors=True)
+
+
+def _checked(snapshot_id: str) -> str:
+    if not snapshot_id.startswith("snap-") or "/" in snapshot_id or ".." in snapshot_id:
+        raise OSError(f"bad snapshot id {snapshot_id!r}")
+    return snapshot_id
+
+
+def _cp(argv: list[str]) -> None:
+    done = subprocess.run(["cp", "-a", "--", *argv], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise OSError(f"cp -a failed: {done.stderr.strip()[-300:]}")
