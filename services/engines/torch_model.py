@@ -70,21 +70,27 @@ class TorchPolicy:
         top_p: float = 1.0,
         stop_token_ids: frozenset[int] = frozenset(),
         use_eos: bool = True,
+        seed: int | None = None,
     ) -> Sampled:
+        """``seed`` (SGLang's ``sampling_seed``): the draw depends only on it, the prompt and the weights."""
         stops = set(stop_token_ids)
         if use_eos and self.eos_token_id is not None:
             stops.add(self.eos_token_id)
+        generator = None if seed is None else torch.Generator().manual_seed(seed)
         with self._lock:
-            return self._sample(input_ids, max_new_tokens, temperature, top_p, stops)
+            return self._sample(input_ids, max_new_tokens, temperature, top_p, stops, generator or self._generator)
 
-    def _sample(self, input_ids: list[int], max_new: int, temperature: float, top_p: float, stops: set[int]) -> Sampled:
+    def _sample(
+        self, input_ids: list[int], max_new: int, temperature: float, top_p: float, stops: set[int],
+        generator: torch.Generator,
+    ) -> Sampled:  # fmt: skip
         ids = torch.tensor([input_ids], dtype=torch.long)
         out = self.model(input_ids=ids, use_cache=True)
         past, logits = out.past_key_values, out.logits[0, -1]
         output: list[int] = []
         lps: list[float] = []
         for _ in range(max_new):
-            token = self._pick(logits, temperature, top_p)
+            token = self._pick(logits, temperature, top_p, generator)
             lps.append(float(torch.log_softmax(logits.float(), dim=-1)[token]))
             output.append(token)
             if token in stops:
@@ -93,7 +99,18 @@ class TorchPolicy:
             past, logits = out.past_key_values, out.logits[0, -1]
         return Sampled(output, lps, "length")
 
-    def _pick(self, logits: torch.Tensor, temperature: float, top_p: float) -> int:
+    @torch.inference_mode()
+    def prompt_logprobs(self, input_ids: list[int], start: int) -> list[float | None]:
+        """SGLang's ``input_token_logprobs`` from ``start``: the logprob of each prompt token given the
+        tokens before it (None for the first token of the prompt, which has no context)."""
+        with self._lock:
+            out = self.model(input_ids=torch.tensor([input_ids], dtype=torch.long))
+        lps = torch.log_softmax(out.logits[0, :-1].float(), dim=-1)
+        scored = lps.gather(1, torch.tensor(input_ids[1:]).unsqueeze(1)).squeeze(1).tolist()
+        return [None, *scored][start:]
+
+    @staticmethod
+    def _pick(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:
         if temperature <= 0:
             return int(torch.argmax(logits))
         probs = torch.softmax(logits.float() / temperature, dim=-1)
@@ -101,7 +118,7 @@ class TorchPolicy:
             sorted_probs, order = torch.sort(probs, descending=True)
             keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p
             probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
-        return int(torch.multinomial(probs, 1, generator=self._generator))
+        return int(torch.multinomial(probs, 1, generator=generator))
 
 
 class TorchReplies:
@@ -124,14 +141,18 @@ class TorchReplies:
         ignore_eos: bool,
         temperature: float = 1.0,
         top_p: float = 1.0,
+        seed: int | None = None,
     ) -> Reply:
         sampled = self.policy.sample(
             list(prompt_ids), max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-            use_eos=not ignore_eos,
+            use_eos=not ignore_eos, seed=seed,
         )  # fmt: skip
         ends = sampled.finish == "stop"
         tokens = sampled.output_ids[:-1] if ends else sampled.output_ids
         return Reply(token_ids=tokens, ends_with_eos=ends, logprobs=sampled.logprobs)
+
+    def prompt_logprobs(self, prompt_ids: Sequence[int], start: int) -> list[float | None]:
+        return self.policy.prompt_logprobs(list(prompt_ids), start)
 
     def load_weights(self, model_dir: Path) -> None:
         self.policy.reload(model_dir)

@@ -14,7 +14,7 @@ from tests.support.processes import start_service
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # a loaded machine starts torch engines slowly
 
 
 def tiny_model(path: Path, seed: int) -> Path:
@@ -39,7 +39,7 @@ def test_generates_with_the_models_logprobs_and_reloads_weights(tmp_path: Path, 
     engine = start_service(
         ["-m", "services.cli", "engine", "--mode", "torch", "--model-path", str(first), "--port", "{port}",
          "--decode-step-s", "0", "--decode-step-per-request-s", "0", "--context-length", "256"],
-        log_dir=service_logs, health_path="/health", name="torch-engine", timeout_s=60,
+        log_dir=service_logs, health_path="/health", name="torch-engine", timeout_s=180,
     )  # fmt: skip
     prompt = list(b"hello")
     body = {"input_ids": prompt, "return_logprob": True, "sampling_params": {"max_new_tokens": 12}}
@@ -61,5 +61,14 @@ def test_generates_with_the_models_logprobs_and_reloads_weights(tmp_path: Path, 
             got_after = [lp for lp, _, _ in after["meta_info"]["output_token_logprobs"]]
             assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(got_after, want_after, strict=True))
             assert before != after["output_ids"] or got_after != got
+            assert seeded(client, prompt, 3) == seeded(client, prompt, 3) != seeded(client, prompt, 4)
     finally:
         engine.stop()
+
+
+def seeded(client: httpx.Client, prompt: list[int], seed: int) -> list[int]:
+    """Sampled at temperature 1 with SGLang's ``sampling_seed`` (what evaluation rollouts send)."""
+    params = {"max_new_tokens": 16, "temperature": 1.0, "sampling_seed": seed}
+    answer = client.post("/generate", json={"input_ids": prompt, "sampling_params": params})
+    ids: list[int] = answer.json()["output_ids"]
+    return ids
