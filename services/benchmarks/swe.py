@@ -214,7 +214,8 @@ def summary(results: dict[str, list[Trajectory]], prepare: list[float]) -> dict[
     every = [t for mode in MODES for t in results[mode]]
     durations = sorted(t.timings.total_s for t in every if t.status.trainable)
     return {
-        **{f"{mode}_reward_mean": reward_mean(mode) for mode in MODES},
+        **{f"{mode}_reward_mean": reward_mean(mode) for mode in MODES},  # over the scored episodes only
+        **{f"{mode}_scored": sum(1 for t in results[mode] if t.status.trainable) for mode in MODES},
         "infra_errors": sum(1 for t in every if t.status.value == "infra_error"),
         "infra_error_samples": sorted({_why(t) for t in every if t.infra is not None})[:8],
         "episode_p50_s": round(statistics.median(durations), 3) if durations else None,
