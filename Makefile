@@ -1,5 +1,5 @@
 # The two commands a newcomer types: `make run` (set up, then run the main job on embedded
-# defaults) and `make test` (set up, then lint, type-check and run the tests).
+# defaults: `rollout demo`) and `make test` (set up, then lint, type-check and run the tests).
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml scripts/setup.sh
 	@touch $(STAMP)
 
 run: setup
-	$(BIN)/rollout up --work-dir runs/up
+	$(BIN)/rollout demo --work-dir runs/demo --json runs/demo/summary.json
 
 test: setup lint typecheck pytest
 

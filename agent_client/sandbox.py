@@ -1,7 +1,9 @@
 """A synchronous client for the task sandbox of the current episode (the broker's exec/file API).
 
-The worker starts a ``command`` agent with ``ROLLOUT_BROKER_URL``, ``ROLLOUT_LEASE_ID`` and
-``ROLLOUT_WORKDIR`` set; :meth:`SandboxClient.from_env` reads them::
+The worker starts a ``command`` agent with ``ROLLOUT_BROKER_URL``, ``ROLLOUT_BROKER_TOKEN``,
+``ROLLOUT_LEASE_ID`` and ``ROLLOUT_WORKDIR`` set; :meth:`SandboxClient.from_env` reads them. The
+token is the episode's own: exec and files on this one lease, until the agent ends; the broker
+answers 404 for any other lease and 401 for every other route (listing, renewing, releasing)::
 
     from agent_client.sandbox import SandboxClient
     box = SandboxClient.from_env()
@@ -25,13 +27,19 @@ class SandboxClient:
     broker_url: str
     lease_id: str
     workdir: str = "/workspace"
+    token: str = ""  # the lease token (``Authorization: Bearer``)
     env: dict[str, str] = field(default_factory=dict)  # added to every command's environment
     http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=None))
 
+    def __post_init__(self) -> None:
+        if self.token:
+            self.http.headers["Authorization"] = f"Bearer {self.token}"
+
     @classmethod
     def from_env(cls) -> SandboxClient:
-        return cls(os.environ["ROLLOUT_BROKER_URL"].rstrip("/"), os.environ["ROLLOUT_LEASE_ID"],
-                   os.environ.get("ROLLOUT_WORKDIR", "/workspace"))  # fmt: skip
+        env = os.environ
+        return cls(env["ROLLOUT_BROKER_URL"].rstrip("/"), env["ROLLOUT_LEASE_ID"],
+                   env.get("ROLLOUT_WORKDIR", "/workspace"), env.get("ROLLOUT_BROKER_TOKEN", ""))  # fmt: skip
 
     def exec(self, command: str, timeout_s: float = 60.0, cwd: str | None = None) -> ExecResult:
         request = ExecRequest(shell=command, timeout_s=timeout_s, env=self.env, cwd=cwd or self.workdir)

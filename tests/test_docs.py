@@ -1,6 +1,8 @@
 """The command examples of the README and docs/ are checked against the code, so they cannot drift:
 
 - every ``rollout ...`` command parses with the real CLI parser (flags and choices exist);
+- every ``rollout ...`` written inline in the prose names real subcommands and flags (its
+  placeholders, ``PATH``, ``[--port N]``, are allowed);
 - every ``ROLLOUT_*`` variable they set is a real setting of the service its prefix names (or a
   shared one);
 - every loopback URL points at a port some example starts, or at a service's default port;
@@ -9,6 +11,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 from pathlib import Path
@@ -88,3 +91,62 @@ def test_curl_bodies_say_their_content_type() -> None:
     for doc, line in ALL:
         if line.startswith("curl") and re.search(r"\s(-d|--data)\s", line):
             assert "Content-Type: application/json" in line, f"{doc}: {line}"
+
+
+INLINE = re.compile(r"`(rollout(?: [^`]*)?)`")
+SHELL_OPERATORS = {">", ">>", "|", "&&", ";", "<"}
+
+
+def inline_commands(doc: Path) -> list[str]:
+    """The ``rollout ...`` commands written inline in the prose (`` `rollout deploy check --json PATH` ``)."""
+    return INLINE.findall(doc.read_text())
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def unknown_words(command: str) -> list[str]:
+    """The subcommands and ``--flags`` of an inline example that the real CLI does not have
+    (placeholders such as ``PATH`` and optional groups ``[--port N]`` are allowed)."""
+    parsers = [build_parser()]
+    unknown: list[str] = []
+    try:
+        words = shlex.split(command)  # a quoted argument is one word
+    except ValueError:
+        words = command.split()
+    for word in words[1:]:
+        if word in SHELL_OPERATORS:
+            break
+        flag = word.strip("[]").split("=")[0]
+        subcommands = _subcommands(parsers[0])
+        if flag.startswith("-"):
+            unknown += [flag for p in parsers if flag not in p._option_string_actions]
+        elif subcommands and re.fullmatch(r"[a-z][a-z0-9|-]*", word):
+            names = word.split("|")
+            unknown += [name for name in names if name not in subcommands]
+            parsers = [subcommands[name] for name in names if name in subcommands] or parsers
+    return unknown
+
+
+INLINE_ALL = [(doc.name, cmd) for doc in DOCS for cmd in inline_commands(doc)]
+
+
+def test_the_new_docs_are_covered() -> None:
+    """The deployment, security, tasks and agents pages have commands this module checks."""
+    covered = {doc for doc, _ in INLINE_ALL} | {doc for doc, line in ALL if rollout_argv(line)}
+    assert {"deployment.md", "security.md", "tasks.md", "agents.md", "README.md"} <= covered
+
+
+@pytest.mark.parametrize(("doc", "command"), INLINE_ALL, ids=lambda v: str(v)[:60])
+def test_inline_commands_name_real_subcommands_and_flags(doc: str, command: str) -> None:
+    assert unknown_words(command) == [], f"{doc}: `{command}`"
+
+
+def test_the_inline_check_can_fail() -> None:
+    assert unknown_words("rollout deploy check --jsn PATH") == ["--jsn"]
+    assert unknown_words("rollout bench codec|nosuch") == ["nosuch"]
+    assert unknown_words("rollout redis [--port N] [--appendonly]") == []

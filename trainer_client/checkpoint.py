@@ -41,7 +41,8 @@ LATEST = "latest"
 class TrainerState(BaseModel):
     """Everything besides the weights that a restarted trainer needs."""
 
-    step: int = 0
+    step: int = 0  # optimizer steps so far, the SFT phase's included
+    sft_steps: int = 0  # of which the SFT phase took (GRPO step = step - sft_steps)
     version: str = "0"  # label of the current weights (trainer_client.versions)
     epoch: int = 0  # the run epoch that trained the latest step (a new one at every start)
     lineage: Lineage = Field(default_factory=Lineage)  # labels that name ancestors of these weights

@@ -27,6 +27,7 @@ class Feed:
     backlog: list[Entry] = field(default_factory=list)  # reclaimed entries, consumed first
     _drops_seen: Counter[str] = field(default_factory=Counter)
     _groups_seen: Counter[str] = field(default_factory=Counter)
+    sft_steps: int = 0  # optimizer steps that trained on no group (the SFT phase)
 
     @classmethod
     def start(cls, s: TrainSettings, state: TrainerState, client: RolloutClient | None) -> Feed:
@@ -43,10 +44,11 @@ class Feed:
             counters.update(state.dropped_groups)
         if feed.supply:
             feed.supply.requested = state.requested_groups
+        feed.sft_steps = state.sft_steps
         return feed
 
     def finished_groups(self, step: int) -> int:
-        return step * self.settings.batch_groups + sum(self.assembler.dropped_groups.values())
+        return (step - self.sft_steps) * self.settings.batch_groups + sum(self.assembler.dropped_groups.values())
 
     def top_up(self, step: int) -> None:
         if self.supply:

@@ -6,6 +6,8 @@ minus the step of the oldest weights that generated any of its turns.
 
 Rules, in order, for each trajectory added:
 
+0. an evaluation sample (``mode="eval"``, which the platform publishes to the job's eval stream,
+   not this one) is dropped as ``evaluation`` on its own, never joining a group;
 1. a repeated ``(trajectory_id, attempt)`` (or a second record for a trajectory already held) is
    dropped as ``duplicate``;
 2. ``infra_error`` and ``cancelled`` members are removed from their group (never scored as 0);
@@ -49,6 +51,7 @@ class Drop(StrEnum):
     GROUP_TOO_SMALL = "group_too_small"
     ZERO_VARIANCE = "zero_variance"
     MALFORMED = "malformed"  # the stream entry could not be decoded
+    EVALUATION = "evaluation"  # an evaluation sample (``mode="eval"``): never trained on
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,9 @@ class GroupAssembler:
     def add(self, entry_id: str, traj: Trajectory, version: int) -> None:
         """Take one trajectory read from the stream while the trainer is at ``version``."""
         key = traj.attempt_key
+        if traj.mode != "train":  # evaluation samples never reach the loss, whatever stream they came in
+            self._decide(entry_id, key, Drop.EVALUATION)
+            return
         group = self.open.get(traj.group_id)
         if key in self.seen or key in self.held or (group and traj.trajectory_id in group.arrived):
             self._decide(entry_id, key, Drop.DUPLICATE)

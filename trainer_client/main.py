@@ -27,7 +27,7 @@ def run(settings: TrainSettings) -> Trainer:
 
 def loop(trainer: Trainer, settings: TrainSettings) -> None:
     """Wait for complete groups, one GRPO step, export + sync, checkpoint, log; until max_steps (every rank)."""
-    while trainer.state.step < settings.max_steps:
+    while trainer.grpo_step < settings.max_steps:
         timer = StepTimer()
         with timer.phase("wait_rollouts_s"):
             batch = trainer.next_batch()  # the leader reads the stream; every rank gets the samples
@@ -42,6 +42,8 @@ def loop(trainer: Trainer, settings: TrainSettings) -> None:
         if record := trainer.record(batch, stats, sync_ok, timer):
             logger.info("step %d (%s) reward %.3f gap %.4f ess %.3f time %.2fs", record.step, record.version,
                         record.reward_mean, record.logprob_gap, record.ess, record.timings["total_s"])  # fmt: skip
+        if trainer.grpo_step % settings.evaluation.every == 0 or trainer.grpo_step == settings.max_steps:
+            trainer.evaluate("grpo")
     trainer.checkpoint(force=True)
 
 

@@ -14,8 +14,10 @@ from pydantic_settings import SettingsConfigDict
 from services.protocol import keys
 from services.protocol.tasks import AgentLimits, Name, SamplingParams
 from services.runtime.settings import UsesAdminToken, UsesRedis
+from trainer_client.evaluation import EvalConfig
 from trainer_client.learner import LossConfig
 from trainer_client.model import ModelConfig, OptimConfig, ParallelConfig
+from trainer_client.sft import SftConfig
 
 
 class TrainSettings(UsesRedis, UsesAdminToken):
@@ -45,6 +47,8 @@ class TrainSettings(UsesRedis, UsesAdminToken):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
+    sft: SftConfig = Field(default_factory=SftConfig)  # a supervised phase before GRPO (fresh runs)
+    evaluation: EvalConfig = Field(default_factory=EvalConfig)  # held-out pass@1 during the run
     tokenizer_dir: Path | None = None  # copied into every export
     init_from: Path | None = None  # HF Llama directory to start from (else a seeded random init)
     # GRPO batch and staleness
@@ -58,7 +62,7 @@ class TrainSettings(UsesRedis, UsesAdminToken):
     packing: bool = True  # pack whole sequences into rows (no padding); False pads rows to the longest
     max_seq_len: int = Field(4096, ge=8)
     # run
-    max_steps: int = Field(100, ge=1)
+    max_steps: int = Field(100, ge=1)  # GRPO steps (the SFT phase's steps come on top)
     checkpoint_every: int = Field(1, ge=1)
     export_every: int = Field(1, ge=1)
     keep_checkpoints: int = Field(2, ge=1)

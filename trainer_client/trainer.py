@@ -13,6 +13,7 @@ from services.protocol.weights import version_label
 from trainer_client import checkpoint
 from trainer_client.batch import Sample, samples_from_groups, staleness_histogram
 from trainer_client.client import RolloutClient
+from trainer_client.evaluation import EvalRecord, Evaluator
 from trainer_client.export import export_hf
 from trainer_client.feed import Feed
 from trainer_client.hf_import import load_hf_weights
@@ -21,7 +22,9 @@ from trainer_client.metrics import StepLog, StepRecord, StepTimer, TrainerMetric
 from trainer_client.model import Policy, build_gpt, build_policy
 from trainer_client.ranks import Ranks
 from trainer_client.settings import TrainSettings
+from trainer_client.sft import run_sft
 from trainer_client.shards import full_state_dict
+from trainer_client.supply import load_tasks
 from trainer_client.versions import next_epoch
 from trainer_client.weights import WeightPublisher, job_pool
 
@@ -45,6 +48,7 @@ class Trainer:
     publisher: WeightPublisher | None = None  # the leader's
     log: StepLog | None = None  # the leader's
     metrics: TrainerMetrics | None = None  # the leader's
+    evaluator: Evaluator | None = None  # the leader's
 
     @classmethod
     def start(cls, s: TrainSettings) -> Trainer:
@@ -67,11 +71,44 @@ class Trainer:
             trainer.log, trainer.metrics = StepLog(s.step_log), TrainerMetrics()
             if s.metrics_port:
                 trainer.metrics.serve(s.metrics_port)
+            trainer.evaluator = _evaluator(s)
         logger.info("rank %d/%d (dp %d/%d, tp %d/%d) at step %d, epoch %d", ranks.rank, ranks.world, ranks.dp_rank,
                     ranks.dp_size, ranks.tp_rank, ranks.tp_size, state.step, state.epoch)  # fmt: skip
         if ckpt and s.proxy_url:  # engines may serve weights this run lost: put the kept ones back first
             trainer.export_and_sync(force=True)
+        if not ckpt:
+            trainer.first_phase()
         return trainer
+
+    def first_phase(self) -> None:
+        """A fresh run: evaluate the initial weights; with demonstrations, SFT, post and evaluate its weights."""
+        s = self.settings
+        if s.evaluation.before_sft:
+            self.evaluate("base")
+        if s.sft.path is None:
+            return
+        result = run_sft(self.policy, s.sft, self.learner.batching, self.ranks)
+        self.state.step = self.state.sft_steps = result.steps
+        self.state.lineage.extend(self.state.epoch, self.state.step)
+        self.state.version = version_label(self.state.step, self.state.epoch)
+        if self.feed:
+            self.feed.sft_steps = result.steps
+        self.export_and_sync(force=True)
+        self.checkpoint(force=True)
+        self.evaluate("sft")
+
+    @property
+    def grpo_step(self) -> int:
+        return self.state.step - self.state.sft_steps
+
+    def evaluate(self, phase: str) -> EvalRecord | None:
+        """Held-out pass@1 of the weights the engines serve now (leader; None elsewhere or when not configured)."""
+        if self.evaluator is None:
+            return None
+        record = self.evaluator.evaluate(phase, self.state.step, self.grpo_step, self.state.version)
+        with (self.settings.work_dir / "evals.jsonl").open("a") as f:
+            f.write(record.model_dump_json() + "\n")
+        return record
 
     def next_batch(self) -> Batch | None:
         """The leader gathers complete groups and makes the samples; every rank gets them (None: stop)."""
@@ -126,6 +163,8 @@ class Trainer:
             self.publisher.close()
         if self.metrics:
             self.metrics.close()
+        if self.evaluator:
+            self.evaluator.close()
 
     def record(self, batch: Batch, stats: StepStats, sync_ok: bool | None, timer: StepTimer) -> StepRecord | None:
         """Every rank's timings to the leader, which writes the step's line (others get None)."""
@@ -159,6 +198,13 @@ def _publisher(s: TrainSettings, client: RolloutClient | None) -> WeightPublishe
     # the job's own token may update its own pool (the proxy checks it); an admin token may update any
     token = s.proxy_token or s.api_token or s.admin_token or None
     return WeightPublisher(s.proxy_url, pool, token, s.sync_timeout_s, s.weight_store_url)
+
+
+def _evaluator(s: TrainSettings) -> Evaluator | None:
+    e = s.evaluation
+    if e.tasks_path is None or not s.api_url:
+        return None
+    return Evaluator(e, s.api_url, s.require_redis_url(), s.limits, load_tasks(e.tasks_path))
 
 
 def _reference(policy: Policy, s: TrainSettings) -> object:

@@ -1,17 +1,21 @@
 """``rollout bench swe``: every shipped SWE-style task (``rollout tasks build``) through the real API,
-a worker, the proxy, a scripted engine and the broker's local backend with the task images as the
-sandboxes' root, with a scripted agent in three modes: the gold patch (reward must be 1), a no-op
-(0) and tampering with the failing tests (0: they are put back before scoring)."""
+a worker, the proxy, a scripted engine and the broker, with a scripted agent in three modes: the
+gold patch (reward must be 1), a no-op (0) and tampering with the failing tests (0: they are put
+back before scoring). Once per backend: ``local`` (the task images unpacked as the sandboxes' root)
+and ``docker`` (the same images loaded into a Docker engine: a private dockerd unless
+``--docker-host``); the docker figures carry a ``docker_`` prefix."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +27,14 @@ from services.benchmarks.report import write_json
 from services.protocol import Trajectory
 from services.rollout_api.dump import stream_entries
 from services.rollout_api.swebench import template_for
+from services.runtime.dockerd import private_dockerd
 from services.runtime.redis_server import EmbeddedRedis
+from services.runtime.secrets import FleetSecrets
 from services.runtime.tokenizer import write_tokenizer_dir
 
-ADMIN = "bench-admin"
+SECRETS = FleetSecrets.generate()  # measured with authentication on, as deployed
+ADMIN = SECRETS.admin_token
+BACKENDS = ("local", "docker")
 SUBMIT = "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"
 MODES = ("gold", "noop", "tamper")
 TAMPER = """python3 - <<'ROLLOUT_EOF'
@@ -45,23 +53,60 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "rollout" / "tasks")
     p.add_argument("--only", nargs="*", default=None, help="task ids (default: all)")
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--backends", default="local,docker", help="comma-separated: local, docker (default both)")
+    p.add_argument("--docker-host", default=None, help="a Docker engine (default: start a private dockerd)")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     instances = load_tasks(args)
-    root = Path(tempfile.mkdtemp(prefix="rollout-bench-swe-"))
-    root.chmod(0o755)
-    try:
-        with EmbeddedRedis() as server:
-            figures = measure(args, instances, root, server.url)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    unknown = set(backends) - set(BACKENDS)
+    if unknown or not backends:
+        raise SystemExit(f"--backends: choose from {', '.join(BACKENDS)} (got {args.backends!r})")
+    figures: dict[str, Any] = {"tasks": len(instances), "libraries": len({i["repo"] for i in instances})}
+    for backend in backends:
+        found = run_backend(args, instances, backend)
+        prefix = "" if backend == "local" else f"{backend}_"
+        figures.update({f"{prefix}{key}": value for key, value in found.items()})
+    figures.setdefault("docker_gold_reward_mean", None)  # the key is always there: null when not run
     print(json.dumps(figures, indent=1))
     write_json(args.json, figures)
-    ok = figures["gold_reward_mean"] == 1.0 and figures["noop_reward_mean"] == figures["tamper_reward_mean"] == 0.0
-    return 0 if ok and figures["infra_errors"] == 0 else 1
+    return 0 if all(_as_expected(figures, b) for b in backends) else 1
+
+
+def _as_expected(figures: dict[str, Any], backend: str) -> bool:
+    prefix = "" if backend == "local" else f"{backend}_"
+    rewards = [figures.get(f"{prefix}{mode}_reward_mean") for mode in MODES]
+    return rewards == [1.0, 0.0, 0.0] and figures.get(f"{prefix}infra_errors") == 0
+
+
+def run_backend(args: argparse.Namespace, instances: list[dict[str, Any]], backend: str) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix=f"rollout-bench-swe-{backend}-"))
+    root.chmod(0o755)
+    try:
+        with engine_for(args, backend) as docker_env, EmbeddedRedis(password=SECRETS.redis_password) as server:
+            if isinstance(docker_env, str):
+                return {"gold_reward_mean": None, "skipped": docker_env}
+            return measure(args, instances, root, server.url, backend, docker_env)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def engine_for(args: argparse.Namespace, backend: str) -> Iterator[dict[str, str] | str]:
+    """The broker's settings for the Docker engine it uses (none on ``local``), or why there is none."""
+    if backend != "docker":
+        yield {}
+    elif args.docker_host:
+        yield {"ROLLOUT_BROKER_DOCKER_HOST": args.docker_host}
+    else:
+        with private_dockerd() as daemon:
+            if isinstance(daemon, str):
+                yield daemon
+            else:
+                yield {"ROLLOUT_BROKER_DOCKER_HOST": daemon.url, "ROLLOUT_BROKER_DOCKER_EXEC_ROOT": daemon.exec_root}
 
 
 def load_tasks(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -90,18 +135,25 @@ def marker(instance: dict[str, Any], mode: str) -> str:
     return f"RUN-MODE {mode} {instance['instance_id']}."
 
 
-def measure(args: argparse.Namespace, instances: list[dict[str, Any]], root: Path, redis_url: str) -> dict[str, Any]:
+def measure(
+    args: argparse.Namespace, instances: list[dict[str, Any]], root: Path, redis_url: str, backend: str,
+    backend_env: dict[str, str],
+) -> dict[str, Any]:  # fmt: skip
     script = root / "script.json"
     script.write_text(json.dumps({"rules": script_rules(instances), "default": SUBMIT, "latency_s": 0.0}))
     model = write_tokenizer_dir(root / "model")
     (root / "logs").mkdir()
     (root / "state").mkdir(mode=0o755)
-    stack = Stack(root / "logs", {**_env(), "ROLLOUT_REDIS_URL": redis_url, "ROLLOUT_API_ADMIN_TOKEN": ADMIN})
+    images = sorted({str(Path(i["image_path"]).resolve().parent) for i in instances})
+    roots = {"ROLLOUT_BROKER_TEMPLATE_ROOTS": ":".join(images)}
+    slow_first = {"ROLLOUT_BROKER_CREATE_TIMEOUT_S": "900"}  # a first lease unpacks (or loads) its image
+    env = {**_env(), **SECRETS.env(), **backend_env, "ROLLOUT_REDIS_URL": redis_url, **roots, **slow_first}
+    stack = Stack(root / "logs", env)
     try:
         engine = stack.start("engine", ["engine", "--mode", "scripted", "--script", str(script), "--model-path",
                                         str(model), "--port", "{port}"], health="/health").url  # fmt: skip
         proxy = stack.start("proxy", ["proxy", "--port", "{port}", "--workers", "1", "--engines", engine]).url
-        broker = stack.start("broker", ["broker", "--port", "{port}", "--backend", "local", "--redis-url", redis_url,
+        broker = stack.start("broker", ["broker", "--port", "{port}", "--backend", backend, "--redis-url", redis_url,
                                         "--state-dir", str(root / "state")]).url  # fmt: skip
         api = stack.start("api", ["api", "--port", "{port}", "--redis-url", redis_url]).url
         for _ in range(args.workers):
@@ -111,19 +163,20 @@ def measure(args: argparse.Namespace, instances: list[dict[str, Any]], root: Pat
         results = {mode: run_mode(api, redis_url, instances, mode) for mode in MODES}
     finally:
         stack.stop()
-    return summary(instances, results, prepare)
+    return summary(results, prepare)
 
 
 def register_templates(broker: str, instances: list[dict[str, Any]]) -> list[float]:
     """One template per task image, and the time of each image's first lease (unpacking included)."""
     took = []
-    with httpx.Client(base_url=broker, timeout=900) as http:
+    with httpx.Client(base_url=broker, timeout=900, headers={"Authorization": f"Bearer {ADMIN}"}) as http:
         for instance in instances:
             name = template_for(instance["image_name"])
             http.post("/templates", json={"name": name, "image": instance["image_path"]}).raise_for_status()
             started = time.monotonic()
             lease = http.post("/leases", json={"template": name, "wait_s": 600})
-            lease.raise_for_status()
+            if lease.status_code != 201:
+                raise RuntimeError(f"first lease of {name}: {lease.status_code} {lease.text}")
             took.append(time.monotonic() - started)
             http.delete(f"/leases/{lease.json()['id']}")
     return took
@@ -153,9 +206,7 @@ def run_mode(api: str, redis_url: str, instances: list[dict[str, Any]], mode: st
         client.close()
 
 
-def summary(
-    instances: list[dict[str, Any]], results: dict[str, list[Trajectory]], prepare: list[float]
-) -> dict[str, Any]:
+def summary(results: dict[str, list[Trajectory]], prepare: list[float]) -> dict[str, Any]:
     def reward_mean(mode: str) -> float | None:
         scored = [t.reward for t in results[mode] if t.status.trainable and t.reward is not None]
         return round(statistics.fmean(scored), 4) if scored else None
@@ -163,19 +214,23 @@ def summary(
     every = [t for mode in MODES for t in results[mode]]
     durations = sorted(t.timings.total_s for t in every if t.status.trainable)
     return {
-        "tasks": len(instances),
-        "libraries": len({i["repo"] for i in instances}),
-        **{f"{mode}_reward_mean": reward_mean(mode) for mode in MODES},
+        **{f"{mode}_reward_mean": reward_mean(mode) for mode in MODES},  # over the scored episodes only
+        **{f"{mode}_scored": sum(1 for t in results[mode] if t.status.trainable) for mode in MODES},
         "infra_errors": sum(1 for t in every if t.status.value == "infra_error"),
+        "infra_error_samples": sorted({_why(t) for t in every if t.infra is not None})[:8],
         "episode_p50_s": round(statistics.median(durations), 3) if durations else None,
         "image_prepare_s": round(prepare[0], 3) if prepare else None,  # the first image: base layers too
         "image_prepare_next_mean_s": round(statistics.fmean(prepare[1:]), 3) if len(prepare) > 1 else None,
-        "docker_gold_reward_mean": None,  # not run: see docs/tasks.md
         "per_task": {
             t.task_id: {m: next((x.reward for x in results[m] if x.task_id == t.task_id), None) for m in MODES}
             for t in results["gold"]
         },  # fmt: skip
     }
+
+
+def _why(t: Trajectory) -> str:
+    assert t.infra is not None
+    return f"{t.task_id}: {t.infra.stage}/{t.infra.code}: {t.infra.message[:300]}"
 
 
 def _env() -> dict[str, str]:

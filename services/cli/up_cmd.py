@@ -1,4 +1,8 @@
-"""``rollout up``: the whole platform on this machine, training a tiny policy on a miniature task."""
+"""``rollout demo`` and ``rollout up``: the whole platform on this machine, a tiny policy learning held-out shell tasks.
+
+``demo`` is the recipe with its figures (``--json``); ``up`` is the same run, kept for the
+flags it always had (``--warm-start-steps`` is now the SFT phase's steps).
+"""
 
 from __future__ import annotations
 
@@ -6,23 +10,36 @@ import argparse
 from pathlib import Path
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("up", help="run the whole fleet here and train a tiny policy on a miniature task")
-    p.add_argument("--work-dir", type=Path, default=Path("runs/up"), help="logs, model, checkpoints, plots")
-    p.add_argument("--steps", type=int, default=20, help="GRPO steps (default 20)")
-    p.add_argument("--engines", type=int, default=1, help="torch engines serving the policy")
+def _common(p: argparse.ArgumentParser, work_dir: str) -> None:
+    p.add_argument("--work-dir", type=Path, default=Path(work_dir), help="logs, model, checkpoints, plots")
+    p.add_argument("--steps", type=int, default=20, help="GRPO steps after SFT (default 20)")
+    p.add_argument("--seed", type=int, default=0, help="task splits, teacher and initial weights")
+    p.add_argument("--engines", type=int, default=2, help="torch engines serving the policy")
     p.add_argument("--concurrency", type=int, default=32, help="episodes at once in the worker")
-    p.add_argument("--warm-start-steps", type=int, default=250, help="format fine-tuning steps before RL")
+    p.add_argument("--heldout", type=int, default=128, help="held-out tasks evaluated (default 128)")
+    p.add_argument("--eval-every", type=int, default=5, help="GRPO steps between held-out evaluations")
     p.add_argument("--redis-url", default=None, help="default: an embedded server")
     p.add_argument("--trainer-ranks", type=int, default=1, help="trainer processes under torchrun (data parallel)")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("demo", help="SFT then GRPO of a tiny policy on held-out shell tasks; pass@1 JSON and plots")
+    _common(p, "runs/demo")
+    p.add_argument("--json", type=Path, default=None, help="write the summary (pass@1 base / SFT / RL, ...) here")
+    p.add_argument("--sft-steps", type=int, default=400, help="SFT optimizer steps before GRPO")
     p.set_defaults(handler=run)
+    p = sub.add_parser("up", help="run the whole fleet here and train a tiny policy (the demo without --json)")
+    _common(p, "runs/up")
+    p.add_argument("--warm-start-steps", dest="sft_steps", type=int, default=400, help="SFT steps before GRPO")
+    p.set_defaults(handler=run, json=None)
 
 
 def run(args: argparse.Namespace) -> int:
     from services.fleet.run import UpOptions
-    from services.fleet.run import run as run_up  # torch and transformers load only here
+    from services.fleet.run import run as run_demo  # torch and transformers load only here
 
-    return run_up(UpOptions(
-        work_dir=args.work_dir, steps=args.steps, engines=args.engines, concurrency=args.concurrency,
-        warm_start_steps=args.warm_start_steps, redis_url=args.redis_url, trainer_ranks=args.trainer_ranks,
+    return run_demo(UpOptions(
+        work_dir=args.work_dir, steps=args.steps, seed=args.seed, json_path=args.json, engines=args.engines,
+        concurrency=args.concurrency, sft_steps=args.sft_steps, heldout_tasks=args.heldout,
+        eval_every=args.eval_every, redis_url=args.redis_url, trainer_ranks=args.trainer_ranks,
     ))  # fmt: skip

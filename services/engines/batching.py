@@ -56,6 +56,7 @@ class Generation:
     admitted: int = -1  # admission sequence number; -1 while waiting
     final_len: int | None = None  # set when the generation leaves the engine
     logprobs: list[float] | None = None  # the model's own, when the reply source has them
+    input_logprobs: list[float | None] | None = None  # prompt tokens from ``logprob_start_len`` (torch mode)
 
     @property
     def target_len(self) -> int:

@@ -36,6 +36,8 @@ class GenerateParams:
     return_logprob: bool = False
     temperature: float = 1.0
     top_p: float = 1.0
+    seed: int | None = None  # SGLang's ``sampling_seed``
+    logprob_start_len: int = -1  # SGLang: >= 0 also returns the prompt's logprobs from there (torch mode)
 
 
 class Engine:
@@ -115,6 +117,7 @@ class Engine:
             stream=params.stream,
             cached_tokens=self.cache.lookup(prompt_ids),
             logprobs=reply.logprobs,
+            input_logprobs=await self._input_logprobs(prompt_ids, params),
         )
         if reply.latency_s > 0:
             await asyncio.sleep(reply.latency_s)
@@ -125,11 +128,19 @@ class Engine:
         """Ask the reply source; a source that computes (a real model) runs in a thread."""
         call = functools.partial(
             self.replies.reply, prompt_ids, max_new, ignore_eos=params.ignore_eos, temperature=params.temperature,
-            top_p=params.top_p,
+            top_p=params.top_p, seed=params.seed,
         )  # fmt: skip
         if getattr(self.replies, "blocking", False):
             return await asyncio.to_thread(call)
         return call()
+
+    async def _input_logprobs(self, prompt_ids: list[int], params: GenerateParams) -> list[float | None] | None:
+        """The prompt tokens' logprobs under the served weights, where asked and the source can score them."""
+        score = getattr(self.replies, "prompt_logprobs", None)
+        if not params.return_logprob or params.logprob_start_len < 0 or score is None:
+            return None
+        result: list[float | None] = await asyncio.to_thread(score, prompt_ids, params.logprob_start_len)
+        return result
 
     def cancel(self, gen: Generation) -> None:
         self.scheduler.cancel(gen)
@@ -167,6 +178,9 @@ class Engine:
                  tok, None]
                 for i, tok in enumerate(out)
             ]  # fmt: skip
+            if (given := gen.input_logprobs) is not None:
+                scored = prompt_ids[len(prompt_ids) - len(given) :]
+                meta["input_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(given, scored, strict=True)]
         return meta
 
     def text_of(self, ids: Sequence[int]) -> str | None:

@@ -42,6 +42,8 @@ def params_of(body: dict[str, Any]) -> GenerateParams:
         return_logprob=bool(body.get("return_logprob", False)),
         temperature=float(sampling.get("temperature", 1.0)),
         top_p=float(sampling.get("top_p", 1.0)),
+        seed=None if sampling.get("sampling_seed") is None else int(sampling["sampling_seed"]),
+        logprob_start_len=int(body.get("logprob_start_len", -1)),
     )
 
 

@@ -21,7 +21,9 @@ class Reply:
 
 
 class ReplySource(Protocol):
-    """Decides what a call answers. Timing is the scheduler's business, not the source's."""
+    """Decides what a call answers. Timing is the scheduler's business, not the source's.
+
+    ``seed`` is the request's ``sampling_seed``: the same seed and prompt give the same answer."""
 
     def reply(
         self,
@@ -31,6 +33,7 @@ class ReplySource(Protocol):
         ignore_eos: bool,
         temperature: float = 1.0,
         top_p: float = 1.0,
+        seed: int | None = None,
     ) -> Reply: ...
 
 
@@ -61,8 +64,10 @@ class SimulatedReplies:
         ignore_eos: bool,
         temperature: float = 1.0,
         top_p: float = 1.0,
+        seed: int | None = None,
     ) -> Reply:
-        rng = random.Random(self.seed * 1_000_003 + prompt_hash(prompt_ids))
+        salt = 0 if seed is None else (seed + 1) * 7_919  # a request's own seed (``sampling_seed``)
+        rng = random.Random(self.seed * 1_000_003 + prompt_hash(prompt_ids) + salt)
         runaway = ignore_eos or rng.random() < self.runaway_fraction
         length = max_new_tokens if runaway else rng.randint(max(1, self.mean_tokens // 2), self.mean_tokens * 3 // 2)
         length = min(length, max_new_tokens)

@@ -75,6 +75,7 @@ class ScriptedReplies:
         ignore_eos: bool,
         temperature: float = 1.0,
         top_p: float = 1.0,
+        seed: int | None = None,
     ) -> Reply:
         chosen = self.script.choose(self.codec.decode(prompt_ids))
         latency = self.script.latency_s if chosen.latency_s is None else chosen.latency_s

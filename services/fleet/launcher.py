@@ -91,7 +91,7 @@ class Fleet:
 
     def _start(self, name: str, args: list[str], env: dict[str, str], health: str = "/healthz") -> None:
         service = start_service(
-            ["-m", "services.cli", *args], log_dir=self.logs, env=env, health_path=health, name=name, timeout_s=90
+            ["-m", "services.cli", *args], log_dir=self.logs, env=env, health_path=health, name=name, timeout_s=300
         )
         self.services[name] = service
         log.info("%-8s %s (log %s)", name, service.url, service.log_path)

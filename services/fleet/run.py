@@ -1,34 +1,52 @@
-"""``rollout up``: warm-start the demo policy, start the fleet, train on it, summarise."""
+"""``rollout demo`` / ``rollout up``: a tiny policy learns held-out shell tasks through the whole platform.
+
+The recipe: make the task splits and the imperfect teacher's demonstrations (:mod:`services.fleet.demo`),
+start the fleet (:mod:`services.fleet.launcher`), create a training job and an evaluation job on
+the same pool, then run the trainer (:mod:`trainer_client`): held-out pass@1 of the untrained
+policy, SFT on the demonstrations, pass@1 again, asynchronous GRPO with pass@1 every few steps
+and at the end. The summary (JSON) and the figure come from the trainer's step and eval logs
+(:mod:`services.fleet.summary`).
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.fleet import demo
+from services.fleet import demo, shell_tasks, summary
 from services.fleet.launcher import Fleet, FleetConfig
 from services.runtime.processes import REPO_ROOT, python_env
-from services.runtime.tables import print_table
 
 log = logging.getLogger(__name__)
 
 JOB = "demo"
+EVAL_JOB = "demo-eval"
 
 
 @dataclass(frozen=True)
 class UpOptions:
     work_dir: Path
-    steps: int = 20
-    engines: int = 1
+    steps: int = 20  # GRPO steps
+    seed: int = 0  # task splits, teacher, initial weights
+    json_path: Path | None = None
+    engines: int = 2
     concurrency: int = 32
-    warm_start_steps: int = 250
+    sft_steps: int = 400
+    teacher_accuracy: float = 0.5  # share of demonstrations with the right operation
+    train_tasks: int = 2000
+    heldout_tasks: int = 128
+    eval_every: int = 5
     group_size: int = 8
+    batch_groups: int = 4
+    lr: float = 5e-4
+    shape: demo.ModelShape = field(default_factory=demo.ModelShape)
     redis_url: str | None = None
     trainer_ranks: int = 1  # > 1: the trainer runs under torchrun (data parallel; NCCL on GPUs, gloo on CPU)
 
@@ -36,43 +54,64 @@ class UpOptions:
 def run(opts: UpOptions) -> int:
     # SIGTERM unwinds like Ctrl-C, so that every process started below is stopped too
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    model_dir = opts.work_dir / "model-v0"
-    if not (model_dir / "model.safetensors").exists():
-        demo.warm_start(model_dir, steps=opts.warm_start_steps)
+    started = time.monotonic()
+    model_dir = prepare(opts)
     fleet = Fleet(FleetConfig(
         work_dir=opts.work_dir, model_dir=model_dir, engines=opts.engines,
         worker_concurrency=opts.concurrency, redis_url=opts.redis_url, context_tokens=demo.CONTEXT_TOKENS,
     ))  # fmt: skip
     fleet.start()
     try:
-        token = fleet.create_job(JOB)
+        tokens = {job: fleet.create_job(job) for job in (JOB, EVAL_JOB)}
         print(f"\ndashboard: {fleet.dashboard_url()}\n", flush=True)
-        code = train(fleet, opts, model_dir, token)
+        code = train(fleet, opts, model_dir, tokens)
     finally:
         fleet.stop()
-    summarise(opts.work_dir / "trainer")
+    summary.report(opts, time.monotonic() - started)
     return code
 
 
-def train(fleet: Fleet, opts: UpOptions, model_dir: Path, token: str) -> int:
-    tasks_path = opts.work_dir / "tasks.jsonl"
-    tasks_path.write_text("".join(t.model_dump_json() + "\n" for t in demo.tasks()))
-    context = str(demo.CONTEXT_TOKENS)
+def prepare(opts: UpOptions) -> Path:
+    """Task files, demonstrations and the initial policy; a previous run's trainer state is removed (a fresh run)."""
+    model_dir = opts.work_dir / "model-v0"
+    for old in (opts.work_dir / "trainer", model_dir):
+        shutil.rmtree(old, ignore_errors=True)
+    train_set, heldout = shell_tasks.splits(opts.seed, opts.train_tasks, opts.heldout_tasks)
+    demo.write_tasks(opts.work_dir / "tasks.jsonl", train_set)
+    demo.write_tasks(opts.work_dir / "heldout.jsonl", heldout)
+    demo.initial_model(model_dir, opts.shape, opts.seed)
+    demo.write_demonstrations(opts.work_dir / "sft.jsonl", train_set, model_dir, opts.teacher_accuracy, opts.seed)
+    return model_dir
+
+
+def train(fleet: Fleet, opts: UpOptions, model_dir: Path, tokens: dict[str, str]) -> int:
+    w, context = opts.work_dir, str(demo.CONTEXT_TOKENS)
     env = {
         "ROLLOUT_TRAIN_JOB": JOB, "ROLLOUT_TRAIN_REDIS_URL": fleet.redis_url,
-        "ROLLOUT_TRAIN_API_URL": fleet.url("api"), "ROLLOUT_TRAIN_API_TOKEN": token,
-        "ROLLOUT_TRAIN_PROXY_URL": fleet.url("proxy"), "ROLLOUT_TRAIN_PROXY_TOKEN": token,
-        "ROLLOUT_TRAIN_TASKS_PATH": str(tasks_path),
+        "ROLLOUT_TRAIN_API_URL": fleet.url("api"), "ROLLOUT_TRAIN_API_TOKEN": tokens[JOB],
+        "ROLLOUT_TRAIN_PROXY_URL": fleet.url("proxy"), "ROLLOUT_TRAIN_PROXY_TOKEN": tokens[JOB],
+        "ROLLOUT_TRAIN_TASKS_PATH": str(w / "tasks.jsonl"),
         "ROLLOUT_TRAIN_INIT_FROM": str(model_dir), "ROLLOUT_TRAIN_TOKENIZER_DIR": str(model_dir),
-        "ROLLOUT_TRAIN_WORK_DIR": str(opts.work_dir / "trainer"), "ROLLOUT_TRAIN_MAX_STEPS": str(opts.steps),
-        "ROLLOUT_TRAIN_GROUP_SIZE": str(opts.group_size), "ROLLOUT_TRAIN_BATCH_GROUPS": str(len(demo.PROMPTS)),
+        "ROLLOUT_TRAIN_WORK_DIR": str(w / "trainer"), "ROLLOUT_TRAIN_MAX_STEPS": str(opts.steps),
+        "ROLLOUT_TRAIN_GROUP_SIZE": str(opts.group_size), "ROLLOUT_TRAIN_BATCH_GROUPS": str(opts.batch_groups),
         "ROLLOUT_TRAIN_MAX_STALENESS": "1", "ROLLOUT_TRAIN_MAX_SEQ_LEN": context,
-        "ROLLOUT_TRAIN_MODEL__MAX_POSITION_EMBEDDINGS": context, "ROLLOUT_TRAIN_OPTIM__LR": "2e-4",
-        "ROLLOUT_TRAIN_LIMITS__MAX_TURNS": "2", "ROLLOUT_TRAIN_LIMITS__MAX_TOKENS_PER_TURN": "96",
+        "ROLLOUT_TRAIN_OPTIM__LR": str(opts.lr), "ROLLOUT_TRAIN_CHECKPOINT_EVERY": "1000",
+        # one sequence per row (packing many short ones into one row only adds masked attention on a
+        # CPU) and one thread (the engines share the cores; two threads each oversubscribe them)
+        "ROLLOUT_TRAIN_MICRO_BATCH_TOKENS": "512", "OMP_NUM_THREADS": "1",
+        "ROLLOUT_TRAIN_MODEL__SEED": str(opts.seed),
+        "ROLLOUT_TRAIN_LIMITS__MAX_TURNS": "1", "ROLLOUT_TRAIN_LIMITS__MAX_TOKENS_PER_TURN": "160",
         "ROLLOUT_TRAIN_LIMITS__MAX_TRAJECTORY_TOKENS": context, "ROLLOUT_TRAIN_LIMITS__COMMAND_TIMEOUT_S": "10",
         "ROLLOUT_TRAIN_WAIT_TIMEOUT_S": "300", "ROLLOUT_TRAIN_GROUP_TIMEOUT_S": "120",
+        "ROLLOUT_TRAIN_SFT__PATH": str(w / "sft.jsonl"), "ROLLOUT_TRAIN_SFT__STEPS": str(opts.sft_steps),
+        "ROLLOUT_TRAIN_SFT__SEED": str(opts.seed),
+        "ROLLOUT_TRAIN_EVALUATION__TASKS_PATH": str(w / "heldout.jsonl"),
+        "ROLLOUT_TRAIN_EVALUATION__JOB": EVAL_JOB, "ROLLOUT_TRAIN_EVALUATION__TOKEN": tokens[EVAL_JOB],
+        "ROLLOUT_TRAIN_EVALUATION__EVERY": str(opts.eval_every),
+        **opts.shape.trainer_env(),
     }  # fmt: skip
-    log.info("training job %r for %d steps on %d rank(s) (trainer log: stdout)", JOB, opts.steps, opts.trainer_ranks)
+    log.info("training job %r: SFT %d steps, then GRPO %d steps on %d rank(s) (trainer log: stdout)", JOB,
+             opts.sft_steps, opts.steps, opts.trainer_ranks)  # fmt: skip
     proc = subprocess.run(trainer_argv(opts.trainer_ranks), cwd=REPO_ROOT, env=python_env({**os.environ, **env}),
                           check=False)  # fmt: skip
     return proc.returncode
@@ -84,23 +123,3 @@ def trainer_argv(ranks: int) -> list[str]:
         return [sys.executable, "-m", "trainer_client.main"]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
             "-m", "trainer_client.main"]  # fmt: skip
-
-
-def summarise(trainer_dir: Path) -> None:
-    steps_file = trainer_dir / "steps.jsonl"
-    if not steps_file.exists():
-        print("no training steps were recorded")
-        return
-    records = [json.loads(line) for line in steps_file.read_text().splitlines() if line.strip()]
-    rows = [
-        {
-            "step": r.get("step"), "reward": r.get("reward_mean"), "trajectories": r.get("trajectories"),
-            "logprob_gap": r.get("logprob_gap"), "ess": r.get("ess"),
-            "wait_s": r.get("timings", {}).get("wait_rollouts_s"), "total_s": r.get("timings", {}).get("total_s"),
-            "update_s_per_rank": " ".join(f"{t.get('update_s', 0):.2f}" for t in r.get("rank_timings", [])),
-        }
-        for r in records
-    ]  # fmt: skip
-    print_table("demo training run (reward = share of episodes that wrote the asked word)", rows)
-    if (trainer_dir / "steps.png").exists():
-        print(f"\nplot: {trainer_dir / 'steps.png'}")

@@ -7,9 +7,11 @@ Routes (JSON; errors are ``ErrorBody``; auth is ``Authorization: Bearer <token>`
 - ``POST /rollouts`` RolloutRequest -> 202 RolloutAccepted (a repeated idempotency key answers
   with the first rollout and ``duplicate=True``; nothing is queued twice)
 - ``GET /rollouts/{id}`` -> RolloutStatus
+- ``GET /rollouts/{id}/eval`` -> EvalReport (rollouts submitted with ``mode="eval"``; 409 otherwise)
 - ``DELETE /rollouts/{id}`` -> RolloutStatus (queued items dropped, running ones cancelled)
 - ``GET /jobs/{job}/trajectories`` -> Server-Sent Events, ``id:`` is the stream entry id,
-  ``data:`` the trajectory as JSON; resumable with ``Last-Event-ID``
+  ``data:`` the trajectory as JSON; resumable with ``Last-Event-ID``; ``?mode=eval`` reads the
+  job's evaluation stream instead
 """
 
 from __future__ import annotations
@@ -67,6 +69,49 @@ class RolloutStatus(_Model):
     by_status: dict[str, int]  # Status value -> count
     cancelled: bool = False
     tail: TailFigures = Field(default_factory=TailFigures)
+    mode: str = "train"  # "eval": see ``GET /rollouts/{id}/eval``
+
+
+class SampleResult(_Model):
+    """One finished sample of an evaluation rollout (written by the worker as it publishes)."""
+
+    task_id: str
+    sample_index: int
+    status: str  # a Status value
+    reward: float | None  # None for infra_error and cancelled: not scored
+    weight_versions: list[str] = Field(default_factory=list)  # per turn
+
+
+class EvalTaskResult(_Model):
+    task_id: str
+    rewards: list[float | None]  # by sample index; None: unfinished, infra_error or cancelled
+    samples: int  # n: samples scored (completed or truncated)
+    passed: int  # c: scored samples with reward >= threshold
+    pass_at: dict[str, float | None]  # "k" -> this task's estimate; None when n < k
+
+
+class EvalReport(_Model):
+    """``GET /rollouts/{id}/eval``: pass@k of an evaluation rollout, over the samples finished so far.
+
+    pass@k of a task with n scored samples of which c passed is the unbiased estimator
+    1 - C(n-c, k) / C(n, k) (Chen et al. 2021, "Evaluating Large Language Models Trained on Code");
+    the rollout's is the mean over the tasks with n >= k (``tasks_scored``).
+    """
+
+    rollout_id: str
+    job: str
+    complete: bool  # every sample has its final record
+    total: int  # samples requested (tasks x group_size)
+    finished: int
+    seed: int
+    threshold: float
+    pass_at_1: float | None
+    pass_at: dict[str, float | None]  # "k" -> mean over tasks; 1 and every requested k
+    tasks_scored: dict[str, int]  # "k" -> tasks with at least k scored samples
+    mean_reward: float | None  # over scored samples
+    by_status: dict[str, int]
+    weight_versions: dict[str, int]  # turns served by each weight version
+    tasks: list[EvalTaskResult]
 
 
 class JobStatus(_Model):

@@ -46,6 +46,21 @@ def trajectory_stream(job: str) -> str:
     return f"{_job(job)}:traj"
 
 
+def eval_stream(job: str) -> str:
+    """Stream of the job's evaluation trajectories (rollouts with ``mode="eval"``): no trainer reads it."""
+    return f"{_job(job)}:traj:eval"
+
+
+def rollout_stream(job: str, mode: str) -> str:
+    """Where a rollout of ``mode`` publishes its trajectories."""
+    return eval_stream(job) if mode == "eval" else trajectory_stream(job)
+
+
+def rollout_results(job: str, rollout_id: str) -> str:
+    """Hash (evaluation rollouts): trajectory id -> its ``SampleResult`` JSON (pass@k)."""
+    return f"{_job(job)}:rollout:{rollout_id}:results"
+
+
 def rollout_record(job: str, rollout_id: str) -> str:
     """Hash: one rollout's request summary and counters."""
     return f"{_job(job)}:rollout:{rollout_id}"
@@ -79,6 +94,12 @@ def job_stats(job: str) -> str:
 def job_tokens() -> str:
     """Hash: sha256 of a job token -> job name (the rollout API resolves bearer tokens with it)."""
     return f"{PREFIX}:jobs:tokens"
+
+
+def lease_token(token_sha256: str) -> str:
+    """String: the one lease a lease token may act on (exec and files only), keyed by the token's
+    sha256; written by the worker for a ``command`` agent, read by the broker, gone with the episode."""
+    return f"{PREFIX}:leasetoken:{{{token_sha256}}}"
 
 
 def attempts(job: str) -> str:

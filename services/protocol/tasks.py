@@ -122,6 +122,23 @@ class SamplingParams(BaseModel):
     stop: list[str] = Field(default_factory=list, max_length=64)
 
 
+RolloutMode = Literal["train", "eval"]  # eval: never trained on (its own stream), scored as pass@k
+MAX_SEED = 2**31 - 1
+
+
+class EvalOptions(_Model):
+    """How an evaluation rollout samples and is scored (``mode="eval"``; docs/rollout_api.md).
+
+    Sample ``i`` of every task is drawn with the fixed seed ``seed + i`` (SGLang's ``sampling_seed``),
+    so an evaluation is reproducible at any temperature; at temperature 0 it is greedy. A sample
+    passes when its reward is at least ``threshold``.
+    """
+
+    seed: int = Field(0, ge=0, le=MAX_SEED - 1024)
+    k: list[int] = Field(default_factory=lambda: [1], min_length=1, max_length=16)  # pass@k reported for each
+    threshold: float = Field(1.0, ge=-1e9, le=1e9)
+
+
 class RolloutOptions(_Model):
     """What every rollout request carries beside its tasks (``RolloutRequest``, ``SweBenchRolloutRequest``)."""
 
@@ -133,6 +150,29 @@ class RolloutOptions(_Model):
     idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
     max_attempts: int = Field(3, ge=1, le=10)  # infra retries per trajectory, first attempt included
     agent: AgentSpec = Field(default_factory=BashAgent)  # the agent of every task that names none
+    mode: RolloutMode = "train"  # "eval": trajectories go to the job's eval stream, never to its trainer
+    eval: EvalOptions | None = None  # with mode "eval" (its defaults when None)
+
+    @model_validator(mode="after")
+    def _eval_fits(self) -> RolloutOptions:
+        if self.eval is not None and self.mode != "eval":
+            raise ValueError("eval options need mode 'eval'")
+        for k in self.eval.k if self.eval else ():
+            if not 1 <= k <= self.group_size:
+                raise ValueError(f"eval.k: {k} must be between 1 and group_size ({self.group_size})")
+        return self
+
+    @property
+    def eval_options(self) -> EvalOptions | None:
+        """The evaluation options in force: None for a training rollout."""
+        return (self.eval or EvalOptions()) if self.mode == "eval" else None
+
+    def sampling_for(self, sample_index: int) -> SamplingParams:
+        """The sampling of one sample: an evaluation's carries its fixed seed."""
+        options = self.eval_options
+        if options is None:
+            return self.sampling
+        return self.sampling.model_copy(update={"sampling_seed": options.seed + sample_index})
 
     def options(self) -> dict[str, Any]:
         """These fields, to build another request kind with the same options."""
@@ -167,6 +207,7 @@ class WorkItem(_Model):
     priority: int = 0
     enqueued_at: float = 0.0  # unix seconds
     agent: AgentSpec = Field(default_factory=BashAgent)  # the task's agent, else the request's
+    mode: RolloutMode = "train"  # "eval": published to the job's eval stream (``keys.eval_stream``)
 
     def encode(self) -> bytes:
         """The work stream's ``item`` field: everything but the task, named by ``task_id``. The task

@@ -166,6 +166,7 @@ class Trajectory(msgspec.Struct, kw_only=True):
     group_id: str  # the GRPO group (rollout x task)
     sample_index: int
     group_size: int
+    mode: str = "train"  # "eval": an evaluation sample, published to the eval stream; never trained on
     # outcome
     status: Status
     truncation: Cap | None = None  # set when status is truncated

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from services.protocol import Cap, Status, Trajectory, WorkItem, to_stream_fields
+from services.protocol.api import SampleResult
 from services.rollout_api.redis_scripts import Outcome, Scripts
 
 
@@ -20,6 +21,7 @@ def trajectory_shell(item: WorkItem, attempt: int, status: Status, *, worker: st
         group_id=item.group_id,
         sample_index=item.sample_index,
         group_size=item.group_size,
+        mode=item.mode,
         status=status,
         metadata=dict(item.task.metadata),
         worker=worker,
@@ -40,7 +42,17 @@ async def publish(scripts: Scripts, traj: Trajectory, *, maxlen: int, ran: bool)
         turns=len(traj.turns),
         ran=ran,
         infra_stage=traj.infra.stage.value if traj.infra else None,
+        mode=traj.mode,
+        result=_result(traj) if traj.mode == "eval" else "",
     )
     return await scripts.publish(
         traj.job, traj.rollout_id, outcome, to_stream_fields(traj), maxlen=maxlen, now=traj.finished_at
     )
+
+
+def _result(traj: Trajectory) -> str:
+    """What pass@k needs of an evaluation sample (``GET /rollouts/{id}/eval``)."""
+    return SampleResult(
+        task_id=traj.task_id, sample_index=traj.sample_index, status=traj.status.value, reward=traj.reward,
+        weight_versions=traj.weight_versions,
+    ).model_dump_json()  # fmt: skip

@@ -7,7 +7,8 @@ leaves a counter out of step with a stream:
 - ``admit`` (API): idempotency check, queue quota, rollout record and every XADD, all or nothing;
 - ``take`` (worker): start an attempt of a trajectory (counts a first take as queued -> in flight);
 - ``give_back`` (worker shutting down): undo ``take``, the item is queued again for another worker;
-- ``publish`` (worker, API on cancel): the single final record of a trajectory, with its counters.
+- ``publish`` (worker, API on cancel): the single final record of a trajectory, with its counters
+  (an evaluation sample's goes to the eval stream, and its result to the rollout's results hash).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ return attempt
 )
 
 PUBLISH = LuaScript(
-    keys=("finished", "trajectories", "stats", "rollout", "episodes", "recent", "attempts"),
+    keys=("finished", "trajectories", "stats", "rollout", "episodes", "recent", "attempts", "results"),
     args=(
         "trajectory_id",
         "attempt",
@@ -101,11 +102,13 @@ PUBLISH = LuaScript(
         "turns",
         "ran",
         "infra_counter",  # the stats field counting infra_error trajectories at their stage; '' for none
+        "result",  # an evaluation sample's ``SampleResult`` JSON for ``results``; '' for a training one
     ),  # fmt: skip
     # REST: the trajectory stream entry's (field, value) pairs
     body="""
 if redis.call('HSETNX', finished, trajectory_id, attempt) == 0 then return 0 end
 local id = redis.call('XADD', trajectories, 'MAXLEN', '~', maxlen, '*', unpack(ARGV, REST))
+if result ~= '' then redis.call('HSET', results, trajectory_id, result) end
 local taken = redis.call('HEXISTS', attempts, trajectory_id) == 1
 local field = taken and 'in_flight' or 'queued'
 redis.call('HINCRBY', stats, field, -1)
@@ -159,6 +162,8 @@ class Outcome:
     turns: int
     ran: bool  # an episode ran (not dropped from the queue): its duration enters the tail figures
     infra_stage: str | None = None  # an infra_error: the stage of its last failure (counted per stage)
+    mode: str = "train"  # "eval": published to the eval stream, with its result for pass@k
+    result: str = ""  # an eval sample's ``SampleResult`` JSON
 
 
 class Scripts:
@@ -209,15 +214,17 @@ class Scripts:
     ) -> str | None:
         """XADD the record unless this trajectory already has one; returns the entry id or None."""
         script_keys = {
-            "finished": keys.finished(job), "trajectories": keys.trajectory_stream(job), "stats": keys.job_stats(job),
-            "rollout": keys.rollout_record(job, rollout_id), "episodes": keys.rollout_episodes(job, rollout_id),
-            "recent": keys.job_recent(job), "attempts": keys.attempts(job),
+            "finished": keys.finished(job), "trajectories": keys.rollout_stream(job, outcome.mode),
+            "stats": keys.job_stats(job), "rollout": keys.rollout_record(job, rollout_id),
+            "episodes": keys.rollout_episodes(job, rollout_id), "recent": keys.job_recent(job),
+            "attempts": keys.attempts(job), "results": keys.rollout_results(job, rollout_id),
         }  # fmt: skip
         args = {
             "trajectory_id": outcome.trajectory_id, "attempt": outcome.attempt, "maxlen": maxlen,
             "status": outcome.status, "now": repr(now), "duration_s": f"{outcome.duration_s:.3f}",
             "turn_cap": "1" if outcome.turn_cap else "0", "turns": outcome.turns, "ran": "1" if outcome.ran else "0",
             "infra_counter": counters.infra_error_trajectories(outcome.infra_stage) if outcome.infra_stage else "",
+            "result": outcome.result,
         }  # fmt: skip
         entry = await self._publish(script_keys, args, [x for pair in fields.items() for x in pair])
         return None if entry == 0 else _text(entry)

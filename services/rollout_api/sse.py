@@ -1,8 +1,9 @@
 """``GET /jobs/{job}/trajectories``: the job's trajectory stream as Server-Sent Events.
 
 Each event's ``id`` is the stream entry id and ``data`` the trajectory as JSON; a client that
-reconnects with ``Last-Event-ID`` (or ``?after=``) continues after that entry. The stream is read
-with XREAD (no consumer group): SSE readers never take trajectories away from a trainer's group.
+reconnects with ``Last-Event-ID`` (or ``?after=``) continues after that entry; ``?mode=eval`` reads
+the job's evaluation stream. The stream is read with XREAD (no consumer group): SSE readers never
+take trajectories away from a trainer's group.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import StreamingResponse
@@ -38,9 +39,9 @@ def _start_id(last_event_id: str | None, after: str | None) -> str:
 
 
 async def events(
-    redis: Redis, metrics: ApiMetrics, job: str, start: str, limit: int | None, block_ms: int
+    redis: Redis, metrics: ApiMetrics, job: str, start: str, limit: int | None, block_ms: int, mode: str = "train"
 ) -> AsyncIterator[bytes]:
-    stream = keys.trajectory_stream(job)
+    stream = keys.rollout_stream(job, mode)
     last, sent = start, 0
     outage = Outage(f"Redis (SSE of job {job})", log)
     yield b"retry: 1000\n\n"
@@ -74,10 +75,11 @@ async def stream_trajectories(
     last_event_id: str | None = Header(None),
     after: str | None = Query(None, description="entry id to continue after (same as Last-Event-ID)"),
     limit: int | None = Query(None, ge=1, description="close the stream after this many events"),
+    mode: Literal["train", "eval"] = Query("train", description="eval: the job's evaluation trajectories"),
 ) -> StreamingResponse:
     caller.require_job(job)
     await job_or_404(ctx, job)
     start = _start_id(last_event_id, after)
-    body = events(ctx.streams, ctx.metrics, job, start, limit, ctx.settings.sse_block_ms)
+    body = events(ctx.streams, ctx.metrics, job, start, limit, ctx.settings.sse_block_ms, mode)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(body, media_type="text/event-stream", headers=headers)

@@ -56,6 +56,7 @@ async def rollout_status(redis: Redis, job: str, rollout_id: str) -> RolloutStat
         by_status=status_counts(values),
         cancelled=values.get("cancelled") == "1",
         tail=rollout_tail(values, [float(d) for d in durations]),
+        mode=values.get("mode") or "train",
     )
 
 

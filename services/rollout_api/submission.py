@@ -92,11 +92,12 @@ def work_items(request: RolloutRequest, rollout_id: str, pool: str, now: float) 
                 group_size=request.group_size,
                 max_attempts=request.max_attempts,
                 limits=request.limits,
-                sampling=request.sampling,
+                sampling=request.sampling_for(sample),
                 pool=pool,
                 priority=request.priority,
                 enqueued_at=now,
                 agent=task.agent or request.agent,
+                mode=request.mode,
             )
             items.append((item.trajectory_id, item.encode()))
     return items
@@ -114,7 +115,10 @@ async def admit(ctx: ApiContext, request: RolloutRequest, job: JobRecord) -> Rol
         "tasks": str(len(request.tasks)),
         "group_size": str(request.group_size),
         "idempotency_key": request.idempotency_key or "",
+        "mode": request.mode,
     }
+    if (options := request.eval_options) is not None:
+        record["eval"] = options.model_dump_json()
     tasks_key = keys.rollout_tasks(request.job, rollout_id)
     stored: dict[Any, Any] = {task.id: task.model_dump_json() for task in request.tasks}
     await ctx.redis.hset(tasks_key, mapping=stored)  # before the items that name them

@@ -101,6 +101,31 @@ async def job_of_token(redis: Redis, token: str) -> str | None:
     return job.decode() if isinstance(job, bytes) else str(job)
 
 
+LEASE_TOKEN_PREFIX = "lease-"  # so the broker looks up only tokens that can be lease tokens
+
+
+async def mint_lease_token(redis: Redis, lease_id: str, ttl_s: float) -> str:
+    """A token that reaches exactly one lease on the broker (exec and files on it, nothing else)
+    for at most ``ttl_s``; only its hash is stored. :func:`revoke_lease_token` ends it sooner."""
+    token = new_secret(LEASE_TOKEN_PREFIX)
+    await redis.set(keys.lease_token(hash_token(token)), lease_id, ex=max(1, int(ttl_s)))
+    return token
+
+
+async def revoke_lease_token(redis: Redis, token: str) -> None:
+    await redis.delete(keys.lease_token(hash_token(token)))
+
+
+async def lease_of_token(redis: Redis, token: str) -> str | None:
+    """The lease a lease token is scoped to, or None (not a lease token, expired or revoked)."""
+    if not token.startswith(LEASE_TOKEN_PREFIX):
+        return None
+    lease: Any = await redis.get(keys.lease_token(hash_token(token)))
+    if lease is None:
+        return None
+    return lease.decode() if isinstance(lease, bytes) else str(lease)
+
+
 @dataclass(frozen=True, slots=True)
 class Authenticator:
     """Resolves a bearer header to a :class:`Principal`: admin tokens, service tokens, then job tokens."""

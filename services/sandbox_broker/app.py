@@ -18,7 +18,15 @@ from services.protocol.status import ErrorCode
 from services.runtime.http_errors import install_error_handlers
 from services.runtime.redis_pool import observe_pools, open_redis
 from services.runtime.settings import RedisSettings
-from services.sandbox_broker.auth import Caller, authenticator, hide_others, listed_job, own_request
+from services.sandbox_broker.auth import (
+    Caller,
+    authenticator,
+    caller_of,
+    hide_others,
+    lease_scope,
+    listed_job,
+    own_request,
+)
 from services.sandbox_broker.backends import make_backend
 from services.sandbox_broker.broker import Broker
 from services.sandbox_broker.leases import LeaseStore
@@ -83,6 +91,20 @@ async def _lease_id(lease_id: str, caller: Caller, broker: BrokerDep) -> str:
 LeaseId = Annotated[str, Depends(_lease_id)]
 
 
+async def _sandbox_lease_id(lease_id: str, request: Request, broker: BrokerDep) -> str:
+    """Exec and file routes: :data:`LeaseId`'s callers, or a lease token on its own lease only
+    (another lease is 404, as one that does not exist)."""
+    scoped = await lease_scope(request)
+    if scoped is None:
+        return await _lease_id(lease_id, await caller_of(request), broker)
+    if scoped != lease_id:
+        raise PlatformError(ErrorCode.LEASE_NOT_FOUND, f"no lease {lease_id!r}")
+    return lease_id
+
+
+SandboxLeaseId = Annotated[str, Depends(_sandbox_lease_id)]  # exec and files: a lease token too
+
+
 def _install_routes(app: FastAPI, settings: BrokerSettings, metrics: BrokerMetrics) -> None:
     @app.get("/healthz")
     async def healthz(broker: BrokerDep) -> dict[str, object]:
@@ -116,31 +138,31 @@ def _install_routes(app: FastAPI, settings: BrokerSettings, metrics: BrokerMetri
         return Response(status_code=204)
 
     @app.post("/leases/{lease_id}/exec", response_model=ExecResult)
-    async def exec_(lease_id: LeaseId, body: ExecRequest, broker: BrokerDep) -> Response:
+    async def exec_(lease_id: SandboxLeaseId, body: ExecRequest, broker: BrokerDep) -> Response:
         result = await broker.exec(lease_id, body)  # the hot path: serialized once, not re-validated
         return Response(result.model_dump_json(), media_type="application/json")
 
     @app.post("/leases/{lease_id}/exec/stream")
-    async def exec_stream(lease_id: LeaseId, body: ExecRequest, broker: BrokerDep) -> StreamingResponse:
+    async def exec_stream(lease_id: SandboxLeaseId, body: ExecRequest, broker: BrokerDep) -> StreamingResponse:
         await broker.live(lease_id)  # a missing lease is an error response, not an event
         return StreamingResponse(_sse(broker, lease_id, body), media_type="text/event-stream")
 
     @app.put("/leases/{lease_id}/files", status_code=204)
-    async def put_file(lease_id: LeaseId, request: Request, broker: BrokerDep, path: PathQuery) -> Response:
+    async def put_file(lease_id: SandboxLeaseId, request: Request, broker: BrokerDep, path: PathQuery) -> Response:
         await broker.write_file(lease_id, path, await _body(request, settings))
         return Response(status_code=204)
 
     @app.get("/leases/{lease_id}/files")
-    async def get_file(lease_id: LeaseId, broker: BrokerDep, path: PathQuery) -> Response:
+    async def get_file(lease_id: SandboxLeaseId, broker: BrokerDep, path: PathQuery) -> Response:
         return Response(await broker.read_file(lease_id, path), media_type="application/octet-stream")
 
     @app.put("/leases/{lease_id}/archive", status_code=204)
-    async def put_archive(lease_id: LeaseId, request: Request, broker: BrokerDep, path: PathQuery) -> Response:
+    async def put_archive(lease_id: SandboxLeaseId, request: Request, broker: BrokerDep, path: PathQuery) -> Response:
         await broker.put_archive(lease_id, path, await _body(request, settings))
         return Response(status_code=204)
 
     @app.get("/leases/{lease_id}/archive")
-    async def get_archive(lease_id: LeaseId, broker: BrokerDep, path: PathQuery) -> Response:
+    async def get_archive(lease_id: SandboxLeaseId, broker: BrokerDep, path: PathQuery) -> Response:
         return Response(await broker.get_archive(lease_id, path), media_type="application/x-tar")
 
     @app.post("/templates", status_code=201)

@@ -3,7 +3,9 @@
 - admin token: everything, templates included;
 - service token (workers, the API): leases of every job, no templates;
 - a job's token (minted by the rollout API, checked against Redis): only that job's leases. Another
-  job's lease is answered 404, exactly as a lease that does not exist.
+  job's lease is answered 404, exactly as a lease that does not exist;
+- a lease token (minted by a worker for a ``command`` agent, checked against Redis, gone with the
+  episode): exec and files on that one lease; another lease is 404, every other route 401.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from fastapi import Depends, Request
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import Lease, LeaseRequest
 from services.protocol.status import ErrorCode
-from services.runtime.auth import Authenticator, Principal, TokenSet
+from services.runtime.auth import Authenticator, Principal, TokenSet, lease_of_token
 from services.sandbox_broker.settings import BrokerSettings
 
 
@@ -30,13 +32,22 @@ def authenticator(settings: BrokerSettings) -> Authenticator:
     return Authenticator(admin, service, settings.allow_anonymous)
 
 
-async def _caller(request: Request) -> Principal:
+async def caller_of(request: Request) -> Principal:
     auth: Authenticator = request.app.state.auth
     client: aioredis.Redis = request.app.state.redis
     return await auth.resolve(client, request.headers.get("authorization"))
 
 
-Caller = Annotated[Principal, Depends(_caller)]
+Caller = Annotated[Principal, Depends(caller_of)]
+
+
+async def lease_scope(request: Request) -> str | None:
+    """The one lease the caller's lease token may act on; None for any other caller."""
+    header = request.headers.get("authorization") or ""
+    if header[:7].lower() != "bearer ":
+        return None
+    client: aioredis.Redis = request.app.state.redis
+    return await lease_of_token(client, header[7:].strip())
 
 
 def hide_others(caller: Principal, lease: Lease) -> Lease:

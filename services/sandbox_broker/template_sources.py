@@ -39,13 +39,14 @@ def checked_source(field: str, path: str, roots: list[str], *, directory: bool) 
 
 
 def checked_template(template: Template, backend: str, roots: str, images: str) -> Template:
-    """``rootfs``, and a local ``image`` given as a host path (an OCI layout, a tar, a directory)."""
+    """``rootfs``, and an ``image`` given as a host path (an OCI layout, a tar, a directory) on the
+    backends that read one (local; docker loads it into the engine)."""
     allowed = split_list(roots, ":")
     if template.rootfs is not None:
         template = template.model_copy(
             update={"rootfs": checked_source("rootfs", template.rootfs, allowed, directory=True)}
         )
-    if backend == "local" and template.image is not None and template.image.startswith("/"):
+    if backend in ("local", "docker") and template.image is not None and template.image.startswith("/"):
         template = template.model_copy(
             update={"image": checked_source("image", template.image, allowed, directory=False)}
         )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -14,7 +16,7 @@ from tests.support.processes import start_service
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # a loaded machine starts torch engines slowly
 
 
 def tiny_model(path: Path, seed: int) -> Path:
@@ -39,7 +41,7 @@ def test_generates_with_the_models_logprobs_and_reloads_weights(tmp_path: Path, 
     engine = start_service(
         ["-m", "services.cli", "engine", "--mode", "torch", "--model-path", str(first), "--port", "{port}",
          "--decode-step-s", "0", "--decode-step-per-request-s", "0", "--context-length", "256"],
-        log_dir=service_logs, health_path="/health", name="torch-engine", timeout_s=60,
+        log_dir=service_logs, health_path="/health", name="torch-engine", timeout_s=180,
     )  # fmt: skip
     prompt = list(b"hello")
     body = {"input_ids": prompt, "return_logprob": True, "sampling_params": {"max_new_tokens": 12}}
@@ -51,6 +53,7 @@ def test_generates_with_the_models_logprobs_and_reloads_weights(tmp_path: Path, 
             assert [tok for _, tok, _ in out["meta_info"]["output_token_logprobs"]] == ids
             want = full_forward_logprobs(first, prompt + ids, len(prompt))
             assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(got, want, strict=True))
+            concurrent_calls_are_batched_without_changing_logprobs(client, first)
             greedy = {**body, "sampling_params": {"max_new_tokens": 12, "temperature": 0}}
             before = client.post("/generate", json=greedy).json()["output_ids"]
             update = client.post("/update_weights_from_disk", json={"model_path": str(second), "weight_version": "1"})
@@ -61,5 +64,35 @@ def test_generates_with_the_models_logprobs_and_reloads_weights(tmp_path: Path, 
             got_after = [lp for lp, _, _ in after["meta_info"]["output_token_logprobs"]]
             assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(got_after, want_after, strict=True))
             assert before != after["output_ids"] or got_after != got
+            assert seeded(client, prompt, 3) == seeded(client, prompt, 3) != seeded(client, prompt, 4)
     finally:
         engine.stop()
+
+
+def concurrent_calls_are_batched_without_changing_logprobs(client: httpx.Client, model_dir: Path) -> None:
+    """Calls of different prompt lengths decoded together (left-padded): each one's logprobs are still
+    those of a forward pass over its own sequence alone, and each stops at its own budget."""
+    prompts = [list(b"hi"), list(b"a much longer prompt than the others"), list(b"mid length"), list(b"x")]
+    budgets = [5, 9, 12, 7]
+
+    def call(i: int) -> dict[str, Any]:
+        body = {"input_ids": prompts[i], "return_logprob": True, "sampling_params": {"max_new_tokens": budgets[i]}}
+        out: dict[str, Any] = client.post("/generate", json=body).json()
+        return out
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        outs = list(pool.map(call, range(len(prompts))))
+    for prompt, budget, out in zip(prompts, budgets, outs, strict=True):
+        ids = out["output_ids"]
+        assert 1 <= len(ids) <= budget
+        got = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+        want = full_forward_logprobs(model_dir, prompt + ids, len(prompt))
+        assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(got, want, strict=True))
+
+
+def seeded(client: httpx.Client, prompt: list[int], seed: int) -> list[int]:
+    """Sampled at temperature 1 with SGLang's ``sampling_seed`` (what evaluation rollouts send)."""
+    params = {"max_new_tokens": 16, "temperature": 1.0, "sampling_seed": seed}
+    answer = client.post("/generate", json={"input_ids": prompt, "sampling_params": params})
+    ids: list[int] = answer.json()["output_ids"]
+    return ids

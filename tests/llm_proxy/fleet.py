@@ -30,11 +30,13 @@ def start_engines(log_dir: Path, count: int, *extra: str, name: str = "engine") 
     raise AssertionError("unreachable")
 
 
-def start_proxy(log_dir: Path, redis_url: str, engines: Sequence[str], *extra: str) -> ServiceProcess:
+def start_proxy(
+    log_dir: Path, redis_url: str, engines: Sequence[str], *extra: str, timeout_s: float = 30.0
+) -> ServiceProcess:
     return start_service(
         ["-m", "services.cli", "proxy", "--port", "{port}", "--workers", "2", "--engines", ",".join(engines),
          "--health-interval-s", "0.2", "--eject-after-failures", "2", *extra],
-        log_dir=log_dir, name="proxy", env={"ROLLOUT_REDIS_URL": redis_url, **DEV_ENV},
+        log_dir=log_dir, name="proxy", env={"ROLLOUT_REDIS_URL": redis_url, **DEV_ENV}, timeout_s=timeout_s,
     )  # fmt: skip
 
 

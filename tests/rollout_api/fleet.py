@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from services.protocol import Trajectory
+from services.protocol import Trajectory, trajectory_from_json
 from services.rollout_api.dump import stream_entries
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.secrets import FleetSecrets
@@ -117,6 +117,11 @@ def trajectories(redis_url: str, job: str) -> list[Trajectory]:
         client.close()
 
 
+def sse_trajectories(client: httpx.Client, path: str, headers: dict[str, str]) -> list[Trajectory]:
+    with client.stream("GET", path, headers=headers) as response:
+        return [trajectory_from_json(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+
+
 def task(task_id: str, prompt: str, *, answer_check: bool = True, **extra: Any) -> dict[str, Any]:
     reward = 'test "$(cat answer.txt 2>/dev/null)" = 42' if answer_check else "true"
     return {"id": task_id, "prompt": prompt, "reward": {"command": reward}, **extra}
@@ -158,6 +163,7 @@ def start_fleet(redis_url: str, script: Path, model_path: Path, logs: Path, stat
                 "--redis-url", redis_url, "--state-dir", str(state_dir),
             ],
             log_dir=logs, env={**SECRETS.env(), "ROLLOUT_BROKER_TEMPLATE_ROOTS": tempfile.gettempdir()}, name="broker",
+            timeout_s=120,  # its host probe (bubblewrap) may take up to a minute on a loaded machine
         )  # fmt: skip
         started.append(broker)
         api = start_service(

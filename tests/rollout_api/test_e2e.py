@@ -12,7 +12,7 @@ import httpx
 import pytest
 import redis
 
-from services.protocol import Cap, Status, Trajectory, keys, trajectory_from_json
+from services.protocol import Cap, Status, keys
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from tests.rollout_api.fleet import (
     ADMIN,
@@ -21,6 +21,7 @@ from tests.rollout_api.fleet import (
     bearer,
     create_job,
     running_fleet,
+    sse_trajectories,
     submit,
     task,
     trajectories,
@@ -105,11 +106,6 @@ def test_group_of_four_over_several_tasks(fleet: Fleet, client: httpx.Client, to
     assert [t.key for t in over_http] == [t.key for t in found]
     assert all(a.response_ids == b.response_ids and a.response_logprobs == b.response_logprobs
                and a.loss_mask == b.loss_mask for a, b in zip(over_http, found, strict=True))  # fmt: skip
-
-
-def sse_trajectories(client: httpx.Client, path: str, headers: dict[str, str]) -> list[Trajectory]:
-    with client.stream("GET", path, headers=headers) as response:
-        return [trajectory_from_json(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
 
 
 def check_tokens(traj: Any, tokenizer: ChatTokenizer) -> None:

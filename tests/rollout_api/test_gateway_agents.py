@@ -4,21 +4,29 @@ mini-swe-agent from PyPI, unmodified, as a ``command`` agent."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import minisweagent
 import orjson
 import pytest
 import redis
+import redis.asyncio as aioredis
 
+from agent_client.sandbox import SandboxClient
 from services.protocol import Status, Trajectory, keys
+from services.runtime.auth import mint_lease_token, revoke_lease_token
 from services.runtime.chat import ChatTemplate
 from tests.rollout_api.fleet import (
+    SECRETS,
     Fleet,
+    bearer,
     create_job,
     running_fleet,
     submit,
@@ -27,6 +35,7 @@ from tests.rollout_api.fleet import (
     wait_finished,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]  # fleet start + litellm import under load
 
 
@@ -39,6 +48,10 @@ RULES: dict[str, list[Any]] = {
         "<tool_call>\n{not json}\n</tool_call>",  # malformed: fed back as an error, counted
         "Writing it.\n" + hermes("file", {"command": "create", "path": "answer.txt", "file_text": "42"}),
         hermes("submit", {}),
+    ],
+    "OPENAI-TASK": [
+        "I will write the answer.\n" + hermes("bash", {"command": "echo 42 > answer.txt"}),
+        "answer.txt holds 42.",
     ],
     "MSWEA-TASK": [
         "I will write the answer.\n" + hermes("bash", {"command": "echo 42 > answer.txt"}),
@@ -86,22 +99,39 @@ def test_tools_agent_with_hermes_parser_survives_a_malformed_call(fleet: tuple[F
         assert all(span) and len(span) == turn.response_tokens
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="after the broker became authenticated (issue 9) the agent's sandbox commands no longer reach its "
-    "sandbox: the episode completes with reward 0 (a per-lease token for command agents is the open fix)",
-)
 def test_mini_swe_agent_unmodified_as_a_command_agent(fleet: tuple[Fleet, ChatTemplate]) -> None:
     config = Path(minisweagent.__file__).parent / "config" / "mini.yaml"
     argv = [sys.executable, "-m", "agent_client.mini_swe_agent", str(config)]
     traj = run_one(fleet[0], "MSWEA-TASK", {"kind": "command", "argv": argv})
     assert traj.status is Status.COMPLETED and traj.reward == 1.0, traj
     assert traj.agent is not None and traj.agent.exit_code == 0, traj.agent
-    assert traj.agent.calls == 2 and traj.agent.retokenization_mismatches == 0 and traj.segments == []
-    # the trajectory's ids are the chat template rendered over the conversation mini-swe-agent sent
+    assert_token_exact(fleet, traj, calls=2, tool_calls=2)
+
+
+def test_the_openai_sdk_example_of_the_docs_as_a_command_agent(
+    fleet: tuple[Fleet, ChatTemplate], tmp_path: Path
+) -> None:
+    text = (ROOT / "docs" / "agents.md").read_text()
+    example = re.search(r"### Worked example: the openai SDK\n+```python\n(.*?)```", text, re.S)
+    assert example is not None, "docs/agents.md lost its openai SDK example"
+    (tmp_path / "my_agent.py").write_text(example.group(1))
+    traj = run_one(
+        fleet[0], "OPENAI-TASK", {"kind": "command", "argv": [sys.executable, str(tmp_path / "my_agent.py")]}
+    )
+    assert traj.status is Status.COMPLETED and traj.reward == 1.0, traj
+    assert traj.agent is not None and traj.agent.exit_code == 0, traj.agent
+    assert_token_exact(fleet, traj, calls=2, tool_calls=1)  # the last reply has no call: the example stops
+
+
+def assert_token_exact(fleet: tuple[Fleet, ChatTemplate], traj: Trajectory, *, calls: int, tool_calls: int) -> None:
+    """One segment whose ids are the chat template rendered over the conversation the agent sent,
+    mask 1 on exactly the generated tokens; the agent's broker token is gone with the episode."""
+    assert traj.agent is not None and traj.agent.calls == calls, traj.agent
+    assert traj.agent.retokenization_mismatches == 0 and traj.segments == []
     client = redis.Redis.from_url(fleet[0].redis_url)
     try:
         context = orjson.loads(client.get(keys.gateway_context(traj.agent.session)))  # type: ignore[arg-type]
+        assert client.keys(keys.lease_token("*")) == []
     finally:
         client.close()
     chat = fleet[1]
@@ -111,4 +141,45 @@ def test_mini_swe_agent_unmodified_as_a_command_agent(fleet: tuple[Fleet, ChatTe
     assert rendered[: len(held)] == held and rendered[len(held) :] == chat.encode("\n")
     generated = [t for t, m in zip(traj.response_ids, traj.loss_mask, strict=True) if m]
     assert len(generated) == sum(t.response_tokens for t in traj.turns)
-    assert chat.decode(generated).count("<tool_call>") == 2
+    assert chat.decode(generated).count("<tool_call>") == tool_calls
+
+
+def test_a_lease_token_reaches_exec_and_files_of_its_own_lease_only(fleet: tuple[Fleet, ChatTemplate]) -> None:
+    broker = fleet[0].broker.url
+    service = httpx.Client(base_url=broker, headers=bearer(SECRETS.service_token), timeout=60)
+    own, other = (service.post("/leases", json={"job": "agents", "ttl_s": 120}).json()["id"] for _ in range(2))
+    token = asyncio.run(_mint(fleet[0].redis_url, own))
+    box = SandboxClient(broker, own, token=token)
+    agent = httpx.Client(base_url=broker, headers=bearer(token), timeout=60)
+    try:
+        box.write_file("note.txt", "mine")
+        assert box.exec("cat note.txt").stdout == "mine" and box.read_file("note.txt") == b"mine"
+        refused = {
+            ("POST", f"/leases/{other}/exec", 404), ("POST", f"/leases/{other}/exec/stream", 404),
+            ("GET", f"/leases/{other}/files?path=/etc/hostname", 404), ("PUT", f"/leases/{other}/files?path=x", 404),
+            ("GET", f"/leases/{other}/archive?path=/workspace", 404), ("GET", "/leases", 401),
+            ("GET", f"/leases/{own}", 401), ("POST", f"/leases/{own}/renew", 401), ("DELETE", f"/leases/{own}", 401),
+            ("POST", "/leases", 401), ("GET", "/templates", 401),
+        }  # fmt: skip
+        for method, path, status in refused:
+            response = agent.request(method, path, json={"shell": "id", "ttl_s": 60, "job": "agents"})
+            code = {404: "lease_not_found", 401: "unauthorized"}[status]
+            assert (response.status_code, response.json()["error"]["code"]) == (status, code), (method, path)
+        asyncio.run(_revoke(fleet[0].redis_url, token))
+        assert agent.post(f"/leases/{own}/exec", json={"shell": "id"}).status_code == 401
+    finally:
+        for lease in (own, other):
+            service.delete(f"/leases/{lease}")
+        box.close()
+        agent.close()
+        service.close()
+
+
+async def _mint(redis_url: str, lease: str) -> str:
+    async with aioredis.Redis.from_url(redis_url) as client:
+        return await mint_lease_token(client, lease, 120)
+
+
+async def _revoke(redis_url: str, token: str) -> None:
+    async with aioredis.Redis.from_url(redis_url) as client:
+        await revoke_lease_token(client, token)

@@ -11,7 +11,23 @@ from services.sandbox_broker.images.archive import layer_from_dir, write_docker_
 from services.sandbox_broker.images.sources import ImageConfig
 
 BUSYBOX = "/bin/busybox"
-APPLETS = ("sh", "ls", "cat", "id", "pwd", "echo", "touch", "rm", "mkdir", "env", "stat", "hostname", "whoami")
+APPLETS = (
+    "sh",
+    "ls",
+    "cat",
+    "id",
+    "pwd",
+    "echo",
+    "touch",
+    "rm",
+    "mkdir",
+    "env",
+    "stat",
+    "hostname",
+    "whoami",
+    "sleep",
+    "timeout",
+)  # sleep and timeout: what the docker backend runs
 
 
 def busybox_image(work: Path, *, user: str = "agent", workdir: str = "/testbed") -> Path:

@@ -8,7 +8,6 @@ import asyncio
 import hashlib
 import json
 import os
-import shutil
 import tarfile
 import time
 from pathlib import Path
@@ -22,10 +21,10 @@ from services.sandbox_broker.backends.base import SandboxSpec
 from services.sandbox_broker.backends.local import LocalBackend
 from services.sandbox_broker.images.sources import open_source
 from services.sandbox_broker.images.store import ImageStore
-from services.sandbox_broker.images.unpack import unpack
+from services.sandbox_broker.images.unpack import tree_size, unpack
 from services.sandbox_broker.settings import BrokerSettings
 from tests.sandbox_broker.conftest import BrokerFactory, lease, needs_bwrap, run
-from tests.sandbox_broker.images_support import busybox_image
+from tests.sandbox_broker.images_support import busybox_image, calc_repo_image
 from tests.support.processes import REPO_ROOT
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="overlay mounts need root")
@@ -128,25 +127,46 @@ def test_image_is_the_sandbox_root(tmp_path: Path, state_dir: Path) -> None:
 
 @needs_bwrap
 @as_root
-def test_no_mounts_left_with_a_relative_state_dir_or_after_kill_9(
+@pytest.mark.slow  # three broker starts
+def test_started_and_stopped_twice_one_kill_9_leaves_no_mounts_and_a_store_within_budget(
     tmp_path: Path, state_dir: Path, start_broker: BrokerFactory
 ) -> None:
-    image = busybox_image(tmp_path / "img")
+    """What ``make run`` twice does to the broker: a relative state dir, two images over a store
+    budget smaller than both, a clean stop, a kill -9 with a sandbox mounted, a restart."""
+    images = {"bb": busybox_image(tmp_path / "bb"), "calc": calc_repo_image(tmp_path / "calc")}
     relative = os.path.relpath(state_dir, REPO_ROOT)  # brokers run in the repository root
-    fast = {"ROLLOUT_BROKER_REAP_INTERVAL_S": "0.2", "ROLLOUT_BROKER_ORPHAN_INTERVAL_S": "0.5"}
-    broker = start_broker("--state-dir", relative, env=fast)
-    with httpx.Client(base_url=broker.url, timeout=60) as client:
-        assert client.post("/templates", json={"name": "bb", "image": str(image)}).status_code == 201
-        held = lease(client, template="bb", ttl_s=8)  # expires soon after the kill below
-        assert held["workdir"] == "/testbed" and run(client, held["id"], "pwd")["stdout"] == "/testbed\n"
-        assert overlay.mounts_under(state_dir)
-    broker.kill()  # SIGKILL: its sandbox stays mounted
-    restarted = start_broker("--state-dir", relative, env=fast)
+    budget_mb = 3  # each image's busybox layer takes ~2 MB unpacked: both do not fit
+    env = {"ROLLOUT_BROKER_REAP_INTERVAL_S": "0.2", "ROLLOUT_BROKER_ORPHAN_INTERVAL_S": "0.5",
+           "ROLLOUT_BROKER_IMAGE_STORE_MB": str(budget_mb)}  # fmt: skip
+    for run_number in (1, 2):
+        broker = start_broker("--state-dir", relative, env=env, instance=f"b{run_number}")
+        with httpx.Client(base_url=broker.url, timeout=60) as client:
+            held = []
+            for name, image in images.items():
+                assert client.post("/templates", json={"name": name, "image": str(image)}).status_code == 201
+                held.append(lease(client, template=name, ttl_s=8))  # expires soon after a kill
+                assert run(client, held[-1]["id"], "pwd")["stdout"] == "/testbed\n"
+            assert overlay.mounts_under(state_dir)
+            if run_number == 1:
+                for item in held:
+                    assert client.delete(f"/leases/{item['id']}").status_code == 204
+        if run_number == 1:
+            broker.stop()  # SIGTERM
+            _assert_clean(state_dir, budget_mb)
+        else:
+            broker.kill()  # SIGKILL: its sandboxes stay mounted
+            assert overlay.mounts_under(state_dir)
+    restarted = start_broker("--state-dir", relative, env=env, instance="b3")
     deadline = time.monotonic() + 60
     while (overlay.mounts_under(state_dir) or any((state_dir / "sandboxes").iterdir())) and time.monotonic() < deadline:
-        time.sleep(0.2)  # the lease expires and the reaper destroys its sandbox (unmounts, then removes it)
+        time.sleep(0.2)  # the leases expire and the reaper destroys their sandboxes (unmounts, then removes)
     restarted.stop()
-    assert overlay.mounts_under(state_dir) == []
+    _assert_clean(state_dir, budget_mb)
+    assert list((state_dir / "images" / "trees").iterdir())  # an unpacked image stays, within budget
+
+
+def _assert_clean(state_dir: Path, budget_mb: int) -> None:
+    assert overlay.mounts_under(state_dir) == []  # /proc/self/mountinfo
     assert not list((state_dir / "sandboxes").iterdir())
-    assert list((state_dir / "images" / "trees").iterdir())  # the unpacked image stays, within budget
-    shutil.rmtree(tmp_path / "img")
+    assert not list(state_dir.glob("overlay-probe-*")) and not list(state_dir.glob("*/.staging-*"))
+    assert tree_size(state_dir / "images" / "trees") <= budget_mb * 2**20

@@ -140,3 +140,16 @@ def test_a_group_missing_a_member_expires_and_late_members_are_dropped() -> None
     assert len(group.members) == 3
     asm.add("9-0", make_trajectory("a", 3, reward=1.0), 0)  # the straggler arrives after all
     assert asm.drops[Drop.DUPLICATE] == 1
+
+
+def test_evaluation_samples_never_join_a_group() -> None:
+    """The platform publishes them to the eval stream; one that reached this stream anyway is dropped."""
+    asm = GroupAssembler(min_valid=2, max_staleness=1)
+    trajs = [make_trajectory("a", i, reward=float(i % 2)) for i in range(4)]
+    for t in trajs[:2]:
+        t.mode = "eval"
+    feed(asm, trajs)
+    assert asm.ready_count == 0 and asm.drops[Drop.EVALUATION] == 2
+    feed(asm, [make_trajectory("a", i, reward=float(i % 2), attempt=2) for i in range(2)])
+    [group] = asm.take(1, version=0)
+    assert all(m.trajectory.mode == "train" for m in group.members) and len(group.members) == 4

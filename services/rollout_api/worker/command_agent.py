@@ -5,7 +5,8 @@ Its environment is small on purpose (none of the worker's own settings or secret
 ``PATH``, ``HOME`` (a fresh directory), ``LANG``, ``PYTHONPATH``; the gateway
 (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``OPENAI_MODEL``, ``ANTHROPIC_BASE_URL``,
 ``ANTHROPIC_API_KEY``, ``ANTHROPIC_MODEL``); the task (``ROLLOUT_TASK``); the sandbox
-(``ROLLOUT_BROKER_URL``, ``ROLLOUT_LEASE_ID``, ``ROLLOUT_WORKDIR``: see ``agent_client.sandbox``);
+(``ROLLOUT_BROKER_URL``, ``ROLLOUT_BROKER_TOKEN``, ``ROLLOUT_LEASE_ID``, ``ROLLOUT_WORKDIR``: see
+``agent_client.sandbox``; the token reaches exec and files of this one lease, nothing else);
 then the spec's own ``env``. The episode ends when the program exits, a cap refuses its calls
 (it sees an API error) or the wall clock runs out (it is killed with its process group); its
 exit status and the tail of its output are recorded on the trajectory.

@@ -32,6 +32,7 @@ from services.protocol.gateway import (
 from services.protocol.trajectory import AgentRun
 from services.rollout_api.worker.command_agent import command_env, run_command
 from services.rollout_api.worker.tools_agent import ToolsRun
+from services.runtime.auth import mint_lease_token, revoke_lease_token
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +148,14 @@ async def _run_agent(episode: Episode, lease: Lease, opened: OpenSession, record
     gateway = {"OPENAI_BASE_URL": opened.openai_base, "OPENAI_API_KEY": opened.token, "OPENAI_MODEL": model,
                "ANTHROPIC_BASE_URL": opened.anthropic_base, "ANTHROPIC_API_KEY": opened.token,
                "ANTHROPIC_MODEL": model}  # fmt: skip
-    sandbox = {"ROLLOUT_BROKER_URL": deps.broker.url, "ROLLOUT_LEASE_ID": lease.id, "ROLLOUT_WORKDIR": episode.workdir}
-    await run_command(agent, command_env(agent, gateway, sandbox, item.task.prompt), record)
+    assert deps.redis is not None
+    # the agent's own broker token: exec and files on this lease only, revoked when the agent ends
+    ttl = item.limits.wall_clock_s + SESSION_GRACE_S
+    broker_token = await mint_lease_token(deps.redis, lease.id, ttl)
+    sandbox = {"ROLLOUT_BROKER_URL": deps.broker.url, "ROLLOUT_BROKER_TOKEN": broker_token,
+               "ROLLOUT_LEASE_ID": lease.id, "ROLLOUT_WORKDIR": episode.workdir}  # fmt: skip
+    try:
+        await run_command(agent, command_env(agent, gateway, sandbox, item.task.prompt), record)
+    finally:
+        await asyncio.shield(revoke_lease_token(deps.redis, broker_token))
     return None

@@ -24,7 +24,7 @@ import docker.types
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import ExecRequest, ExecResult
 from services.protocol.status import ErrorCode
-from services.sandbox_broker.backends import docker_firewall, docker_sweep, dockerfiles
+from services.sandbox_broker.backends import docker_firewall, docker_images, docker_sweep, dockerfiles
 from services.sandbox_broker.backends.base import (
     LABEL_BROKER,
     OutputBuffer,
@@ -34,6 +34,7 @@ from services.sandbox_broker.backends.base import (
     sandbox_gone,
 )
 from services.sandbox_broker.backends.monitors import leftover_monitors
+from services.sandbox_broker.images.sources import ImageError
 from services.sandbox_broker.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class DockerBackend:
         self._pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="docker")
         self._client: Any = None
         self._firewalled: str | None = None  # the sandbox bridge whose iptables rules this broker owns
+        self._loading: dict[str, asyncio.Lock] = {}  # image path -> one load at a time
 
     async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: fn(*args, **kwargs))
@@ -131,7 +133,7 @@ class DockerBackend:
     # -- sandboxes -----------------------------------------------------------------------------
 
     async def create(self, spec: SandboxSpec) -> Sandbox:
-        image = spec.template.image or self.settings.docker_image
+        image = await self._image(spec.template.image or self.settings.docker_image)
         if not await self._run(self._has_image, image):
             raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"image {image} is not on the docker host "
                                 "(prepare it first: the broker never pulls)", field="template")  # fmt: skip
@@ -149,6 +151,18 @@ class DockerBackend:
             await self.destroy(container.id)
             raise
         return sandbox
+
+    async def _image(self, image: str) -> str:
+        """The image to run: a host path (an image source, as on the local backend) is loaded into
+        the engine first (docker_images.py); a name is used as it is (never pulled)."""
+        if not docker_images.is_path(image):
+            return image
+        async with self._loading.setdefault(image, asyncio.Lock()):
+            try:
+                loaded: str = await self._run(docker_images.ensure_loaded, self.client.api, image)
+            except (ImageError, docker.errors.APIError) as exc:
+                raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"image {image}: {exc}", field="template") from exc
+        return loaded
 
     def _start_container(self, image: str, spec: SandboxSpec) -> Any:
         r = spec.resources

@@ -118,7 +118,9 @@ class LocalBackend:
     async def create(self, spec: SandboxSpec) -> Sandbox:
         sandbox_id = "loc-" + secrets.token_hex(8)
         paths = self._paths(sandbox_id)
-        meta: dict[str, object] = {"labels": spec.labels, "network": spec.network, "created_at": time.time()}
+        unpack_s = await asyncio.to_thread(self.images.unpack, spec.template, self.overlay)  # before its dir exists
+        meta: dict[str, object] = {"labels": spec.labels, "network": spec.network, "created_at": time.time(),
+                                   "image_prepare_s": unpack_s}  # fmt: skip
         try:
             await asyncio.to_thread(self._prepare, paths, spec, meta)
             await self._start_agent(sandbox_id, paths, meta)

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,20 +32,26 @@ class LocalImages:
         self.uid = uid
         self.store = ImageStore(state_dir / "images", uid, budget_bytes, in_use=self.in_use)
 
+    def unpack(self, template: Template, use_overlay: bool) -> float:
+        """Unpack the template's image (if not yet) before its sandbox's directory exists: a first
+        unpack may outlast the reaper's grace for a sandbox without a lease, which would reap the
+        sandbox being made. Returns the seconds spent unpacking."""
+        if not template.image:
+            return 0.0
+        with _template_errors(template):
+            return self.store.prepare(template.image, layered=use_overlay).prepare_s
+
     def prepare(self, paths: SandboxPaths, template: Template, use_overlay: bool, meta: dict[str, Any]) -> None:
         """Mount the template's image as the sandbox's root, or seed its /workspace from ``rootfs``."""
-        try:
+        with _template_errors(template):
             if template.image:
                 image = self.store.prepare(template.image, layered=use_overlay)
                 root = imageroot.mount_root(paths, image, self.uid, use_overlay, template.host_usr)
                 meta["image"] = root.as_dict()
                 meta["image_trees"] = list(image.layer_digests)
-                meta["image_prepare_s"] = image.prepare_s
+                meta["image_prepare_s"] = max(image.prepare_s, float(meta.get("image_prepare_s", 0.0)))
             elif template.rootfs:
                 self._seed_workspace(paths, template.rootfs, use_overlay, meta)
-        except (ImageError, ValueError) as exc:
-            raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"template {template.name!r}: {exc}",
-                                field="template") from exc  # fmt: skip
 
     def _seed_workspace(self, paths: SandboxPaths, rootfs: str, use_overlay: bool, meta: dict[str, Any]) -> None:
         """A template ``rootfs`` directory is the initial content of /workspace (the host's /usr as
@@ -80,6 +88,15 @@ class LocalImages:
         if legacy.is_dir() and not overlay.mounts_under(legacy) and not _lower_in_use(legacy):
             shutil.rmtree(legacy, ignore_errors=True)
         self.store.clean()
+
+
+@contextlib.contextmanager
+def _template_errors(template: Template) -> Iterator[None]:
+    try:
+        yield
+    except (ImageError, ValueError) as exc:
+        raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"template {template.name!r}: {exc}",
+                            field="template") from exc  # fmt: skip
 
 
 def _lower_in_use(path: Path) -> bool:

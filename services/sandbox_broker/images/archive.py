@@ -4,17 +4,21 @@ image store and ``docker load`` read."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
 import os
 import shutil
+import stat
 import tarfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
-from services.sandbox_broker.images.sources import ImageConfig
+from services.sandbox_broker.images.sources import ImageConfig, ImageError, ImageSource, bundle_of, config_name
+from services.sandbox_broker.images.unpack import OPAQUE, WHITEOUT
 
 
 def layer_from_dir(root: Path, out: Path, *, whiteouts: Sequence[str] = ()) -> Path:
@@ -28,6 +32,65 @@ def layer_from_dir(root: Path, out: Path, *, whiteouts: Sequence[str] = ()) -> P
             marker = tarfile.TarInfo(f"{parent}/.wh.{name}" if parent else f".wh.{name}")
             tar.addfile(marker, io.BytesIO(b""))
     return out
+
+
+def layer_from_upper(upper: Path, out: Path, owners: dict[int, int], skip: Sequence[str] = ()) -> Path:
+    """A layer tar of an overlayfs upper directory: what a sandbox changed over its image. The
+    kernel's whiteouts become the image spec's (a 0/0 character device: ``.wh.NAME``; an opaque
+    directory: ``.wh..wh..opq`` inside it); owners are mapped through ``owners`` (host uid/gid ->
+    the image's), paths in ``skip`` (relative) are left out."""
+    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
+        for directory, dirs, files in os.walk(upper):
+            dirs.sort()
+            for name in sorted(dirs + files):
+                path = Path(directory, name)
+                arcname = str(path.relative_to(upper))
+                if arcname not in skip:
+                    _add_upper_entry(tar, path, arcname, owners)
+    return out
+
+
+def _add_upper_entry(tar: tarfile.TarFile, path: Path, arcname: str, owners: dict[int, int]) -> None:
+    st = path.lstat()
+    if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:  # overlayfs whiteout: NAME was deleted
+        parent, _, name = arcname.rpartition("/")
+        tar.addfile(tarfile.TarInfo(f"{parent}/{WHITEOUT}{name}" if parent else f"{WHITEOUT}{name}"))
+        return
+    info = tar.gettarinfo(str(path), arcname)
+    info.uid, info.gid = owners.get(info.uid, info.uid), owners.get(info.gid, info.gid)
+    info.uname = info.gname = ""
+    if info.isreg():
+        with open(path, "rb") as data:
+            tar.addfile(info, data)
+    else:
+        tar.addfile(info)
+    if stat.S_ISDIR(st.st_mode) and _xattr(path, "trusted.overlay.opaque") == b"y":
+        tar.addfile(tarfile.TarInfo(f"{arcname}/{OPAQUE}"))
+
+
+def _xattr(path: Path, name: str) -> bytes | None:
+    try:
+        return os.getxattr(path, name, follow_symlinks=False)
+    except OSError:
+        return None
+
+
+def layer_files(source: ImageSource, dest: Path) -> list[Path]:
+    """The source's layers as plain tar files in ``dest`` (decompressed), base first; a root
+    directory becomes one layer."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if source.kind == "dir":
+        return [layer_from_dir(source.path, dest / "0.tar")]
+    found = []
+    with bundle_of(source) as bundle:
+        for index, name in enumerate(source.layers):
+            target = dest / f"{index}.tar"
+            with bundle.open(name) as raw, open(target, "wb") as out:
+                compressed = raw.read(2) == b"\x1f\x8b"  # gzip's magic (blobs are seekable files)
+                raw.seek(0)
+                shutil.copyfileobj(gzip.GzipFile(fileobj=raw) if compressed else raw, out, 1 << 20)
+            found.append(target)
+    return found
 
 
 def write_docker_archive(out: Path, layers: Sequence[Path], config: ImageConfig, tag: str) -> str:
@@ -57,6 +120,34 @@ def write_docker_archive(out: Path, layers: Sequence[Path], config: ImageConfig,
         _add_bytes(tar, "repositories", json.dumps({name: {version: ids[-1]}}).encode())
     staging.rename(out)
     return f"sha256:{config_hex}"
+
+
+def write_docker_load(source: ImageSource, out: IO[bytes], tag: str) -> None:
+    """``source`` as the tar ``docker load`` reads on every Engine version (20.10 reads only
+    ``manifest.json``, not an OCI layout's ``index.json``): a ``docker save`` tar is copied as it
+    is; an OCI image gets a ``manifest.json`` naming its config and layer blobs, which go in as
+    they are (compressed or not: docker checks each layer against the config's ``diff_ids``)."""
+    if source.kind == "dir":
+        raise ImageError(f"{source.path} is a root directory, not an image docker can load "
+                         "(make one with `rollout images build`)")  # fmt: skip
+    if source.kind == "docker-archive":  # a tar as it is; an unpacked one tarred again
+        if source.path.is_file():
+            with open(source.path, "rb") as archive:
+                shutil.copyfileobj(archive, out, 1 << 20)
+            return
+        with tarfile.open(fileobj=out, mode="w|") as tar:
+            for entry in sorted(source.path.iterdir()):
+                tar.add(entry, arcname=entry.name)
+        return
+    config = config_name(source)
+    manifest = [{"Config": config, "RepoTags": [tag], "Layers": list(source.layers)}]
+    with bundle_of(source) as bundle, tarfile.open(fileobj=out, mode="w|") as tar:
+        _add_bytes(tar, "manifest.json", json.dumps(manifest).encode())
+        for name in dict.fromkeys((config, *source.layers)):  # a layer twice in one image goes in once
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = bundle.size(name), 0o644, int(time.time())
+            with bundle.open(name) as blob:
+                tar.addfile(info, blob)
 
 
 def _layer_ids(diff_ids: Sequence[str]) -> list[str]:

@@ -65,7 +65,7 @@ class ImageSource:
     layer_digests: tuple[str, ...] = ()  # one per layer: what names its unpacked tree
 
 
-class _Bundle:
+class Bundle:
     """Files of an image layout, in a directory or inside a tar."""
 
     def __init__(self, path: Path) -> None:
@@ -87,6 +87,9 @@ class _Bundle:
             raise ImageError(f"{name} is not a file in {self.path}")
         return member
 
+    def size(self, name: str) -> int:
+        return (self.path / name).stat().st_size if self.tar is None else self.tar.getmember(name).size
+
     def json(self, name: str) -> Any:
         with self.open(name) as f:
             return json.load(f)
@@ -103,7 +106,7 @@ def open_source(path: Path) -> ImageSource:
     if path.is_dir() and not (path / "oci-layout").is_file():
         return ImageSource("dir", path, directory_digest(path))
     try:
-        bundle = _Bundle(path)
+        bundle = Bundle(path)
     except (tarfile.TarError, OSError) as exc:
         raise ImageError(f"{path} is neither a directory nor a tar: {exc}") from exc
     try:
@@ -120,7 +123,7 @@ def open_source(path: Path) -> ImageSource:
         bundle.close()
 
 
-def _docker_archive(bundle: _Bundle) -> ImageSource:
+def _docker_archive(bundle: Bundle) -> ImageSource:
     manifest = bundle.json("manifest.json")[0]
     config_name = manifest["Config"]
     with bundle.open(config_name) as f:
@@ -134,7 +137,7 @@ def _docker_archive(bundle: _Bundle) -> ImageSource:
     return ImageSource("docker-archive", bundle.path, digest, ImageConfig.from_json(document), names, diff_ids)
 
 
-def _oci(bundle: _Bundle) -> ImageSource:
+def _oci(bundle: Bundle) -> ImageSource:
     descriptor = bundle.json("index.json")["manifests"][0]
     while descriptor.get("mediaType") in _INDEX_TYPES:
         descriptor = bundle.json(_blob(descriptor["digest"]))["manifests"][0]
@@ -154,19 +157,31 @@ def _blob(digest: str) -> str:
 
 
 @contextlib.contextmanager
+def bundle_of(source: ImageSource) -> Iterator[Bundle]:
+    """The files of ``source``'s layout (its manifest, config and layer blobs), open while in use."""
+    bundle = Bundle(source.path)
+    try:
+        yield bundle
+    finally:
+        bundle.close()
+
+
+def config_name(source: ImageSource) -> str:
+    """Where the config document lies inside an OCI bundle."""
+    return _blob(source.digest)
+
+
+@contextlib.contextmanager
 def layers(source: ImageSource) -> Iterator[Iterator[tarfile.TarFile]]:
     """The source's layers as streamed tars (gzip or plain), base layer first."""
-    bundle = _Bundle(source.path)
 
-    def each() -> Iterator[tarfile.TarFile]:
+    def each(bundle: Bundle) -> Iterator[tarfile.TarFile]:
         for name in source.layers:
             with bundle.open(name) as raw, tarfile.open(fileobj=raw, mode="r|*") as layer:
                 yield layer
 
-    try:
-        yield each()
-    finally:
-        bundle.close()
+    with bundle_of(source) as bundle:
+        yield each(bundle)
 
 
 def directory_digest(root: Path) -> str:

@@ -23,8 +23,9 @@ import posixpath
 import shutil
 import stat
 import tarfile
-from collections.abc import Iterable
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 from services.sandbox_broker.images.sources import ImageError, ImageSource, layers
 
@@ -49,19 +50,15 @@ def unpack_layer(layer: tarfile.TarFile, dest: Path) -> None:
     dest.mkdir(parents=True)
     dest.chmod(0o755)
     opaque: list[str] = []
-    for member in layer:
-        name = _clean(member.name)
-        if not name:
-            continue
-        parent, base = posixpath.split(name)
-        if base == OPAQUE:
-            opaque.append(parent)
-        elif base.startswith(WHITEOUT):
-            target = _inside(dest, posixpath.join(parent, base[len(WHITEOUT) :]))
+    for kind, name, member in _entries(layer):
+        if kind == "opaque":
+            opaque.append(name)
+        elif kind == "whiteout":
+            target = _inside(dest, name)
             target.parent.mkdir(parents=True, exist_ok=True)
             _remove(target)
             os.mknod(target, stat.S_IFCHR | 0o600, os.makedev(0, 0))
-        elif not (member.ischr() or member.isblk()):
+        else:
             _extract(layer, member, name, dest)
     for directory in opaque:
         host = _inside(dest, posixpath.join(directory, "x")).parent
@@ -69,27 +66,36 @@ def unpack_layer(layer: tarfile.TarFile, dest: Path) -> None:
         os.setxattr(host, "trusted.overlay.opaque", b"y", follow_symlinks=False)
 
 
-def apply_layer(layer: Iterable[tarfile.TarInfo] | tarfile.TarFile, root: Path) -> None:
-    assert isinstance(layer, tarfile.TarFile)
+def apply_layer(layer: tarfile.TarFile, root: Path) -> None:
+    """One layer applied onto the tree at ``root`` (whiteouts delete from it)."""
     added: set[str] = set()
     opaque: list[str] = []
+    for kind, name, member in _entries(layer):
+        if kind == "opaque":
+            opaque.append(name)
+        elif kind == "whiteout":
+            _remove(_inside(root, name))
+        else:
+            _extract(layer, member, name, root)
+            added.add(name)
+    for directory in opaque:
+        _empty_except(root, directory, added)
+
+
+def _entries(layer: tarfile.TarFile) -> Iterator[tuple[Literal["opaque", "whiteout", "entry"], str, tarfile.TarInfo]]:
+    """The layer's members, checked and sorted out: ("opaque", the directory it empties),
+    ("whiteout", the path it deletes), ("entry", its path); device nodes are left out."""
     for member in layer:
         name = _clean(member.name)
         if not name:
             continue
         parent, base = posixpath.split(name)
         if base == OPAQUE:
-            opaque.append(parent)
-            continue
-        if base.startswith(WHITEOUT):
-            _remove(_inside(root, posixpath.join(parent, base[len(WHITEOUT) :])))
-            continue
-        if member.ischr() or member.isblk():
-            continue
-        _extract(layer, member, name, root)
-        added.add(name)
-    for directory in opaque:
-        _empty_except(root, directory, added)
+            yield "opaque", parent, member
+        elif base.startswith(WHITEOUT):
+            yield "whiteout", posixpath.join(parent, base[len(WHITEOUT) :]), member
+        elif not (member.ischr() or member.isblk()):
+            yield "entry", name, member
 
 
 def _clean(name: str) -> str:
