@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import math
 import random
 import secrets
 import time
@@ -30,8 +29,15 @@ from services.llm_proxy.metrics import ProxyMetrics
 from services.llm_proxy.responses import error_frame, error_response, json_response, read_body
 from services.llm_proxy.routing import Router
 from services.llm_proxy.settings import ProxySettings
-from services.llm_proxy.shapes import MAX_DEADLINE_S, MIN_DEADLINE_S, check_shape, session_of
-from services.llm_proxy.upstream import JSON_HEADERS, NOT_ANSWERED, BackgroundTasks, EngineClient
+from services.llm_proxy.shapes import check_shape, deadline_of, session_of
+from services.llm_proxy.upstream import (
+    JSON_HEADERS,
+    NOT_ANSWERED,
+    BackgroundTasks,
+    EngineClient,
+    engine_message,
+    token_counts,
+)
 from services.protocol import ErrorCode, PlatformError
 from services.protocol import llm as h
 from services.protocol.status import request_error_code
@@ -137,7 +143,7 @@ class Forwarder:
             self.guard.guard_openai(body)
         body["rid"] = rid
         session = session_of(request, body)
-        deadline_s = _deadline(request, self.settings.default_deadline_s)
+        deadline_s = deadline_of(request, self.settings.default_deadline_s)
         deadline_at = None if deadline_s is None else asyncio.get_running_loop().time() + deadline_s
         return Call(
             route=route, pool=pool, body=parsed, rid=rid, session=session,
@@ -290,7 +296,7 @@ class Forwarder:
         return None
 
     def _engine_error(self, call: Call, rt: EngineRuntime, status: int, raw: bytes) -> web.Response:
-        message = _engine_message(raw)
+        message = engine_message(raw)
         if status == 400 and is_engine_length_error(message):
             return self._fail(call, rt, ErrorCode.CONTEXT_LENGTH_EXCEEDED, message)
         if 400 <= status < 500:
@@ -312,7 +318,7 @@ class Forwarder:
         series.latency.observe(elapsed)
         if call.upstream_s:
             m.overhead.observe(max(0.0, elapsed - call.upstream_s))
-        prompt, completion = _token_counts(doc)
+        prompt, completion = token_counts(doc)
         if prompt:
             series.prompt_tokens.inc(prompt)
         if completion:
@@ -372,43 +378,3 @@ class Forwarder:
         doc = orjson.loads(frame[6:])
         self._stamp(call, doc, rt)
         return b"data: " + orjson.dumps(doc)
-
-
-def _deadline(request: web.Request, default: float | None) -> float | None:
-    raw = request.headers.get(h.HEADER_DEADLINE)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (MIN_DEADLINE_S <= value <= MAX_DEADLINE_S):  # also refuses nan and inf
-        raise PlatformError(
-            ErrorCode.VALIDATION_ERROR,
-            f"{h.HEADER_DEADLINE} must be seconds in [{MIN_DEADLINE_S:g}, {MAX_DEADLINE_S:g}]",
-            field=h.HEADER_DEADLINE,
-        )  # fmt: skip
-    return value
-
-
-def _engine_message(raw: bytes) -> str:
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return raw.decode(errors="replace")[:2000]
-    if isinstance(doc, dict):
-        err = doc.get("error")
-        if isinstance(err, dict) and "message" in err:
-            return str(err["message"])
-        if "message" in doc:
-            return str(doc["message"])
-    return str(doc)[:2000]
-
-
-def _token_counts(doc: Any) -> tuple[int, int]:
-    if not isinstance(doc, dict):
-        return 0, 0
-    meta = doc.get("meta_info") or doc.get("usage") or {}
-    if not isinstance(meta, dict):
-        return 0, 0
-    return int(meta.get("prompt_tokens") or 0), int(meta.get("completion_tokens") or 0)

@@ -12,6 +12,7 @@ and numbers past the double range.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -78,3 +79,20 @@ def _is_prompt(value: Any) -> bool:
     if isinstance(value, str):
         return True
     return isinstance(value, list) and bool(value) and (all(isinstance(p, str) for p in value) or _token_ids(value))
+
+
+def deadline_of(request: web.Request, default: float | None) -> float | None:
+    raw = request.headers.get(h.HEADER_DEADLINE)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (MIN_DEADLINE_S <= value <= MAX_DEADLINE_S):  # also refuses nan and inf
+        raise PlatformError(
+            ErrorCode.VALIDATION_ERROR,
+            f"{h.HEADER_DEADLINE} must be seconds in [{MIN_DEADLINE_S:g}, {MAX_DEADLINE_S:g}]",
+            field=h.HEADER_DEADLINE,
+        )  # fmt: skip
+    return value

@@ -88,3 +88,26 @@ class BackgroundTasks:
     async def drain(self) -> None:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def engine_message(raw: bytes) -> str:
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw.decode(errors="replace")[:2000]
+    if isinstance(doc, dict):
+        err = doc.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if "message" in doc:
+            return str(doc["message"])
+    return str(doc)[:2000]
+
+
+def token_counts(doc: Any) -> tuple[int, int]:
+    if not isinstance(doc, dict):
+        return 0, 0
+    meta = doc.get("meta_info") or doc.get("usage") or {}
+    if not isinstance(meta, dict):
+        return 0, 0
+    return int(meta.get("prompt_tokens") or 0), int(meta.get("completion_tokens") or 0)
