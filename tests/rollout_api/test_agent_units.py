@@ -16,7 +16,13 @@ from services.protocol.swebench import SweBenchRolloutRequest, SweInstance
 from services.rollout_api.figures import percentile, rate_per_hour, tail_share
 from services.rollout_api.swebench import image_for, instance_task, patched_files, template_for
 from services.rollout_api.worker.clients import BrokerClient, InfraError, parse_generation
-from services.rollout_api.worker.conversation import SUBMIT_COMMAND, observation, parse_action, truncate_middle
+from services.rollout_api.worker.conversation import (
+    SUBMIT_COMMAND,
+    format_error,
+    observation,
+    parse_action,
+    truncate_middle,
+)
 from services.rollout_api.worker.reward import parse_reward, score
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.tokens import TokenBuffer
@@ -53,6 +59,14 @@ def test_parse_action() -> None:
     two = parse_action("```bash\nls\n```\n```bash\npwd\n```")
     assert (two.command, two.blocks) == (None, 2)
     assert parse_action(f"done\n```bash\n{SUBMIT_COMMAND}\n```").submits
+
+
+def test_a_sampled_nul_byte_is_the_models_format_error_not_a_crash() -> None:
+    """A policy sampled ``\\x00`` inside its command; building the exec request crashed the attempt."""
+    action = parse_action("THOUGHT: x\n\n```bash\ncat a\x00b > out\n```\n")
+    assert (action.command, action.blocks) == (None, 1)
+    assert "NUL byte" in format_error(action)
+    assert "NUL byte" not in format_error(parse_action("no block"))
 
 
 def test_observation_keeps_head_and_tail() -> None:
