@@ -67,7 +67,14 @@ def run(opts: UpOptions) -> int:
         code = train(fleet, opts, model_dir, tokens)
     finally:
         fleet.stop()
-    summary.report(opts, time.monotonic() - started)
+    figures = summary.report(opts, time.monotonic() - started)
+    if code == 0 and opts.steps > 0 and not figures["steps"]:
+        print(
+            "error: the trainer exited without recording a GRPO step (see its log above: usually no complete "
+            "batch of trajectories arrived within ROLLOUT_TRAIN_WAIT_TIMEOUT_S)",
+            file=sys.stderr,
+        )
+        return 1
     return code
 
 
