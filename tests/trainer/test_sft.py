@@ -38,7 +38,7 @@ def test_sft_teaches_the_demonstrated_reply_and_only_it(tmp_path: Path) -> None:
 
     def response_nll() -> float:
         with torch.no_grad():
-            lp = token_logprobs(policy.ddp, batch.input_ids, batch.labels, batch.attention)
+            lp = token_logprobs(policy.ddp, batch.input_ids, batch.labels, batch.cu_seqlens)
         return float(-(lp * batch.mask).sum() / batch.mask.sum())
 
     before = response_nll()
