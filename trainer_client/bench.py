@@ -8,7 +8,12 @@ intra-op thread per rank, so that "two ranks" means two cores' worth of work.
 
 - ``tokens_per_s_packed`` / ``tokens_per_s_padded``: sequence tokens per second of a training step
   (recompute + update) with packed rows vs rows padded to the longest of their micro-batch, the
-  same token budget per micro-batch;
+  same token budget per micro-batch. Packed rows run in Megatron's ``thd`` layout with attention
+  per sequence (:mod:`trainer_client.attention`: SDPA per segment on CPU), so a row costs the sum of
+  its sequences' squared lengths; padded micro-batches run one causal SDPA call each. (Before
+  per-sequence attention, a packed row paid a dense ``[L, L]`` block-diagonal mask through Megatron's
+  unfused local attention and packing was 3x slower than padding.) ``python -m
+  tests.trainer.attention_timing`` times the attention variants alone on these rows;
 - ``padding_share_padded``: share of computed positions that were padding in the padded run;
 - ``dp2_vs_dp1_step_ratio``: median step time of DP=2 (two gloo ranks under ``torchrun``) over
   DP=1 (one rank, also under ``torchrun``), packed: 0.5 would be perfect scaling.

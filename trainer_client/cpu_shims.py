@@ -6,8 +6,8 @@ only when ``torch.cuda.is_available()`` is False; on GPU hosts nothing here is t
 
 What each shim covers:
 
-- ``torch.cuda.current_device`` -> ``"cpu"``: ``GlobalMemoryBuffer.get_tensor`` (local
-  DotProductAttention) and the DDP grad buffers allocate on the current device.
+- ``torch.cuda.current_device`` -> ``"cpu"``: the DDP grad buffers (and Megatron's local
+  ``DotProductAttention`` buffers, unused here) allocate on the current device.
 - ``torch.cuda.synchronize`` -> no-op: ``dist_checkpointing`` preloads tensors with it.
 - ``CudaRNGStatesTracker.fork`` -> ``nullcontext``: the attention-dropout RNG fork swaps CUDA
   RNG states.
@@ -18,8 +18,8 @@ What each shim covers:
   ``device="cuda"``, call ``.cuda()`` and assert ``grad.type() == "torch.cuda.FloatTensor"``;
   the mode sends the first two to the CPU and answers the third with the CUDA type name.
 
-Also needed on CPU (not a shim): an explicit causal attention mask (see
-:func:`trainer_client.model.causal_mask`), since Megatron's default mask is built on CUDA.
+Not a shim: the core attention is :class:`trainer_client.attention.SegmentAttention` (SDPA), which
+needs no mask for causal attention, whereas Megatron's local attention builds its default mask on CUDA.
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ class Learner:
     @torch.no_grad()
     def logprobs(self, model: Any, batches: list[MicroBatch]) -> list[torch.Tensor]:
         model.eval()
-        return [token_logprobs(model, mb.input_ids, mb.labels, mb.attention) for mb in batches]
+        return [token_logprobs(model, mb.input_ids, mb.labels, mb.cu_seqlens) for mb in batches]
 
     def step(self, samples: list[Sample], step: int = 1) -> StepStats:
         """Recompute the 'old' logprobs, then one optimizer step per mini-batch; ``step`` sets the learning rate."""
@@ -168,7 +168,7 @@ class Learner:
         ddp.zero_grad_buffer()
         optimizer.zero_grad()
         for i, (mb, old_lp) in enumerate(zip(batches, old, strict=True)):
-            logp = token_logprobs(ddp, mb.input_ids, mb.labels, mb.attention)
+            logp = token_logprobs(ddp, mb.input_ids, mb.labels, mb.cu_seqlens)
             out = grpo.clipped_policy_loss(
                 logp, old_lp, mb.advantages, mb.mask,
                 grpo.truncated_is_weights(old_lp, mb.engine_logprobs, self.loss.tis_cap), token_count,

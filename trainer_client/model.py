@@ -60,6 +60,8 @@ class ParallelConfig(BaseModel):
     tensor_parallel: int = Field(1, ge=1)
     pipeline_parallel: int = Field(1, ge=1)
     recompute_activations: bool = False  # full recompute of every layer in the backward pass
+    # core attention: auto = Transformer Engine's on CUDA hosts that have it, else SDPA per sequence
+    attention: Literal["auto", "sdpa", "te"] = "auto"
 
     @field_validator("pipeline_parallel")
     @classmethod
@@ -176,13 +178,17 @@ def transformer_config(cfg: ModelConfig, parallel: ParallelConfig) -> Any:
 
 
 def build_gpt(cfg: ModelConfig, parallel: ParallelConfig) -> Any:
-    """A bare GPTModel (call :func:`init_parallel` first)."""
+    """A bare GPTModel (call :func:`init_parallel` first); core attention from :mod:`trainer_client.attention`."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    from trainer_client.attention import core_attention
+
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=cfg.family == "qwen3")
+    spec.submodules.self_attention.submodules.core_attention = core_attention(parallel.attention)
     model = GPTModel(
         config=transformer_config(cfg, parallel),
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=cfg.family == "qwen3"),
+        transformer_layer_spec=spec,
         vocab_size=cfg.vocab_size,
         max_sequence_length=cfg.max_position_embeddings,
         position_embedding_type="rope",
@@ -214,23 +220,21 @@ def build_policy(cfg: ModelConfig, parallel: ParallelConfig, optim: OptimConfig)
     return Policy(config=cfg, ddp=ddp, optimizer=optimizer)
 
 
-def causal_mask(length: int) -> torch.Tensor:
-    """[1, 1, L, L] boolean mask, True where attention is forbidden (explicit: Megatron's default is CUDA-only)."""
-    return torch.triu(torch.ones(length, length, dtype=torch.bool, device=device()), diagonal=1)[None, None]
-
-
 def token_logprobs(
-    model: Any, input_ids: torch.Tensor, labels: torch.Tensor, attention: torch.Tensor | None = None
+    model: Any, input_ids: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None
 ) -> torch.Tensor:
     """log p(labels[b, t] | input_ids[b, :t+1]) for every position, shape [B, L] (tensor-parallel safe).
 
-    ``attention`` ([B, 1, L, L], True = forbidden) defaults to a causal mask; packed rows pass a
-    block-diagonal one.
+    Causal rows by default; ``cu_seqlens`` (int32 segment boundaries of one packed row, ``B == 1``)
+    makes every segment a sequence of its own (Megatron's ``thd`` packed layout, see
+    :mod:`trainer_client.attention`).
     """
+    from trainer_client.attention import packed_params
+
     length = input_ids.shape[1]
     positions = torch.arange(length, device=input_ids.device).unsqueeze(0).expand_as(input_ids)
-    mask = causal_mask(length) if attention is None else attention
-    losses = model(input_ids, positions, mask, labels=labels)
+    packed = None if cu_seqlens is None else packed_params(cu_seqlens)
+    losses = model(input_ids, positions, None, labels=labels, packed_seq_params=packed)
     out: torch.Tensor = -losses.float()
     return out
 
@@ -239,5 +243,5 @@ def logits(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
     """Full logits [B, L, V] (world size 1: vocab not split)."""
     length = input_ids.shape[1]
     positions = torch.arange(length, device=input_ids.device).unsqueeze(0).expand_as(input_ids)
-    out: torch.Tensor = model(input_ids, positions, causal_mask(length)).float()
+    out: torch.Tensor = model(input_ids, positions, None).float()
     return out

@@ -4,13 +4,15 @@
   with the fewest tokens so far, so every rank does about the same work; the split is a pure
   function of the sample list, so every rank computes the same one without talking.
 - **Packed micro-batches** (``packed=True``): first-fit decreasing of whole sequences into rows of
-  at most ``micro_batch_tokens`` tokens; one row per micro-batch; a block-diagonal causal mask
-  keeps each sequence to itself. Rotary embeddings are relative, so a sequence's logprobs do not
-  depend on where in the row it sits. No padding at all (a sequence longer than the budget gets a
-  row of its own).
+  at most ``micro_batch_tokens`` tokens; one row per micro-batch, carrying its segment boundaries
+  (``cu_seqlens``). The model runs the row in Megatron's ``thd`` packed layout: rotary positions
+  restart in every sequence and attention is computed per sequence (see
+  :mod:`trainer_client.attention`), so a sequence's logprobs are those it has alone and a row
+  costs the sum of its sequences' squared lengths, never the square of the row. No padding at
+  all (a sequence longer than the budget gets a row of its own).
 - **Padded micro-batches** (``packed=False``): rows padded to the longest of the micro-batch, as
-  many rows as fit in ``micro_batch_tokens`` (at least one); kept for comparison (``rollout bench
-  trainer``).
+  many rows as fit in ``micro_batch_tokens`` (at least one), plain causal attention; kept for
+  comparison (``rollout bench trainer``).
 
 Row layout per sequence: ``input_ids = tokens[:-1]``, ``labels = tokens[1:]``; response token
 ``j`` is predicted at ``prompt_len - 1 + j`` (see :mod:`trainer_client.batch`).
@@ -18,6 +20,7 @@ Row layout per sequence: ``input_ids = tokens[:-1]``, ``labels = tokens[1:]``; r
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +35,7 @@ class MicroBatch:
     mask: torch.Tensor  # [B, L] float: 1 on generated response tokens
     engine_logprobs: torch.Tensor  # [B, L] float
     advantages: torch.Tensor  # [B, L] float (each sequence's advantage on its positions)
-    attention: torch.Tensor  # [B, 1, L, L] bool, True where attention is forbidden
+    cu_seqlens: torch.Tensor | None = None  # packed (B == 1): int32 segment boundaries [0, l1, l1 + l2, ...]
     sequence_tokens: int = 0  # positions holding a real token (the rest is padding)
 
     @property
@@ -81,7 +84,7 @@ def pack(samples: list[Sample], budget: int) -> list[list[Sample]]:
 def micro_batches(samples: list[Sample], budget: int, packed: bool, device: torch.device) -> list[MicroBatch]:
     """This rank's micro-batches, each of at most ``budget`` token slots (bar one over-long sequence)."""
     if packed:
-        return [collate([row], device) for row in pack(samples, budget)]
+        return [collate([row], device, packed=True) for row in pack(samples, budget)]
     ordered = sorted(samples, key=length, reverse=True)
     out: list[MicroBatch] = []
     i = 0
@@ -92,13 +95,16 @@ def micro_batches(samples: list[Sample], budget: int, packed: bool, device: torc
     return out
 
 
-def collate(rows: list[list[Sample]], device: torch.device) -> MicroBatch:
-    """Rows of one or more sequences each, right-padded to the longest row."""
+def collate(rows: list[list[Sample]], device: torch.device, packed: bool = False) -> MicroBatch:
+    """Rows of sequences, right-padded to the longest row: one packed row of segments
+    (``cu_seqlens``), or padded rows of one sequence each (plain causal attention: a real token
+    never sees the padding after it, and the padding's outputs are masked out of the loss)."""
+    if packed and len(rows) != 1:
+        raise ValueError("a packed micro-batch is one row")
     width = max(sum(length(s) for s in row) for row in rows)
     shape = (len(rows), width)
     ids, labels = torch.zeros(shape, dtype=torch.int64), torch.zeros(shape, dtype=torch.int64)
     mask, engine, adv = torch.zeros(shape), torch.zeros(shape), torch.zeros(shape)
-    attention = torch.ones(len(rows), 1, width, width, dtype=torch.bool)
     for b, row in enumerate(rows):
         at = 0
         for s in row:
@@ -107,10 +113,10 @@ def collate(rows: list[list[Sample]], device: torch.device) -> MicroBatch:
             mask[b, start : start + resp] = s.loss_mask
             engine[b, start : start + resp] = s.engine_logprobs
             adv[b, at : at + n] = s.advantage
-            attention[b, 0, at : at + n, at : at + n] = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
             at += n
-        attention[b, 0, at:, :at] = True  # padding attends to itself only (its outputs are masked out)
-        attention[b, 0, at:, at:] = torch.triu(torch.ones(width - at, width - at, dtype=torch.bool), diagonal=1)
     real = sum(length(s) for row in rows for s in row)
-    ids, labels, mask, engine, adv, attention = (t.to(device) for t in (ids, labels, mask, engine, adv, attention))
-    return MicroBatch(ids, labels, mask, engine, adv, attention, sequence_tokens=real)
+    bounds = None
+    if packed:
+        bounds = torch.tensor([0, *itertools.accumulate(length(s) for s in rows[0])], dtype=torch.int32).to(device)
+    ids, labels, mask, engine, adv = (t.to(device) for t in (ids, labels, mask, engine, adv))
+    return MicroBatch(ids, labels, mask, engine, adv, bounds, sequence_tokens=real)

@@ -105,7 +105,7 @@ def _step(policy: Policy, batch: list[Sample], batching: Batching, ranks: Ranks)
     optimizer.zero_grad()
     total = 0.0
     for mb in micro_batches(mine, batching.micro_batch_tokens, batching.packed, device()):
-        logp = token_logprobs(ddp, mb.input_ids, mb.labels, mb.attention)
+        logp = token_logprobs(ddp, mb.input_ids, mb.labels, mb.cu_seqlens)
         loss = -(logp * mb.mask).sum() / tokens
         loss.backward()  # type: ignore[no-untyped-call]
         total += float(loss.detach())

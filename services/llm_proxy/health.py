@@ -5,7 +5,10 @@ refreshes the routing load. An engine failing ``eject_after_failures`` probes (o
 row is ejected; it rejoins by itself when probes pass again, unless it reports weights other
 than its pool's current version (a restarted engine with stale weights stays out). An engine
 that answered a call within the last interval is not probed (that answer was its health check),
-except every ``LOAD_REFRESH_INTERVALS`` intervals, to refresh its load.
+except every ``LOAD_REFRESH_INTERVALS`` intervals, to refresh its load. A probe that times out on
+an engine busy with this process's calls, one of which it answered within ``BUSY_GRACE_S``, is
+not a failure (counted in ``rollout_proxy_busy_probes_total``): under load ``/get_load`` answers
+late while generations still complete.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ from services.runtime.redis_pool import Observed
 log = logging.getLogger(__name__)
 
 LOAD_REFRESH_INTERVALS = 5
+# an engine with calls in flight that answered one this recently is busy, not dead, when its probe
+# times out (a loaded engine answers /get_load late); a hung one stops answering calls and is
+# ejected once this has passed
+BUSY_GRACE_S = 60.0
 
 
 class HealthChecker:
@@ -61,7 +68,9 @@ class HealthChecker:
     async def check(self, rt: EngineRuntime) -> None:
         rt.probed_at = time.monotonic()
         status, doc = await self.client.call("GET", rt.url + "/get_load")
-        if status != 200:
+        if status == 0 and _busy(rt, doc):
+            self.metrics.busy_probes.labels(rt.engine_id).inc()
+        elif status != 200:
             self.view.mark_failed(rt, f"health check: {status} {doc}")
         elif rt.ejected and not await self._weights_current(rt):
             pass  # stays out until an admin re-adds it with the pool's weights
@@ -91,6 +100,12 @@ class HealthChecker:
         log.warning("engine %s is up but serves weights %r, pool %s is at %r", rt.engine_id, version, pool.name,
                     pool.version)  # fmt: skip
         return False
+
+
+def _busy(rt: EngineRuntime, error: Any) -> bool:
+    """The probe timed out on an engine that is serving this process's calls and answered one lately."""
+    timed_out = "Timeout" in str(error).split(":", 1)[0]
+    return timed_out and rt.in_flight > 0 and time.monotonic() - rt.answered_at < BUSY_GRACE_S
 
 
 def _num_reqs(doc: Any) -> int:

@@ -108,6 +108,10 @@ class ProxyMetrics:
             "rollout_proxy_engine_up", "1 if routable from this process", ["engine"], registry=r,
             multiprocess_mode="min",
         )  # fmt: skip
+        self.busy_probes = Counter(
+            "rollout_proxy_busy_probes_total", "health probes that timed out on a busy engine (not failures)",
+            ["engine"], registry=r,
+        )  # fmt: skip
         self.weight_update = Histogram(
             "rollout_proxy_weight_update_seconds", "Weight-update transaction time", ["pool"], buckets=LATENCY_BUCKETS,
             registry=r,

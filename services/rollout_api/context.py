@@ -27,7 +27,7 @@ class ApiContext:
     metrics: ApiMetrics
 
 
-def get_context(request: Request) -> ApiContext:
+async def get_context(request: Request) -> ApiContext:  # async: a plain def runs in a thread
     ctx: ApiContext = request.app.state.ctx
     return ctx
 

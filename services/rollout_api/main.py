@@ -8,6 +8,7 @@ import uvicorn
 
 from services.rollout_api.app import create_app
 from services.rollout_api.settings import ApiSettings
+from services.runtime.http_errors import ErrorBodyHttp
 from services.runtime.limits import raise_fd_limit
 from services.runtime.logs import configure_logging
 from services.runtime.redis_server import redis_url_or_embedded
@@ -23,5 +24,5 @@ def run(settings: ApiSettings) -> int:
     raise_fd_limit()
     with redis_url_or_embedded(settings.redis_url) as url:
         app = create_app(settings, url, RedisSettings())
-        uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False)
+        uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False, http=ErrorBodyHttp)
     return 0

@@ -8,7 +8,9 @@ Every error is an ``ErrorBody`` whose HTTP status is its code's (``ErrorCode.htt
   owns it;
 - Redis unreachable, timing out, read-only or loading (or no pooled connection within the wait):
   503 ``store_unavailable`` with ``Retry-After``; nothing was done, the caller retries;
-- anything else: 500 ``internal_error``, logged with its traceback. No exception text is ever sent.
+- anything else: 500 ``internal_error``, logged with its traceback. No exception text is ever sent;
+- a request that is not HTTP at all (uvicorn's own 400 before any route): :class:`ErrorBodyHttp`
+  answers it with an ``ErrorBody`` too (``bad_request``), when passed as uvicorn's ``http``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from services.protocol import ErrorBody, ErrorCode, PlatformError
 from services.protocol.status import request_error_code
@@ -85,3 +88,17 @@ def install_error_handlers(app: FastAPI, on_error: OnError | None = None) -> Non
     for kind in STORE_ERRORS:
         app.add_exception_handler(kind, store_away)
     app.add_exception_handler(Exception, unexpected)
+
+
+class ErrorBodyHttp(HttpToolsProtocol):
+    """uvicorn's HTTP protocol whose answer to a malformed request is the platform's ``ErrorBody``
+    (uvicorn writes plain text there): ``uvicorn.run(app, http=ErrorBodyHttp)``."""
+
+    def send_400_response(self, msg: str) -> None:
+        body = ErrorBody.of(ErrorCode.BAD_REQUEST, f"malformed HTTP request: {msg}").model_dump_json().encode()
+        head = [b"HTTP/1.1 400 Bad Request\r\n"]
+        head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
+        head += [b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body),
+                 b"connection: close\r\n\r\n"]  # fmt: skip
+        self.transport.write(b"".join(head) + body)
+        self.transport.close()

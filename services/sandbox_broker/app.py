@@ -73,7 +73,7 @@ def create_app(settings: BrokerSettings, redis_url: str) -> FastAPI:
     return app
 
 
-def _broker(request: Request) -> Broker:
+async def _broker(request: Request) -> Broker:  # async: FastAPI runs a plain ``def`` in its thread pool
     broker: Broker = request.app.state.broker
     return broker
 

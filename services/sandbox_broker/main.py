@@ -10,6 +10,7 @@ import logging
 
 import uvicorn
 
+from services.runtime.http_errors import ErrorBodyHttp
 from services.runtime.limits import raise_fd_limit
 from services.runtime.logs import configure_logging
 from services.runtime.redis_server import redis_url_or_embedded
@@ -25,6 +26,6 @@ def run(settings: BrokerSettings) -> int:
     with redis_url_or_embedded(settings.redis_url) as redis_url:
         app = create_app(settings, redis_url)
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
-                                timeout_keep_alive=30, loop="asyncio")  # fmt: skip
+                                timeout_keep_alive=30, loop="asyncio", http=ErrorBodyHttp)  # fmt: skip
         uvicorn.Server(config).run()
     return 0

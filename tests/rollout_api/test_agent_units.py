@@ -15,13 +15,19 @@ from services.protocol.sandboxes import ExecResult
 from services.protocol.swebench import SweBenchRolloutRequest, SweInstance
 from services.rollout_api.figures import percentile, rate_per_hour, tail_share
 from services.rollout_api.swebench import image_for, instance_task, patched_files, template_for
-from services.rollout_api.worker.clients import BrokerClient, InfraError, parse_generation
-from services.rollout_api.worker.conversation import SUBMIT_COMMAND, observation, parse_action, truncate_middle
+from services.rollout_api.worker.clients import BrokerClient, InfraError, ProxyClient, parse_generation
+from services.rollout_api.worker.conversation import (
+    SUBMIT_COMMAND,
+    format_error,
+    observation,
+    parse_action,
+    truncate_middle,
+)
 from services.rollout_api.worker.reward import parse_reward, score
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.tokens import TokenBuffer
-from services.runtime.net import free_port
 from services.runtime.tokenizer import write_tokenizer_dir
+from tests.support.http import serving
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +59,14 @@ def test_parse_action() -> None:
     two = parse_action("```bash\nls\n```\n```bash\npwd\n```")
     assert (two.command, two.blocks) == (None, 2)
     assert parse_action(f"done\n```bash\n{SUBMIT_COMMAND}\n```").submits
+
+
+def test_a_sampled_nul_byte_is_the_models_format_error_not_a_crash() -> None:
+    """A policy sampled ``\\x00`` inside its command; building the exec request crashed the attempt."""
+    action = parse_action("THOUGHT: x\n\n```bash\ncat a\x00b > out\n```\n")
+    assert (action.command, action.blocks) == (None, 1)
+    assert "NUL byte" in format_error(action)
+    assert "NUL byte" not in format_error(parse_action("no block"))
 
 
 def test_observation_keeps_head_and_tail() -> None:
@@ -150,19 +164,41 @@ async def test_reward_keeps_whether_a_broker_refusal_is_retryable() -> None:
         body = ErrorBody.of(ErrorCode.VALIDATION_ERROR, "bad path").model_dump(mode="json")
         return web.json_response(body, status=422)
 
-    app = web.Application()
-    app.router.add_put("/leases/{lease}/files", refuse)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
     spec = RewardSpec(command="true", files={"/tmp/t.py": "x"})
-    try:
-        async with aiohttp.ClientSession() as session:
-            broker = BrokerClient(session, f"http://127.0.0.1:{port}", overhead_s=5)
-            with pytest.raises(InfraError) as raised:
-                await score(broker, "lease-1", spec)
-    finally:
-        await runner.cleanup()
+    async with serving(web.put("/leases/{lease}/files", refuse)) as url, aiohttp.ClientSession() as session:
+        broker = BrokerClient(session, url, overhead_s=5)
+        with pytest.raises(InfraError) as raised:
+            await score(broker, "lease-1", spec)
     assert raised.value.stage is InfraStage.REWARD and raised.value.code is ErrorCode.VALIDATION_ERROR
     assert not raised.value.retryable
+
+
+async def test_the_worker_waits_out_the_proxys_retry_after_and_sends_again() -> None:
+    """A full proxy queue answers 503 ``capacity_exhausted`` with ``Retry-After``: the call waits and is
+    sent again (generating has no side effect) instead of failing the attempt; a refusal with no
+    ``Retry-After`` or past the call's timeout is still an infra error."""
+    answers: list[int] = []
+
+    async def generate(request: web.Request) -> web.Response:
+        answers.append(len(answers))
+        if request.headers.get("X-Test") or len(answers) <= 2:
+            body = ErrorBody.of(ErrorCode.CAPACITY_EXHAUSTED, "queue full").model_dump(mode="json")
+            retry = {} if request.headers.get("X-Test") == "bare" else {"Retry-After": "0.05"}
+            return web.json_response(body, status=503, headers=retry)
+        return web.json_response(
+            {"output_ids": [7], "meta_info": {"finish_reason": {"type": "stop"}, "output_token_logprobs": [[-0.5, 7]]}}
+        )
+
+    waits: list[float] = []
+    async with serving(web.post("/generate", generate)) as url:
+        for case in ("", "bare", "never"):
+            async with aiohttp.ClientSession(headers={"X-Test": case}) as session:
+                proxy = ProxyClient(session, url, timeout_s=1.0, on_wait=waits.append)
+                call = proxy.generate([1, 2], {"temperature": 1.0}, 4, pool="default", session_id="s")
+                if not case:
+                    assert (await call).output_ids == [7] and len(answers) == 3 and waits == [0.05, 0.05]
+                    continue
+                with pytest.raises(InfraError) as raised:
+                    await call
+                assert raised.value.code is ErrorCode.CAPACITY_EXHAUSTED
+                assert proxy.capacity_waits == (0 if case == "bare" else len(answers) - 5)  # 3 + 1 answers before

@@ -53,7 +53,7 @@ def test_packed_rows_give_the_same_logprobs_as_one_sequence_each() -> None:
     [packed] = micro_batches(samples, budget=64, packed=True, device=torch.device("cpu"))
     assert packed.input_ids.shape == (1, 55) and packed.slots == packed.sequence_tokens == 55
     with torch.no_grad():
-        row = token_logprobs(model, packed.input_ids, packed.labels, packed.attention)[0]
+        row = token_logprobs(model, packed.input_ids, packed.labels, packed.cu_seqlens)[0]
         at = 0
         for s in sorted(samples, key=length, reverse=True):  # the packing order
             alone = token_logprobs(model, s.tokens[None, :-1], s.tokens[None, 1:])[0]

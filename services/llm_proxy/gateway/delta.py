@@ -37,9 +37,12 @@ def stand_in(messages: Messages) -> Messages:
     return [*head, _STAND_IN_USER]
 
 
-def delta_text(chat: ChatTemplate, base: Messages, new: Messages, tools: Tools) -> str | None:
-    """What ``new`` adds after ``base`` (a finished conversation), generation prompt included."""
-    before = chat.render(base, False, tools)
+def delta_text(
+    chat: ChatTemplate, base: Messages, new: Messages, tools: Tools, before: str | None = None
+) -> str | None:
+    """What ``new`` adds after ``base`` (a finished conversation), generation prompt included;
+    ``before``: ``base`` already rendered (without a generation prompt)."""
+    before = chat.render(base, False, tools) if before is None else before
     after = chat.render([*base, *new], True, tools)
     return after[len(before) :] if after.startswith(before) else None
 
@@ -52,7 +55,7 @@ def extend(
     asked = chat.render(base, True, tools)
     replied = chat.render([*base, reply], False, tools)
     cut = replied.rfind(chat.eos_text)
-    tail = delta_text(chat, [*base, reply], new, tools)
+    tail = delta_text(chat, [*base, reply], new, tools, before=replied)
     if cut < 0 or tail is None or not replied.startswith(asked):
         return None
     closing = replied[cut + len(chat.eos_text) :]  # what the template puts after the reply's end of turn

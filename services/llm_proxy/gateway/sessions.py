@@ -2,9 +2,10 @@
 
 The worker writes the session record (``keys.gateway_session``) with the episode's expiry; every
 proxy process reads it (cached until it expires) and checks the token against its digest.
-Per call: one round trip to read (counters, context, last call) and one to write (call record,
-counters, context). Calls of one session are expected one at a time (agents wait for each
-answer); concurrent calls each get their own index and may start their own segments.
+Per call: one script to read (counters, context, last call) and one to write (call record,
+counters, context), each a single command (EVALSHA; redis-py loads the script again after a
+NOSCRIPT). Calls of one session are expected one at a time (agents wait for each answer);
+concurrent calls each get their own index and may start their own segments.
 """
 
 from __future__ import annotations
@@ -20,6 +21,33 @@ from redis.asyncio import Redis
 from services.llm_proxy.gateway.tokens import Context
 from services.protocol import ErrorCode, PlatformError, keys
 from services.protocol.gateway import GatewayCall, GatewaySession, decode_call, encode_call, token_digest
+from services.runtime.lua import LuaScript
+
+OPEN = LuaScript(
+    keys=("state", "calls", "context"),
+    args=(),
+    body="""
+local index = redis.call('HINCRBY', state, 'next', 1)
+local s = redis.call('HMGET', state, 'segments', 'truncated', 'closed')
+return {index, s[1], s[2], s[3], redis.call('LLEN', calls), redis.call('GET', context), redis.call('LINDEX', calls, -1)}
+""",
+)
+
+RECORD = LuaScript(  # no MULTI/EXEC needed, but a script is one command: all of it or none
+    keys=("state", "calls", "context"),
+    args=("call", "doc", "ttl", "mismatch", "merged"),
+    body="""
+redis.call('RPUSH', calls, call)
+redis.call('SET', context, doc, 'EX', ttl)
+if mismatch == '1' then redis.call('HINCRBY', state, 'mismatches', 1) end
+if merged == '0' then
+  redis.call('HINCRBY', state, 'segments', 1)
+  redis.call('EXPIRE', calls, ttl)
+  redis.call('EXPIRE', state, ttl)
+end
+return 1
+""",
+)
 
 
 @dataclass(slots=True)
@@ -47,6 +75,8 @@ class SessionStore:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
         self._cache: dict[str, GatewaySession] = {}
+        self._open = OPEN.register(redis)
+        self._record = RECORD.register(redis)
 
     async def authorize(self, sid: str, token: str | None) -> GatewaySession:
         session = self._cache.get(sid)
@@ -65,13 +95,8 @@ class SessionStore:
 
     async def open_call(self, session: GatewaySession) -> SessionView:
         sid = session.session
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hincrby(keys.gateway_state(sid), "next", 1)
-            pipe.hmget(keys.gateway_state(sid), "segments", "truncated", "closed")
-            pipe.llen(keys.gateway_calls(sid))
-            pipe.get(keys.gateway_context(sid))
-            pipe.lindex(keys.gateway_calls(sid), -1)
-            index, (segments, truncated, closed), recorded, context, last_raw = await pipe.execute()
+        reply = await self._open(_keys(sid), {})
+        index, segments, truncated, closed, recorded, context, last_raw = reply
         if closed:
             raise PlatformError(ErrorCode.NOT_FOUND, f"gateway session {sid!r} has ended")
         last = None
@@ -85,20 +110,17 @@ class SessionStore:
         await self.redis.hsetnx(keys.gateway_state(session.session), "truncated", cap)
 
     async def record(self, session: GatewaySession, call: GatewayCall, context: Context, *, mismatch: bool) -> None:
-        """One round trip, no MULTI/EXEC: the call's index is already taken, so a partial write cannot
-        clash with another call; the keys' expiry (which never moves) is set by each call that opens a segment."""
-        sid = session.session
+        """One command: the call's index is already taken, so the write cannot clash with another call;
+        the keys' expiry (which never moves) is set by each call that opens a segment (a merged call
+        follows a recorded one, which set it)."""
         ttl = max(1, int(session.expires_at - time.time()) + 60)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.rpush(keys.gateway_calls(sid), encode_call(call))
-            pipe.set(keys.gateway_context(sid), orjson.dumps(context.to_json()), ex=ttl)
-            if mismatch:
-                pipe.hincrby(keys.gateway_state(sid), "mismatches", 1)
-            if not call.merged:  # a merged call follows a recorded one, which set the expiry
-                pipe.hincrby(keys.gateway_state(sid), "segments", 1)
-                for key in (keys.gateway_calls(sid), keys.gateway_state(sid)):
-                    pipe.expire(key, ttl)
-            await pipe.execute()
+        doc = orjson.dumps(context.to_json())
+        flags = {"mismatch": int(mismatch), "merged": int(call.merged)}
+        await self._record(_keys(session.session), {"call": encode_call(call), "doc": doc, "ttl": ttl, **flags})
+
+
+def _keys(sid: str) -> dict[str, str]:
+    return {"state": keys.gateway_state(sid), "calls": keys.gateway_calls(sid), "context": keys.gateway_context(sid)}
 
 
 def _context(doc: dict[str, Any], last: GatewayCall) -> Context:

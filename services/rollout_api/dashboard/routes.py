@@ -41,7 +41,7 @@ class Dashboard:
     sampler: Sampler
 
 
-def get_dashboard(request: Request) -> Dashboard:
+async def get_dashboard(request: Request) -> Dashboard:
     dashboard: Dashboard = request.app.state.dashboard
     return dashboard
 
@@ -49,7 +49,7 @@ def get_dashboard(request: Request) -> Dashboard:
 Dash = Annotated[Dashboard, Depends(get_dashboard)]
 
 
-def filters(
+async def filters(
     rollout: str | None = None,
     status: str | None = None,
     cap: str | None = None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -64,6 +65,26 @@ def _error_code(body: Any, otherwise: ErrorCode) -> ErrorCode:
     return otherwise
 
 
+MAX_RETRY_AFTER_S = 30.0  # one wait at most this long, whatever the answer asks
+
+
+def retry_after_s(code: ErrorCode, body: Any, headers: dict[str, str]) -> float | None:
+    """How long to wait before sending a refused call again: only for the proxy's overload answers
+    (``capacity_exhausted``, ``rate_limited``) that say when (``Retry-After`` or ``retry_after_s``)."""
+    if code not in (ErrorCode.CAPACITY_EXHAUSTED, ErrorCode.RATE_LIMITED):
+        return None
+    raw: Any = next((v for k, v in headers.items() if k.lower() == "retry-after"), None)
+    if raw is None and isinstance(body, dict) and isinstance(body.get("error"), dict):
+        raw = body["error"].get("retry_after_s")
+    try:
+        wait = float(raw) if raw is not None else None
+    except (TypeError, ValueError):
+        return None
+    if wait is None or not (wait >= 0):  # also NaN
+        return None
+    return min(wait, MAX_RETRY_AFTER_S)
+
+
 async def _json_body(response: aiohttp.ClientResponse) -> Any:
     raw = await response.read()
     try:
@@ -111,6 +132,8 @@ class ProxyClient:
     timeout_s: float
     outages: Outages | None = None  # None: an unreachable proxy is an infra error at once
     token: str = ""  # the proxy's service token
+    on_wait: Callable[[float], None] | None = None  # told each Retry-After wait (metrics)
+    capacity_waits: int = 0  # calls sent again after a 503 capacity_exhausted / 429 with Retry-After
 
     async def generate(
         self,
@@ -133,12 +156,23 @@ class ProxyClient:
             "Content-Type": "application/json", **_bearer(self.token), **({HEADER_JOB: job} if job else {}),
         }  # fmt: skip
         data = b'{"input_ids":' + ids + b"," + rest[1:]
-        status, body, answer_headers = await held(
-            self.outages, PROXY, InfraStage.LLM, lambda: self._post(data, headers)
-        )
-        if status == 200 and isinstance(body, dict):
-            return parse_generation(body, answer_headers)
-        code = _error_code(body, ErrorCode.ENGINE_ERROR)
+        give_up_at = time.monotonic() + self.timeout_s
+        while True:
+            status, body, answer_headers = await held(
+                self.outages, PROXY, InfraStage.LLM, lambda: self._post(data, headers)
+            )
+            if status == 200 and isinstance(body, dict):
+                return parse_generation(body, answer_headers)
+            code = _error_code(body, ErrorCode.ENGINE_ERROR)
+            wait = retry_after_s(code, body, answer_headers)
+            if wait is None or time.monotonic() + wait > give_up_at:
+                break
+            # the proxy's queue is full (or the job is over its rate): generating has no side effect,
+            # so the call waits as told and is sent again, within the call's own timeout
+            self.capacity_waits += 1
+            if self.on_wait is not None:
+                self.on_wait(wait)
+            await asyncio.sleep(wait)
         if code is ErrorCode.CONTEXT_LENGTH_EXCEEDED:
             raise ContextExceeded(str(body))
         stage = InfraStage.LLM_TIMEOUT if code is ErrorCode.UPSTREAM_TIMEOUT else InfraStage.LLM

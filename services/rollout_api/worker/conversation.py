@@ -40,11 +40,16 @@ def render(template: str, **variables: Any) -> str:
     return str(_compiled(template).render(**(base | variables)))
 
 
+FORMAT_ERROR = "format error"
+NUL_ERROR = "the command contains a NUL byte, which no shell can run"
+
+
 @dataclass(frozen=True, slots=True)
 class Action:
     command: str | None  # the one command, or None when the reply was malformed
     blocks: int  # how many actions the reply had
     marker: str = SUBMIT_MARKER
+    error: str = FORMAT_ERROR  # what was wrong (a template may show it as ``{{error}}``)
 
     @property
     def submits(self) -> bool:
@@ -55,7 +60,10 @@ def parse_action(reply: str, agent: BashAgent = DEFAULT_AGENT) -> Action:
     blocks = _regex(agent.action_regex).findall(reply)
     if len(blocks) != 1:
         return Action(command=None, blocks=len(blocks), marker=agent.submit_marker)
-    return Action(command=str(blocks[0]).strip(), blocks=1, marker=agent.submit_marker)
+    command = str(blocks[0]).strip()
+    if "\x00" in command:  # a policy can sample one; no shell can run it, so it is the model's error, fed back
+        return Action(command=None, blocks=1, marker=agent.submit_marker, error=NUL_ERROR)
+    return Action(command=command, blocks=1, marker=agent.submit_marker)
 
 
 def submitted_by_output(result: ExecResult, agent: BashAgent = DEFAULT_AGENT) -> bool:
@@ -72,7 +80,9 @@ def task_message(prompt: str, agent: BashAgent = DEFAULT_AGENT) -> str:
 
 
 def format_error(action: Action, agent: BashAgent = DEFAULT_AGENT) -> str:
-    return render(agent.format_error_template, actions=[None] * action.blocks, error="format error")
+    message = render(agent.format_error_template, actions=[None] * action.blocks, error=action.error)
+    # the default template does not show {{error}}: a specific error goes first
+    return message if action.error == FORMAT_ERROR else f"Error: {action.error}.\n{message}"
 
 
 def truncate_middle(text: str, max_bytes: int) -> str:

@@ -70,7 +70,7 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
         outages = make_outages(settings, session, metrics)
         deps = AgentDeps(
             proxy=ProxyClient(session, settings.proxy_url.rstrip("/"), settings.llm_timeout_s, outages,
-                              token=settings.client_token()),
+                              token=settings.client_token(), on_wait=lambda _: metrics.llm_capacity_waits.inc()),
             broker=BrokerClient(session, settings.broker_url.rstrip("/"), settings.broker_timeout_s, outages,
                                 token=settings.client_token()),
             tokenizer=tokenizer, settings=settings, worker_id=worker_id, metrics=metrics, pool_tokenizers=by_pool,

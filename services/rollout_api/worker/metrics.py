@@ -26,6 +26,10 @@ class WorkerMetrics:
         self.infra = Counter("rollout_worker_infra_errors_total", "failed attempts, by stage", ["stage"], registry=r)
         self.turns = Counter("rollout_worker_turns_total", "agent turns of published trajectories", registry=r)
         self.llm_calls = Counter("rollout_worker_llm_calls_total", "LLM calls answered", registry=r)
+        self.llm_capacity_waits = Counter(
+            "rollout_worker_llm_capacity_waits_total", "LLM calls sent again after the proxy's Retry-After",
+            registry=r,
+        )  # fmt: skip
         self.episode_seconds = Histogram(
             "rollout_worker_episode_seconds", "episode wall time", registry=r,
             buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600),

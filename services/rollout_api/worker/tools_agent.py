@@ -129,6 +129,8 @@ class ToolsRun:
             raise ValueError(f"unknown tool {name!r}; the tools are {', '.join(self.spec.tools)}")
         if name == "submit":
             raise Submitted
+        if any("\x00" in v for v in args.values() if isinstance(v, str)):
+            raise ValueError(f"the arguments of {name} contain a NUL byte, which no shell or path can hold")
         if name == "bash":
             if not isinstance(args.get("command"), str):
                 raise ValueError("bash needs a string command")
