@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from services.protocol.api import JobCreate, JobCreated, JobStatus, RolloutAccepted, RolloutStatus
+from services.protocol.api import EvalReport, JobCreate, JobCreated, JobStatus, RolloutAccepted, RolloutStatus
 from services.protocol.errors import ErrorBody
 from services.protocol.tasks import RolloutRequest
 
@@ -83,6 +83,10 @@ class RolloutClient:
     def cancel(self, rollout_id: str) -> RolloutStatus:
         return self._do(_Call("DELETE", f"/rollouts/{rollout_id}"), RolloutStatus)
 
+    def eval_report(self, rollout_id: str) -> EvalReport:
+        """pass@k of an evaluation rollout (``mode="eval"``) over the samples finished so far."""
+        return self._do(_Call("GET", f"/rollouts/{rollout_id}/eval"), EvalReport)
+
     def close(self) -> None:
         self.http.close()
 
@@ -111,6 +115,9 @@ class AsyncRolloutClient:
 
     async def cancel(self, rollout_id: str) -> RolloutStatus:
         return await self._do(_Call("DELETE", f"/rollouts/{rollout_id}"), RolloutStatus)
+
+    async def eval_report(self, rollout_id: str) -> EvalReport:
+        return await self._do(_Call("GET", f"/rollouts/{rollout_id}/eval"), EvalReport)
 
     async def aclose(self) -> None:
         await self.http.aclose()

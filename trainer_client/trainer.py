@@ -204,7 +204,7 @@ def _evaluator(s: TrainSettings) -> Evaluator | None:
     e = s.evaluation
     if e.tasks_path is None or not s.api_url:
         return None
-    return Evaluator(e, s.api_url, s.require_redis_url(), s.limits, load_tasks(e.tasks_path))
+    return Evaluator(e, s.api_url, s.limits, load_tasks(e.tasks_path))
 
 
 def _reference(policy: Policy, s: TrainSettings) -> object:

@@ -33,28 +33,27 @@ import string
 from dataclasses import dataclass
 
 from services.protocol import RewardSpec, SandboxSpec, Task
-from services.protocol.agents import SUBMIT_MARKER, BashAgent
+from services.protocol.agents import BashAgent
 
-OPERATIONS: dict[str, tuple[tuple[str, ...], str, str]] = {
-    # name: (phrasings of the question ({f}: the file), the THOUGHT line, the command)
-    "lines": (("Count the lines in {f}.", "How many lines does {f} have?"), "Count the lines.",
-              "cat *.dat | wc -l > answer.txt"),
-    "sum": (("Add up the numbers in {f}.", "What is the sum of the numbers in {f}?"), "Add the numbers.",
+OPERATIONS: dict[str, tuple[tuple[str, ...], str]] = {
+    # name: (phrasings of the question ({f}: the file), the command)
+    "lines": (("Count the lines in {f}.", "How many lines does {f} have?"), "cat *.dat | wc -l > answer.txt"),
+    "sum": (("Add up the numbers in {f}.", "What is the sum of the numbers in {f}?"),
             "awk '{s+=$1} END{print s}' *.dat > answer.txt"),
-    "max": (("Find the largest number in {f}.", "What is the biggest number in {f}?"), "Take the largest number.",
+    "max": (("Find the largest number in {f}.", "What is the biggest number in {f}?"),
             "sort -n *.dat | tail -1 > answer.txt"),
-    "min": (("Find the smallest number in {f}.", "What is the lowest number in {f}?"), "Take the smallest number.",
+    "min": (("Find the smallest number in {f}.", "What is the lowest number in {f}?"),
             "sort -n *.dat | head -1 > answer.txt"),
 }  # fmt: skip
 STEMS = ("nums", "data", "values", "list", "log")
 
-# The agent of every task: the built-in bash loop with a short system prompt (the default one is
-# ~750 bytes, i.e. 750 tokens for a byte-level model: most of the compute of a 120-token episode).
-SYSTEM_PROMPT = (
-    "You are a shell agent. Reply with one THOUGHT line, then exactly ONE command in a ```bash block. "
-    f"End the command with && echo {SUBMIT_MARKER} to submit."
-)
-AGENT = BashAgent(system_template=SYSTEM_PROMPT)
+# The agent of every task: the built-in bash loop with a short system prompt, the bare task as the
+# user message and a short submit marker. Every token of an episode is a byte for this model: the
+# default system prompt (~750 bytes) and marker (37 bytes) would be most of the compute of an episode
+# and most of the chances to get the format wrong.
+MARKER = "DONE"
+SYSTEM_PROMPT = f"Reply with ONE command in a ```bash block, ending with && echo {MARKER} to submit."
+AGENT = BashAgent(system_template=SYSTEM_PROMPT, instance_template="{{task}}", submit_marker=MARKER)
 
 
 @dataclass(frozen=True)
@@ -94,8 +93,7 @@ class Problem:
 
 def reply(problem: Problem, operation: str) -> str:
     """The agent's reply that applies ``operation`` to the problem's file."""
-    _, thought, command = OPERATIONS[operation]
-    return f"THOUGHT: {thought}\n\n```bash\n{command} && echo {SUBMIT_MARKER}\n```"
+    return f"```bash\n{OPERATIONS[operation][1]} && echo {MARKER}\n```"
 
 
 def demonstration(problem: Problem, rng: random.Random, teacher_accuracy: float) -> str:

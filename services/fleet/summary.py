@@ -28,14 +28,17 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 def figures(opts: UpOptions, steps: list[StepRecord], evals: list[EvalRecord], wall_s: float) -> dict[str, Any]:
     """The JSON summary: pass@1 before SFT, after it and after GRPO, plus what explains them."""
 
-    def last(phase: str) -> float | None:
-        found = [e.pass_at_1 for e in evals if e.phase == phase]
+    def last(phase: str) -> EvalRecord | None:
+        found = [e for e in evals if e.phase == phase]
         return found[-1] if found else None
 
-    base, sft, rl = last("base"), last("sft"), last("grpo")
+    base, sft, rl = (last(phase) for phase in ("base", "sft", "grpo"))
+    p_base, p_sft, p_rl = (None if e is None else e.pass_at_1 for e in (base, sft, rl))
     return {
-        "pass_at_1_base": base, "pass_at_1_sft": sft, "pass_at_1_rl": rl,
-        "improvement_rl_over_sft": None if rl is None or sft is None else rl - sft,
+        "pass_at_1_base": p_base, "pass_at_1_sft": p_sft, "pass_at_1_rl": p_rl,
+        "improvement_rl_over_sft": None if p_rl is None or p_sft is None else p_rl - p_sft,
+        # share of held-out episodes that ran a well-formed command and submitted (the rest: format errors)
+        "submitted_sft": _submitted(sft), "submitted_rl": _submitted(rl),
         "heldout_tasks": evals[-1].tasks if evals else 0,
         "steps": len(steps), "sft_steps": opts.sft_steps, "wall_s": round(wall_s, 1), "seed": opts.seed,
         "teacher_accuracy": opts.teacher_accuracy, "train_tasks": opts.train_tasks,
@@ -65,7 +68,7 @@ def report(opts: UpOptions, wall_s: float) -> dict[str, Any]:
     print_table("GRPO steps (reward = share of episodes whose answer.txt was right)", rows)
     print_table("held-out evaluations", [
         {"phase": e.phase, "grpo_step": e.grpo_step, "version": e.version, "tasks": e.tasks,
-         "pass@1": e.pass_at_1, "infra_errors": e.infra_errors, "seconds": e.seconds}
+         "pass@1": e.pass_at_1, "submitted": _submitted(e), "infra_errors": e.infra_errors, "seconds": e.seconds}
         for e in evals
     ])  # fmt: skip
     out = figures(opts, steps, evals, wall_s)
@@ -79,6 +82,12 @@ def report(opts: UpOptions, wall_s: float) -> dict[str, Any]:
         opts.json_path.write_text(json.dumps(out, indent=2) + "\n")
         print(f"summary: {opts.json_path}")
     return out
+
+
+def _submitted(record: EvalRecord | None) -> float | None:
+    if record is None or not record.trajectories:
+        return None
+    return round(record.by_status.get("completed", 0) / record.trajectories, 4)
 
 
 def _pct(value: float | None) -> str:

@@ -129,9 +129,12 @@ MAX_SEED = 2**31 - 1
 class EvalOptions(_Model):
     """How an evaluation rollout samples and is scored (``mode="eval"``; docs/rollout_api.md).
 
-    Sample ``i`` of every task is drawn with the fixed seed ``seed + i`` (SGLang's ``sampling_seed``),
-    so an evaluation is reproducible at any temperature; at temperature 0 it is greedy. A sample
-    passes when its reward is at least ``threshold``.
+    Sample ``i`` of the request's task ``t`` (its position) is drawn with the fixed seed
+    ``seed + t * group_size + i`` (SGLang's ``sampling_seed``, modulo 2**31), so an evaluation is
+    reproducible at any temperature, and no two samples share their random draws (with one seed
+    for every task, tasks that differ only a little would be sampled alike, and pass@1 over them
+    would be a few draws, not one per task). At temperature 0 it is greedy. A sample passes when
+    its reward is at least ``threshold``.
     """
 
     seed: int = Field(0, ge=0, le=MAX_SEED - 1024)
@@ -167,12 +170,13 @@ class RolloutOptions(_Model):
         """The evaluation options in force: None for a training rollout."""
         return (self.eval or EvalOptions()) if self.mode == "eval" else None
 
-    def sampling_for(self, sample_index: int) -> SamplingParams:
-        """The sampling of one sample: an evaluation's carries its fixed seed."""
+    def sampling_for(self, sample_index: int, task_index: int = 0) -> SamplingParams:
+        """The sampling of one sample: an evaluation's carries its own fixed seed (``EvalOptions``)."""
         options = self.eval_options
         if options is None:
             return self.sampling
-        return self.sampling.model_copy(update={"sampling_seed": options.seed + sample_index})
+        seed = (options.seed + task_index * self.group_size + sample_index) % (MAX_SEED + 1)
+        return self.sampling.model_copy(update={"sampling_seed": seed})
 
     def options(self) -> dict[str, Any]:
         """These fields, to build another request kind with the same options."""

@@ -80,7 +80,7 @@ async def check_templates(ctx: ApiContext, request: RolloutRequest) -> None:
 
 def work_items(request: RolloutRequest, rollout_id: str, pool: str, now: float) -> list[tuple[str, bytes]]:
     items = []
-    for task in request.tasks:
+    for index, task in enumerate(request.tasks):
         for sample in range(request.group_size):
             item = WorkItem(
                 job=request.job,
@@ -92,7 +92,7 @@ def work_items(request: RolloutRequest, rollout_id: str, pool: str, now: float) 
                 group_size=request.group_size,
                 max_attempts=request.max_attempts,
                 limits=request.limits,
-                sampling=request.sampling_for(sample),
+                sampling=request.sampling_for(sample, index),
                 pool=pool,
                 priority=request.priority,
                 enqueued_at=now,

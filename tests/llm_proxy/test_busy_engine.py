@@ -14,7 +14,7 @@ from services.llm_proxy.fleet import EngineRuntime, FleetView
 from services.llm_proxy.health import BUSY_GRACE_S, HealthChecker
 from services.llm_proxy.metrics import ProxyMetrics
 from services.llm_proxy.upstream import EngineClient
-from services.runtime.net import free_port
+from tests.support.http import serving
 
 
 async def test_a_busy_engine_whose_probe_times_out_is_not_ejected_a_silent_one_is() -> None:
@@ -22,29 +22,19 @@ async def test_a_busy_engine_whose_probe_times_out_is_not_ejected_a_silent_one_i
         await asyncio.sleep(0.5)  # longer than the probe's timeout
         return web.json_response([{"num_reqs": 3}])
 
-    app = web.Application()
-    app.router.add_get("/get_load", slow_load)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
     view = FleetView(store=None, sync_interval_s=1.0, eject_after=2)  # type: ignore[arg-type]
     metrics = ProxyMetrics()
-    try:
-        async with aiohttp.ClientSession() as session:
-            checker = HealthChecker(view, EngineClient(session, 0.1), session, metrics)
-            busy = EngineRuntime(f"http://127.0.0.1:{port}", "busy", in_flight=4, answered_at=time.monotonic())
-            for _ in range(4):
-                await checker.check(busy)
-            assert not busy.ejected and busy.failures == 0
-            assert metrics.busy_probes.labels("busy")._value.get() == 4
+    async with serving(web.get("/get_load", slow_load)) as url, aiohttp.ClientSession() as session:
+        checker = HealthChecker(view, EngineClient(session, 0.1), session, metrics)
+        busy = EngineRuntime(url, "busy", in_flight=4, answered_at=time.monotonic())
+        for _ in range(4):
+            await checker.check(busy)
+        assert not busy.ejected and busy.failures == 0
+        assert metrics.busy_probes.labels("busy")._value.get() == 4
 
-            silent = EngineRuntime(f"http://127.0.0.1:{port}", "silent", in_flight=4,
-                                   answered_at=time.monotonic() - BUSY_GRACE_S - 1)  # fmt: skip
-            idle = EngineRuntime(f"http://127.0.0.1:{port}", "idle", in_flight=0, answered_at=time.monotonic())
-            for _ in range(2):
-                await checker.check(silent)
-                await checker.check(idle)
-            assert silent.ejected and idle.ejected
-    finally:
-        await runner.cleanup()
+        silent = EngineRuntime(url, "silent", in_flight=4, answered_at=time.monotonic() - BUSY_GRACE_S - 1)
+        idle = EngineRuntime(url, "idle", in_flight=0, answered_at=time.monotonic())
+        for _ in range(2):
+            await checker.check(silent)
+            await checker.check(idle)
+        assert silent.ejected and idle.ejected

@@ -26,8 +26,8 @@ from services.rollout_api.worker.conversation import (
 from services.rollout_api.worker.reward import parse_reward, score
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.tokens import TokenBuffer
-from services.runtime.net import free_port
 from services.runtime.tokenizer import write_tokenizer_dir
+from tests.support.http import serving
 
 
 @pytest.fixture(scope="module")
@@ -164,20 +164,11 @@ async def test_reward_keeps_whether_a_broker_refusal_is_retryable() -> None:
         body = ErrorBody.of(ErrorCode.VALIDATION_ERROR, "bad path").model_dump(mode="json")
         return web.json_response(body, status=422)
 
-    app = web.Application()
-    app.router.add_put("/leases/{lease}/files", refuse)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
     spec = RewardSpec(command="true", files={"/tmp/t.py": "x"})
-    try:
-        async with aiohttp.ClientSession() as session:
-            broker = BrokerClient(session, f"http://127.0.0.1:{port}", overhead_s=5)
-            with pytest.raises(InfraError) as raised:
-                await score(broker, "lease-1", spec)
-    finally:
-        await runner.cleanup()
+    async with serving(web.put("/leases/{lease}/files", refuse)) as url, aiohttp.ClientSession() as session:
+        broker = BrokerClient(session, url, overhead_s=5)
+        with pytest.raises(InfraError) as raised:
+            await score(broker, "lease-1", spec)
     assert raised.value.stage is InfraStage.REWARD and raised.value.code is ErrorCode.VALIDATION_ERROR
     assert not raised.value.retryable
 
@@ -198,17 +189,11 @@ async def test_the_worker_waits_out_the_proxys_retry_after_and_sends_again() -> 
             {"output_ids": [7], "meta_info": {"finish_reason": {"type": "stop"}, "output_token_logprobs": [[-0.5, 7]]}}
         )
 
-    app = web.Application()
-    app.router.add_post("/generate", generate)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
     waits: list[float] = []
-    try:
+    async with serving(web.post("/generate", generate)) as url:
         for case in ("", "bare", "never"):
             async with aiohttp.ClientSession(headers={"X-Test": case}) as session:
-                proxy = ProxyClient(session, f"http://127.0.0.1:{port}", timeout_s=1.0, on_wait=waits.append)
+                proxy = ProxyClient(session, url, timeout_s=1.0, on_wait=waits.append)
                 call = proxy.generate([1, 2], {"temperature": 1.0}, 4, pool="default", session_id="s")
                 if not case:
                     assert (await call).output_ids == [7] and len(answers) == 3 and waits == [0.05, 0.05]
@@ -217,5 +202,3 @@ async def test_the_worker_waits_out_the_proxys_retry_after_and_sends_again() -> 
                     await call
                 assert raised.value.code is ErrorCode.CAPACITY_EXHAUSTED
                 assert proxy.capacity_waits == (0 if case == "bare" else len(answers) - 5)  # 3 + 1 answers before
-    finally:
-        await runner.cleanup()

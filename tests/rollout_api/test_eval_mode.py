@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from services.protocol import Trajectory, from_stream_fields, keys
+from services.protocol import Task, Trajectory, from_stream_fields, keys
+from services.protocol.tasks import AgentLimits
 from services.runtime.sync_redis import open_sync_redis
 from tests.rollout_api.fleet import (
     SUBMIT,
@@ -22,6 +23,7 @@ from tests.rollout_api.fleet import (
     wait_finished,
 )
 from trainer_client.consumer import TrajectoryConsumer
+from trainer_client.evaluation import EvalConfig, Evaluator
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -35,7 +37,7 @@ RULES: dict[str, list[Any]] = {
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     with running_fleet(tmp_path_factory.mktemp("eval-fleet"), RULES, "eval") as fleet:
-        fleet.start_worker(jobs=["learner"], concurrency=8)
+        fleet.start_worker(jobs=["learner", "examiner"], concurrency=8)
         yield fleet
 
 
@@ -94,6 +96,23 @@ def trainer_reads(redis_url: str) -> set[tuple[str, int]]:
         return {e.trajectory.key for e in consumer.read(count=1000, block_ms=100) if e.trajectory is not None}
     finally:
         consumer.client.close()
+
+
+def test_the_trainers_evaluator_submits_an_eval_rollout_and_reads_the_apis_report(fleet: Fleet) -> None:
+    with fleet.client() as client:
+        token = create_job(client, "examiner")["Authorization"].removeprefix("Bearer ")
+    config = EvalConfig(job="examiner", token=token, samples=2, temperature=0, seed=3)
+    tasks = [Task.model_validate(task("solve", "TASK-SOLVE")), Task.model_validate(task("wrong", "TASK-WRONG"))]
+    evaluator = Evaluator(config, fleet.api.url, AgentLimits(), tasks)
+    try:
+        record = evaluator.evaluate("sft", 7, 0, "7-e1")
+    finally:
+        evaluator.close()
+    assert (record.pass_at_1, record.pass_at_k, record.k) == (0.5, 0.5, 2)
+    assert (record.tasks, record.trajectories, record.infra_errors) == (2, 4, 0)
+    assert record.by_status["completed"] == 4 and record.versions == ["default"]
+    assert {t.mode for t in eval_trajectories(fleet.redis_url, "examiner")} == {"eval"}
+    assert trajectories(fleet.redis_url, "examiner") == []  # nothing for a trainer
 
 
 def test_unknown_rollout_has_no_report(fleet: Fleet) -> None:

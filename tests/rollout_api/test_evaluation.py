@@ -5,12 +5,14 @@ from __future__ import annotations
 import itertools
 import json
 from math import comb
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from services.protocol import RolloutRequest, WorkItem
 from services.protocol.api import SampleResult
+from services.protocol.tasks import MAX_SEED
 from services.rollout_api.evaluation import build_report, pass_at_k
 from services.rollout_api.submission import work_items
 
@@ -68,23 +70,30 @@ def test_a_task_without_finished_samples_is_listed_but_not_scored() -> None:
     assert report.pass_at == {"1": None} and report.tasks[0].rewards == [None, None]
 
 
-def request(**extra: object) -> RolloutRequest:
-    tasks = [{"id": "t", "prompt": "p", "reward": {"command": "true"}}]
-    return RolloutRequest.model_validate({"job": "j", "tasks": tasks, "group_size": 3, **extra})
+def request(tasks: int = 1, **extra: Any) -> RolloutRequest:
+    docs = [{"id": f"t{i}", "prompt": "p", "reward": {"command": "true"}} for i in range(tasks)]
+    return RolloutRequest.model_validate({"job": "j", "tasks": docs, "group_size": 3, **extra})
 
 
 def test_eval_items_carry_their_mode_and_a_fixed_seed_per_sample() -> None:
     items = [WorkItem.decode(raw, request().tasks[0]) for _, raw in work_items(request(), "j.r", "p", 0.0)]
     assert {i.mode for i in items} == {"train"} and all("sampling_seed" not in i.sampling.model_dump() for i in items)
-    evaluation = request(mode="eval", eval={"seed": 40}, sampling={"temperature": 0.7})
-    items = [WorkItem.decode(raw, evaluation.tasks[0]) for _, raw in work_items(evaluation, "j.r", "p", 0.0)]
+    evaluation = request(2, mode="eval", eval={"seed": 40}, sampling={"temperature": 0.7})
+    by_id = {t.id: t for t in evaluation.tasks}
+    items = [
+        WorkItem.decode(raw, by_id[json.loads(raw)["task_id"]]) for _, raw in work_items(evaluation, "j.r", "p", 0.0)
+    ]
     assert {i.mode for i in items} == {"eval"}
-    assert [i.sampling.model_dump()["sampling_seed"] for i in items] == [40, 41, 42]
+    # every sample of every task its own seed: task t, sample i -> seed + 3 t + i
+    assert [(i.task.id, i.sampling.model_dump()["sampling_seed"]) for i in items] == [
+        ("t0", 40), ("t0", 41), ("t0", 42), ("t1", 43), ("t1", 44), ("t1", 45)]  # fmt: skip
     assert {i.sampling.temperature for i in items} == {0.7}
+    top = request(2, mode="eval", eval={"seed": MAX_SEED - 1024})
+    assert top.sampling_for(2, 1000).model_dump()["sampling_seed"] == MAX_SEED - 1024 + 3002 - (MAX_SEED + 1)  # wraps
 
 
 @pytest.mark.parametrize("extra", [{"eval": {"k": [1]}}, {"mode": "eval", "eval": {"k": [4]}},
                                    {"mode": "eval", "eval": {"k": [0]}}, {"mode": "test"}])  # fmt: skip
-def test_bad_eval_requests_are_refused(extra: dict[str, object]) -> None:
+def test_bad_eval_requests_are_refused(extra: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         request(**extra)

@@ -1,4 +1,4 @@
-"""The SFT phase (on the GRPO policy and optimizer) and the evaluation's pass@k arithmetic."""
+"""The SFT phase (on the GRPO policy and optimizer)."""
 
 from __future__ import annotations
 
@@ -9,19 +9,11 @@ import pytest
 import torch
 
 from tests.trainer.conftest import TINY
-from trainer_client.evaluation import pass_at_k
 from trainer_client.learner import Batching
 from trainer_client.model import ModelConfig, OptimConfig, ParallelConfig, build_policy, token_logprobs
 from trainer_client.packing import micro_batches
 from trainer_client.ranks import Ranks
 from trainer_client.sft import SftConfig, load_demonstrations, run_sft
-
-
-def test_pass_at_k_counts_tasks_and_attempts() -> None:
-    rewards = {"a": [1.0, 0.0], "b": [0.0, 0.0], "c": [1.0, 1.0], "d": [0.0, 1.0]}
-    assert pass_at_k(rewards, 2) == pytest.approx((0.5, 0.75))
-    assert pass_at_k(rewards, 1) == pytest.approx((0.5, 0.5))  # only the first attempt counts
-    assert pass_at_k({}, 1) == (0.0, 0.0)
 
 
 @pytest.mark.slow
