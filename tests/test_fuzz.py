@@ -7,7 +7,6 @@ by ``--max-time`` so the whole module stays within about two minutes.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from services.protocol.llm import HEADER_JOB
 from services.runtime.auth import hash_token
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.secrets import FleetSecrets
+from services.sandbox_broker.backends.leftovers import remove_state_dir
 from tests.llm_proxy.fleet import start_engines
 from tests.support.processes import ServiceProcess, start_service
 
@@ -90,7 +90,7 @@ def test_fuzz_the_broker(seeded: str, logs: Path) -> None:
             assert_no_server_error(result)
             assert_no_server_error(fuzz(broker.url, JOB_TOKEN, "--exclude-path-regex", "^/leases$"))
     finally:
-        shutil.rmtree(state, ignore_errors=True)
+        assert remove_state_dir(state) == [], "mounts leaked under the state dir"
 
 
 def test_fuzz_the_proxy(seeded: str, logs: Path) -> None:

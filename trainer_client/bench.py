@@ -15,6 +15,9 @@ intra-op thread per rank, so that "two ranks" means two cores' worth of work.
   unfused local attention and packing was 3x slower than padding.) ``python -m
   tests.trainer.attention_timing`` times the attention variants alone on these rows;
 - ``padding_share_padded``: share of computed positions that were padding in the padded run;
+- ``step_s_packed`` / ``step_s_padded`` (wall) and ``cpu_s_packed`` / ``cpu_s_padded`` (this
+  process's CPU seconds, less sensitive to other load): median step times, the two kinds of step
+  alternated;
 - ``dp2_vs_dp1_step_ratio``: median step time of DP=2 (two gloo ranks under ``torchrun``) over
   DP=1 (one rank, also under ``torchrun``), packed: 0.5 would be perfect scaling.
 
@@ -74,17 +77,29 @@ def time_steps(learner: Learner, samples: list[Sample], steps: int) -> tuple[lis
 
 
 def in_process(steps: int) -> dict[str, float]:
-    """Packed vs padded on one rank."""
+    """Packed vs padded on one rank, their steps alternated so that a change of machine load touches both alike."""
     torch.set_num_threads(1)
     policy = build_policy(MODEL, ParallelConfig(), OptimConfig(lr=1e-5))
     samples = agent_samples()
+    learners = {name: Learner(policy, LossConfig(), batching=Batching(BUDGET, packed))
+                for name, packed in (("packed", True), ("padded", False))}  # fmt: skip
+    for learner in learners.values():
+        learner.step(samples)  # warm-up
+    wall: dict[str, list[float]] = {name: [] for name in learners}
+    cpu: dict[str, list[float]] = {name: [] for name in learners}
+    stats: dict[str, Any] = {}
+    for _ in range(steps):
+        for name, learner in learners.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            stats[name] = learner.step(samples)
+            wall[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
     out: dict[str, float] = {}
-    for name, packed in (("packed", True), ("padded", False)):
-        learner = Learner(policy, LossConfig(), batching=Batching(BUDGET, packed))
-        times, stats = time_steps(learner, samples, steps)
-        out[f"step_s_{name}"] = statistics.median(times)
-        out[f"tokens_per_s_{name}"] = stats.sequence_tokens / statistics.median(times)
-        out[f"padding_share_{name}"] = 1 - stats.sequence_tokens / stats.slots
+    for name in learners:
+        out[f"step_s_{name}"] = statistics.median(wall[name])
+        out[f"cpu_s_{name}"] = statistics.median(cpu[name])
+        out[f"tokens_per_s_{name}"] = stats[name].sequence_tokens / statistics.median(wall[name])
+        out[f"padding_share_{name}"] = 1 - stats[name].sequence_tokens / stats[name].slots
     out["sequence_tokens"] = float(sum(len(s.tokens) - 1 for s in samples))
     return out
 

@@ -23,7 +23,7 @@ from services.benchmarks.report import percentile, write_json
 from services.runtime.redis_server import redis_url_or_embedded
 from services.runtime.secrets import FleetSecrets
 from services.runtime.tables import print_table
-from services.sandbox_broker.backends.local import remove_sandboxes
+from services.sandbox_broker.backends.leftovers import remove_sandboxes
 from services.sandbox_broker.settings import BrokerSettings
 from services.sandbox_broker.templates import default_template
 

@@ -38,6 +38,7 @@ from services.runtime.redis_server import redis_url_or_embedded
 from services.runtime.secrets import FleetSecrets
 from services.runtime.tables import print_table
 from services.runtime.tokenizer import write_tokenizer_dir
+from services.sandbox_broker.backends.leftovers import remove_state_dir
 
 SECRETS = FleetSecrets.generate()  # measured with authentication on, as deployed
 ADMIN = SECRETS.admin_token
@@ -95,7 +96,7 @@ def start_fleet(args: argparse.Namespace, root: Path, redis_url: str, max_n: int
     paced = workload.sample_classes(args.classes, 1.0, args.seed, prefix="FIELD")
     capacity = workload.sample_classes(args.classes, args.capacity_time_scale or 1.0, args.seed, prefix="CAP")
     script = workload.write_script(root / "script.json", classes + tail + paced + capacity)
-    state = root / "sandboxes"  # removed with root; both reachable by the sandbox user
+    state = root / "sandboxes"  # removed after the run (run()); both reachable by the sandbox user
     root.chmod(0o755)
     state.mkdir(mode=0o755)
     (root / "logs").mkdir()
@@ -311,7 +312,8 @@ def run(args: argparse.Namespace) -> int:
                 extra = measure_extra(fleet, args, ns)
             finally:
                 fleet.stack.stop()
-    finally:
+    finally:  # the broker keeps the sandboxes of leases still live when it stops: they go here
+        remove_state_dir(root / "sandboxes")
         shutil.rmtree(root, ignore_errors=True)
     report(args, fleet, results, tail, extra)
     return 0

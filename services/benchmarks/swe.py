@@ -31,6 +31,7 @@ from services.runtime.dockerd import private_dockerd
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.secrets import FleetSecrets
 from services.runtime.tokenizer import write_tokenizer_dir
+from services.sandbox_broker.backends.leftovers import remove_state_dir
 
 SECRETS = FleetSecrets.generate()  # measured with authentication on, as deployed
 ADMIN = SECRETS.admin_token
@@ -90,7 +91,8 @@ def run_backend(args: argparse.Namespace, instances: list[dict[str, Any]], backe
             if isinstance(docker_env, str):
                 return {"gold_reward_mean": None, "skipped": docker_env}
             return measure(args, instances, root, server.url, backend, docker_env)
-    finally:
+    finally:  # the broker keeps the sandboxes of leases still live when it stops: they go here
+        remove_state_dir(root / "state")
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -23,8 +23,8 @@ def run(args: argparse.Namespace) -> int:
     from trainer_client import bench  # torch and megatron-core load only for this benchmark
 
     figures = bench.run(args.steps)
-    keys = ("tokens_per_s_packed", "tokens_per_s_padded", "padding_share_padded", "step_s_dp1", "step_s_dp2",
-            "dp2_vs_dp1_step_ratio")  # fmt: skip
+    keys = ("tokens_per_s_packed", "tokens_per_s_padded", "cpu_s_packed", "cpu_s_padded", "padding_share_padded",
+            "step_s_dp1", "step_s_dp2", "dp2_vs_dp1_step_ratio")  # fmt: skip
     print_table("trainer step on CPU (one thread per rank)", [{k: figures[k] for k in keys}])
     if args.json:
         write_json(args.json, figures)

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 # the recipe's defaults, as in services.fleet.run.UpOptions (not imported here: every command would pay for it)
-STEPS, SFT_STEPS, HELDOUT, EVAL_EVERY, LR, TEACHER = 30, 400, 128, 10, 5e-4, 0.5
+STEPS, SFT_STEPS, HELDOUT, EVAL_EVERY, LR, TEACHER = 40, 400, 128, 10, 5e-4, 0.5
 
 
 def _common(p: argparse.ArgumentParser, work_dir: str) -> None:

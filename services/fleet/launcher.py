@@ -2,8 +2,10 @@
 
 Redis (embedded unless a URL is given), the engines, the LLM proxy, the sandbox broker (local
 backend), the rollout API and the workers. Every process logs to ``<work_dir>/logs``; ``stop()``
-ends them in reverse order. Every secret (admin and service tokens, the Redis password) is
-generated for the run and handed over in the environment, never on a command line.
+ends them in reverse order, then removes the sandboxes the broker kept for leases still live (a
+broker keeps those for its own restart, which a stopped fleet never has). Every secret (admin and
+service tokens, the Redis password) is generated for the run and handed over in the environment,
+never on a command line.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from services.protocol.tasks import DEFAULT_POOL
 from services.runtime.processes import ServiceProcess, start_service
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.secrets import FleetSecrets
+from services.sandbox_broker.backends import leftovers
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +48,11 @@ class Fleet:
     @property
     def logs(self) -> Path:
         return self.config.work_dir / "logs"
+
+    @property
+    def sandbox_state(self) -> Path:
+        """The broker's state dir (absolute: the services run in the repository root)."""
+        return (self.config.work_dir / "sandboxes").resolve()
 
     def url(self, name: str) -> str:
         return self.services[name].url
@@ -77,7 +85,7 @@ class Fleet:
         ], env)  # fmt: skip
         self._start("broker", [
             "broker", "--port", "{port}", "--backend", "local",
-            "--state-dir", str(cfg.work_dir / "sandboxes"), "--warm-pool", "8",
+            "--state-dir", str(self.sandbox_state), "--warm-pool", "8",
         ], env)  # fmt: skip
         self._start("api", [
             "api", "--port", "{port}", "--broker-url", self.url("broker"),
@@ -115,6 +123,9 @@ class Fleet:
     def stop(self) -> None:
         for name in reversed(list(self.services)):
             self.services[name].stop()
+        if "broker" in self.services:  # it kept the sandboxes of live leases for a restart that will not come
+            removed = leftovers.remove_sandboxes(self.sandbox_state)
+            log.info("removed %d sandboxes the stopped broker left", len(removed))
         self.services.clear()
         if self.redis is not None:
             self.redis.stop()

@@ -33,7 +33,7 @@ EVAL_JOB = "demo-eval"
 @dataclass(frozen=True)
 class UpOptions:
     work_dir: Path
-    steps: int = 30  # GRPO steps
+    steps: int = 40  # GRPO steps
     seed: int = 0  # task splits, teacher, initial weights
     json_path: Path | None = None
     engines: int = 2

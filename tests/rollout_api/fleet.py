@@ -4,7 +4,6 @@ LLM proxy, the sandbox broker (local backend), the rollout API, workers."""
 from __future__ import annotations
 
 import json
-import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.secrets import FleetSecrets
 from services.runtime.sync_redis import open_sync_redis
 from services.runtime.tokenizer import write_tokenizer_dir
+from services.sandbox_broker.backends.leftovers import remove_state_dir
 from tests.support.processes import ServiceProcess, start_service
 
 ADMIN = "e2e-admin"
@@ -194,4 +194,4 @@ def running_fleet(root: Path, rules: dict[str, list[Any]], name: str) -> Iterato
             yield fleet
         finally:
             fleet.stop()
-            shutil.rmtree(state, ignore_errors=True)
+            assert remove_state_dir(state) == [], "mounts leaked under the state dir"

@@ -11,7 +11,6 @@ hash slot. The jobs are spread so that their slots fall on different nodes (chec
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from services.protocol import Status, keys
 from services.runtime.redis_cluster import EmbeddedRedisCluster
 from services.runtime.sync_redis import open_sync_redis
 from services.runtime.tokenizer import write_tokenizer_dir
+from services.sandbox_broker.backends.leftovers import remove_state_dir
 from tests.rollout_api.fleet import Fleet, create_job, start_fleet, submit, task, wait_finished, write_script
 from tests.rollout_api.test_e2e import (  # noqa: F401  (collected again: they run on this module's fleet)
     RULES,
@@ -54,7 +54,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, redis_cluster: EmbeddedRedis
         yield fleet
     finally:
         fleet.stop()
-        shutil.rmtree(state, ignore_errors=True)
+        assert remove_state_dir(state) == [], "mounts leaked under the state dir"
 
 
 def test_the_jobs_live_on_different_nodes(redis_cluster: EmbeddedRedisCluster) -> None:

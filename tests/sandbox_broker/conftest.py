@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.sandbox_broker.backends.local import remove_sandboxes
+from services.sandbox_broker.backends.leftovers import remove_sandboxes, remove_state_dir
 from tests.sandbox_broker.dockerd import IMAGE, Dockerd, private_dockerd
 from tests.support.processes import ServiceProcess, start_service
 
@@ -36,9 +36,8 @@ def state_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="rollout-broker-test-"))
     path.chmod(0o711)
     yield path
-    remove_sandboxes(path)
     remove_sandboxes(path / "fake-e2b")  # the e2b fake's own local sandboxes, if a test started it
-    shutil.rmtree(path, ignore_errors=True)
+    assert remove_state_dir(path) == [], "mounts leaked under the state dir"
 
 
 @pytest.fixture

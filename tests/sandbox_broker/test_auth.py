@@ -4,7 +4,6 @@ owner's token, the service and the admin token (issue 9's cross-job matrix for t
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ import redis
 from services.protocol import keys
 from services.runtime.auth import hash_token
 from services.runtime.redis_server import EmbeddedRedis
-from services.sandbox_broker.backends.local import remove_sandboxes
+from services.sandbox_broker.backends.leftovers import remove_state_dir
 from tests.sandbox_broker.conftest import DEV_ENV, broker_args, needs_bwrap
 from tests.support.processes import start_service
 
@@ -71,8 +70,7 @@ def broker_url(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFac
         yield service.url
     finally:
         service.stop()
-        remove_sandboxes(state)
-        shutil.rmtree(state, ignore_errors=True)
+        assert remove_state_dir(state) == [], "mounts leaked under the state dir"
 
 
 def test_cross_job_matrix_over_every_lease_route(broker_url: str) -> None:

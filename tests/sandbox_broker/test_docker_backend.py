@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import docker
@@ -35,6 +36,7 @@ def test_docker_lease_exec_files_and_release(dockerd: Dockerd, start_broker: Bro
         assert client.get(f"/leases/{held['id']}/files", params={"path": "d/f.txt"}).content == b"data"
         missing = client.get(f"/leases/{held['id']}/files", params={"path": "nope"})
         assert missing.status_code == 404
+        _files_in_the_containers_own_view(client, engine, held)
 
         deadline = time.monotonic() + 30
         while sum(client.get("/healthz").json()["pools"].values()) < 1 and time.monotonic() < deadline:
@@ -62,3 +64,19 @@ def test_docker_reaper_removes_orphans_including_created(dockerd: Dockerd, start
     assert created.id not in remaining and running.id not in remaining and unrelated.id in remaining
     unrelated.remove(force=True)
     engine.close()
+
+
+def _files_in_the_containers_own_view(client: httpx.Client, engine: docker.DockerClient, held: dict[str, str]) -> None:
+    """The file routes see what the container's commands see: its own tmpfs /tmp (the engine's
+    archive API saw the directory under it), and files after the engine's host-side mount of the
+    container's root is gone (the archive API answered 404 for every path then)."""
+    files = f"/leases/{held['id']}/files"
+    assert client.put(files, params={"path": "/tmp/test.patch"}, content=b"patch").status_code == 204
+    assert run(client, held["id"], "cat /tmp/test.patch; echo mine > /tmp/mine")["stdout"] == "patch"
+    assert client.get(files, params={"path": "/tmp/mine"}).content == b"mine\n"
+    merged = engine.api.inspect_container(held["sandbox_id"])["GraphDriver"]["Data"]["MergedDir"]
+    subprocess.run(["umount", "-l", merged], check=True)
+    assert client.put(files, params={"path": "/testbed/tests/t.py"}, content=b"t").status_code == 204
+    assert run(client, held["id"], "cat /testbed/tests/t.py")["stdout"] == "t"
+    assert client.get(files, params={"path": "/testbed/tests/t.py"}).content == b"t"
+    assert client.get(files, params={"path": "/testbed"}).status_code == 400  # a directory

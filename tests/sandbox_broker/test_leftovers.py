@@ -1,6 +1,8 @@
 """A broker killed in the middle of its start-up probes leaves a loop-mounted disk, an overlay mount
 and a network namespace with slirp4netns running; the next broker on that state directory removes
-them before it probes again."""
+them before it probes again. A broker stopped with a lease live keeps that sandbox mounted for its
+restart; the owner of a state dir no broker will use again removes it (leftovers.remove_state_dir,
+which every test's state dir goes through: a mount left after it fails the test)."""
 
 from __future__ import annotations
 
@@ -9,12 +11,13 @@ import os
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
 from services.sandbox_broker.backends import disk, leftovers, netns, overlay
 from services.sandbox_broker.backends.local import LocalBackend
 from services.sandbox_broker.settings import BrokerSettings
-from tests.sandbox_broker.conftest import needs_bwrap
+from tests.sandbox_broker.conftest import BrokerFactory, lease, needs_bwrap
 
 pytestmark = [needs_bwrap, pytest.mark.skipif(os.geteuid() != 0, reason="mounts need root")]
 
@@ -60,3 +63,15 @@ def test_probe_leftovers_of_a_killed_broker_are_removed_at_start(state_dir: Path
     asyncio.run(start_and_stop())
     assert overlay.mounts_under(state_dir) == [] and _slirps(netns_dir) == 0
     assert not [p for p in state_dir.iterdir() if "-probe-" in p.name]
+
+
+@pytest.mark.slow  # a broker process
+def test_a_stopped_brokers_kept_sandbox_goes_with_its_state_dir(start_broker: BrokerFactory, state_dir: Path) -> None:
+    broker = start_broker()
+    with httpx.Client(base_url=broker.url, timeout=60) as client:
+        held = lease(client)
+    broker.stop()  # SIGTERM: the live lease's sandbox stays, mounted, for a restart
+    sandbox = state_dir / "sandboxes" / held["sandbox_id"]
+    assert [m for m in overlay.mounts_under(state_dir) if m.is_relative_to(sandbox)]
+    assert leftovers.remove_state_dir(state_dir) == []  # nothing was left after its sandboxes went
+    assert overlay.mounts_under(state_dir) == [] and not state_dir.exists()

@@ -269,8 +269,11 @@ class DockerBackend:
         except docker.errors.NotFound as exc:
             if "No such container" in str(exc):
                 raise sandbox_gone(sandbox_id) from exc
-            raise PlatformError(ErrorCode.NOT_FOUND, f"not found in the sandbox: {args[0]!r}") from exc
+            why = exc.explanation or str(exc)  # the engine's words: which path or object it could not find
+            raise PlatformError(ErrorCode.NOT_FOUND, f"not found in the sandbox: {args[0]!r} ({why})") from exc
         except docker.errors.APIError as exc:
+            if "is not running" in str(exc):
+                raise sandbox_gone(sandbox_id) from exc
             raise PlatformError(ErrorCode.TRANSPORT_ERROR, f"docker: {exc}") from exc
 
 

@@ -1,13 +1,17 @@
 """Blocking Docker Engine API calls of the docker backend (run in its thread pool): exec with
-capped, streamed output, and files moved as tar archives."""
+capped, streamed output, and the file routes, run by commands inside the container."""
 
 from __future__ import annotations
 
 import asyncio
 import io
 import posixpath
+import socket
 import tarfile
+import time
 from typing import Any
+
+from docker.utils.socket import consume_socket_output, demux_adaptor, frames_iter
 
 from services.protocol.errors import PlatformError
 from services.protocol.status import ErrorCode
@@ -40,54 +44,86 @@ def absolute(path: str) -> str:
     return posixpath.normpath(posixpath.join(WORKDIR, path))
 
 
-def _mkdir(api: Any, container: str, directory: str) -> None:
-    argv = ["sh", "-c", '# rollout-exec: spared by sweeps (docker_sweep.py)\nmkdir -p "$1"', "mkdir", directory]
-    exec_id = api.exec_create(container, argv)["Id"]
-    api.exec_start(exec_id)
-    if api.exec_inspect(exec_id)["ExitCode"] != 0:
-        raise bad_path(directory, "cannot create the directory")
+# The file routes run inside the container, in its own mount namespace: the view its commands and
+# the reward have. Docker's archive API resolves paths on the engine's host-side mount of the
+# container's root instead, which misses the container's own mounts (its tmpfs /tmp: a file put
+# there was invisible to the container, and the reward's test patch with it) and answers 404 for
+# every path once that host-side mount is gone while the container still runs. The first line
+# marks each script as a rollout command, which the sweeps (docker_sweep.py) spare.
+_MARK = "# rollout-exec: file transfer, spared by sweeps\n"
+WRITE = _MARK + 'd=${1%/*}; if [ -n "$d" ]; then mkdir -p -- "$d" || exit 1; fi; cat > "$1"'
+READ = _MARK + '[ -e "$1" ] || exit 2; [ -f "$1" ] || exit 3; exec cat -- "$1"'
+PUT_TAR = _MARK + 'mkdir -p -- "$1" && exec tar -x -o -f - -C "$1"'
+GET_TAR = _MARK + '[ -e "$1" ] || exit 2; [ -d "$1" ] || exit 3; exec tar -c -f - -C "$1" .'
+MISSING, NOT_THAT_KIND = 2, 3
+
+
+def _in_container(
+    api: Any, container: str, script: str, path: str, data: bytes | None = None
+) -> tuple[int, bytes, str]:
+    """Run ``script`` with ``path`` as ``$1`` and ``data`` on stdin; its exit code, stdout and stderr."""
+    exec_id = api.exec_create(container, ["sh", "-c", script, "rollout-file", path], stdin=data is not None)["Id"]
+    sock = api.exec_start(exec_id, socket=True)
+    try:
+        if data is not None:
+            raw = getattr(sock, "_sock", sock)
+            raw.sendall(data)
+            raw.shutdown(socket.SHUT_WR)  # end of stdin: the engine closes the command's stdin
+        frames = (demux_adaptor(*frame) for frame in frames_iter(sock, tty=False))
+        out, err = consume_socket_output(frames, demux=True)
+    finally:
+        sock.close()
+    return _exit_code(api, exec_id), out or b"", (err or b"").decode(errors="replace").strip()
+
+
+def _exit_code(api: Any, exec_id: str) -> int:
+    """The exec's exit code (the engine may record it a moment after the output ended)."""
+    deadline = time.monotonic() + 10
+    while True:
+        found = api.exec_inspect(exec_id)
+        if found["ExitCode"] is not None and not found["Running"]:
+            return int(found["ExitCode"])
+        if time.monotonic() > deadline:
+            return -1
+        time.sleep(0.01)
+
+
+def _checked(code: int, err: str, path: str, kind: str) -> None:
+    if code == MISSING:
+        raise PlatformError(ErrorCode.NOT_FOUND, f"not found in the sandbox: {path!r}")
+    if code == NOT_THAT_KIND:
+        raise bad_path(path, f"is not a {kind}")
+    if code != 0:
+        raise bad_path(path, err[-300:] or f"exited {code}")
 
 
 def write_file(api: Any, container: str, path: str, data: bytes) -> None:
-    target = absolute(path)
-    directory, name = posixpath.split(target)
-    _mkdir(api, container, directory)
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        info.mode = 0o644
-        archive.addfile(info, io.BytesIO(data))
-    api.put_archive(container, directory, buffer.getvalue())
+    code, _, err = _in_container(api, container, WRITE, absolute(path), data)
+    _checked(code, err, path, "regular file")
 
 
 def read_file(api: Any, container: str, path: str) -> bytes:
-    stream, _ = api.get_archive(container, absolute(path))
-    with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as archive:
-        member = archive.next()
-        if member is None or not member.isfile():
-            raise bad_path(path, "is not a regular file")
-        extracted = archive.extractfile(member)
-        assert extracted is not None
-        return extracted.read()
+    code, out, err = _in_container(api, container, READ, absolute(path))
+    _checked(code, err, path, "regular file")
+    return out
 
 
 def put_archive(api: Any, container: str, directory: str, tar: bytes) -> None:
-    target = absolute(directory)
     _check_tar(tar)
-    _mkdir(api, container, target)
-    api.put_archive(container, target, tar)
+    code, _, err = _in_container(api, container, PUT_TAR, absolute(directory), tar)
+    _checked(code, err, directory, "directory")
 
 
 def get_archive(api: Any, container: str, directory: str) -> bytes:
     """The directory as a tar with names relative to it (``./...``), like the local backend's."""
-    stream, _ = api.get_archive(container, absolute(directory).rstrip("/") + "/.")
+    code, out, err = _in_container(api, container, GET_TAR, absolute(directory))
+    _checked(code, err, directory, "directory")
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as source, tarfile.open(fileobj=buffer, mode="w") as out:
+    with tarfile.open(fileobj=io.BytesIO(out)) as source, tarfile.open(fileobj=buffer, mode="w") as result:
         for member in source.getmembers():
-            parts = member.name.split("/", 1)
-            member.name = "./" + parts[1] if len(parts) > 1 and parts[1] else "."
-            out.addfile(member, source.extractfile(member) if member.isfile() else None)
+            name = member.name.rstrip("/").removeprefix("./")
+            member.name = f"./{name}" if name not in ("", ".") else "."
+            result.addfile(member, source.extractfile(member) if member.isfile() else None)
     return buffer.getvalue()
 
 

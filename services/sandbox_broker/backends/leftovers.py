@@ -1,18 +1,28 @@
-"""What a local broker killed in the middle of its start-up probes leaves behind, and its removal.
+"""What local brokers leave behind on a state directory, and its removal.
 
-Each probe works in ``<state_dir>/<kind>-probe-<pid>``: a loop-mounted disk image (``disk``), a
-network namespace with its slirp4netns process (``netns``), an overlay mount (``overlay``). A broker
-killed mid-probe leaves these mounted (and slirp4netns running); the next broker on the same state
-directory removes every probe directory whose broker is gone before it probes again.
+Probes: each start-up probe works in ``<state_dir>/<kind>-probe-<pid>``: a loop-mounted disk image
+(``disk``), a network namespace with its slirp4netns process (``netns``), an overlay mount
+(``overlay``). A broker killed mid-probe leaves these mounted (and slirp4netns running); the next
+broker on the same state directory removes every probe directory whose broker is gone before it
+probes again.
+
+Sandboxes: a broker that stops keeps the sandboxes of live leases, so that it (or a replacement
+with its instance name) finds and recovers them after a restart; a killed one keeps everything.
+Whoever owns a state directory that no broker will use again (a test, a benchmark, ``rollout
+demo``) removes them with :func:`remove_sandboxes` once the brokers are gone, or the whole
+directory with :func:`remove_state_dir`, which also reports any mount still left under it.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
+import tempfile
 from pathlib import Path
 
 from services.sandbox_broker.backends import disk, netns, overlay
+from services.sandbox_broker.backends.bwrap import SandboxPaths
+from services.sandbox_broker.backends.cgroups import Cgroups
 
 log = logging.getLogger(__name__)
 
@@ -39,3 +49,42 @@ def clean_probes(state_dir: Path) -> list[Path]:
     if removed:
         log.info("removed %d probe directories left by killed brokers: %s", len(removed), [p.name for p in removed])
     return removed
+
+
+def teardown(paths: SandboxPaths) -> None:
+    """Remove a sandbox's namespace, mounts and directory (its processes must be gone); idempotent."""
+    netns.close_namespace(paths.root)
+    overlay.unmount_under(paths.root)
+    disk.release(paths.root, paths.disk)
+    shutil.rmtree(paths.root, ignore_errors=True)
+
+
+def remove_sandboxes(state_dir: Path) -> list[str]:
+    """Remove every sandbox left under ``state_dir`` with no broker running (tests, benchmarks, the
+    demo): its processes, cgroups, namespace, mounts and directory; return their ids."""
+    root = state_dir / "sandboxes"
+    left = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+    cgroups = Cgroups.probe(512, Cgroups.scope_of(root))
+    for sandbox_id in left:
+        cgroups.remove(sandbox_id)
+        teardown(SandboxPaths(root / sandbox_id))
+    cgroups.remove_scope()
+    return left
+
+
+def remove_state_dir(state_dir: Path) -> list[Path]:
+    """Delete the state directory of brokers that have all stopped for good: their sandboxes and
+    probes first, then the tree. Returns the mounts that were still under it after that (a leak:
+    callers in tests fail on it); those are detached too, so that a leak does not pile up on the host."""
+    if state_dir.resolve() in (Path("/"), Path(tempfile.gettempdir()).resolve(), Path.home().resolve()):
+        raise ValueError(f"refusing to remove {state_dir}: not a broker's own state dir")  # every mount under it
+    if not state_dir.exists():
+        return []
+    remove_sandboxes(state_dir)
+    clean_probes(state_dir)
+    leaked = overlay.mounts_under(state_dir)  # /proc/self/mountinfo
+    overlay.unmount_under(state_dir)
+    shutil.rmtree(state_dir, ignore_errors=True)
+    if leaked:
+        log.warning("mounts were left under %s after its sandboxes were removed: %s", state_dir, leaked)
+    return leaked

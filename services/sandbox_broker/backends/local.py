@@ -29,6 +29,7 @@ from services.sandbox_broker.backends.agents import AgentRequest, ExecAgents, ag
 from services.sandbox_broker.backends.base import OutputSink, Sandbox, SandboxSpec, bad_path, sandbox_gone
 from services.sandbox_broker.backends.bwrap import HostProbe, SandboxPaths, probe_bwrap
 from services.sandbox_broker.backends.cgroups import Cgroups
+from services.sandbox_broker.backends.leftovers import teardown
 from services.sandbox_broker.backends.local_commands import (
     AGENT_ENV,
     agent_python,
@@ -366,24 +367,3 @@ class LocalBackend:
         if "/" in sandbox_id or sandbox_id in ("", ".", ".."):
             raise sandbox_gone(sandbox_id)
         return SandboxPaths(self.root / sandbox_id)
-
-
-def teardown(paths: SandboxPaths) -> None:
-    """Remove a sandbox's namespace, mounts and directory (its processes must be gone); idempotent."""
-    netns.close_namespace(paths.root)
-    overlay.unmount_under(paths.root)
-    disk.release(paths.root, paths.disk)
-    shutil.rmtree(paths.root, ignore_errors=True)
-
-
-def remove_sandboxes(state_dir: Path) -> list[str]:
-    """Remove every sandbox left under ``state_dir`` with no broker running (tests, benchmarks): its
-    processes, cgroups, namespace, mounts and directory; return their ids."""
-    root = state_dir / "sandboxes"
-    left = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
-    cgroups = Cgroups.probe(512, Cgroups.scope_of(root))
-    for sandbox_id in left:
-        cgroups.remove(sandbox_id)
-        teardown(SandboxPaths(root / sandbox_id))
-    cgroups.remove_scope()
-    return left
