@@ -35,3 +35,17 @@ async def test_a_script_takes_its_keys_and_args_by_name(redis_url: str) -> None:
             await copy({"source": "h"}, {"suffix": "!", "field": "f"})
     finally:
         await client.aclose()
+
+
+async def test_a_script_the_server_forgot_is_loaded_again(redis_url: str) -> None:
+    """EVALSHA answers NOSCRIPT after a Redis restart or SCRIPT FLUSH: the script loads itself and runs."""
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        await client.hset("h2", "f", "y")
+        copy = COPY.register(client)
+        await client.script_flush()
+        assert (await client.script_exists(copy.sha)) == [False]
+        value, _ = await copy({"target": "t2", "source": "h2"}, {"suffix": "?", "field": "f"})
+        assert value == b"y?" and (await client.script_exists(copy.sha)) == [True]
+    finally:
+        await client.aclose()
