@@ -103,9 +103,9 @@ def train(fleet: Fleet, opts: UpOptions, model_dir: Path, tokens: dict[str, str]
         "ROLLOUT_TRAIN_GROUP_SIZE": str(opts.group_size), "ROLLOUT_TRAIN_BATCH_GROUPS": str(opts.batch_groups),
         "ROLLOUT_TRAIN_MAX_STALENESS": "1", "ROLLOUT_TRAIN_MAX_SEQ_LEN": context,
         "ROLLOUT_TRAIN_OPTIM__LR": str(opts.lr), "ROLLOUT_TRAIN_CHECKPOINT_EVERY": "1000",
-        # the whole step in one padded micro-batch (sequences are all ~240 tokens; on a CPU one batched
-        # forward costs far less than one per sequence, and packing them into rows only adds masked
-        # attention) and one thread (the engines share the cores; two threads each oversubscribe them)
+        # the whole step in one padded micro-batch (sequences are all ~240 tokens, so padding them costs
+        # little and one batched forward far less than one per sequence; the measured recipe) and one
+        # thread (the engines share the cores; two threads each oversubscribe them)
         "ROLLOUT_TRAIN_PACKING": "false", "ROLLOUT_TRAIN_MICRO_BATCH_TOKENS": "8192", "OMP_NUM_THREADS": "1",
         "ROLLOUT_TRAIN_MODEL__SEED": str(opts.seed),
         "ROLLOUT_TRAIN_LIMITS__MAX_TURNS": "1", "ROLLOUT_TRAIN_LIMITS__MAX_TOKENS_PER_TURN": "96",
