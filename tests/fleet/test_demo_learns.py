@@ -18,7 +18,7 @@ from services.runtime.processes import REPO_ROOT, python_env
 pytest.importorskip("megatron.core")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
-STEPS, HELDOUT = 20, 64
+STEPS, HELDOUT = 30, 128
 
 
 def test_a_short_demo_improves_held_out_pass_at_1_after_sft_and_again_after_grpo(tmp_path: Path) -> None:
@@ -32,8 +32,8 @@ def test_a_short_demo_improves_held_out_pass_at_1_after_sft_and_again_after_grpo
     assert (got["heldout_tasks"], got["steps"]) == (HELDOUT, STEPS)
     assert got["pass_at_1_base"] <= 0.05  # the untrained policy cannot act
     assert got["pass_at_1_sft"] >= got["pass_at_1_base"] + 0.15  # SFT on the teacher's demonstrations
-    # GRPO through the fleet: every measured seed gained 0.12-0.17 by step 20 on 128 tasks (docs/demo.md);
-    # on 64 tasks one task is 0.016, so 0.05 is a clear gain and far from noise
-    assert got["pass_at_1_rl"] >= got["pass_at_1_sft"] + 0.05, got["evaluations"]
+    # GRPO through the fleet: ten held-out tasks more than after SFT (docs/demo.md: +0.20 and more
+    # by step 30 of the full recipe; both evaluations sample with the same seeds, a paired comparison)
+    assert got["pass_at_1_rl"] >= got["pass_at_1_sft"] + 10 / HELDOUT, got["evaluations"]
     assert [e["phase"] for e in got["evaluations"]] == ["base", "sft", "grpo"]
     assert all(e["infra_errors"] == 0 for e in got["evaluations"])
