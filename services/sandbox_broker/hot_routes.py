@@ -10,6 +10,8 @@ answers (exceptions go to the handlers of ``install_error_handlers``) and the sa
 
 They are documented in ``/openapi.json`` through :func:`documented`, signatures that are never
 mounted: the schema (and the fuzzer, which reads it) sees the routes as before.
+
+As served (``main.py``), :class:`Front` also takes them past FastAPI's middleware stack.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from typing import TypeVar
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ValidationError
-from starlette.routing import BaseRoute, Route
+from starlette.middleware.exceptions import ExceptionMiddleware
+from starlette.routing import BaseRoute, Match, Route
+from starlette.types import Receive, Scope, Send
 
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import ExecRequest, ExecResult, Lease, LeaseRequest
@@ -34,13 +38,39 @@ JSON = "application/json"
 
 def install(app: FastAPI) -> None:
     """Serve the hot routes ahead of the FastAPI ones, and document them."""
-    routes: list[BaseRoute] = [
+    app.router.routes[:0] = _routes()
+    _document(app)
+
+
+def _routes() -> list[BaseRoute]:
+    return [
         Route("/leases", create_lease, methods=["POST"]),
         Route("/leases/{lease_id}", release, methods=["DELETE"]),
         Route("/leases/{lease_id}/exec", exec_, methods=["POST"]),
     ]
-    app.router.routes[:0] = routes
-    _document(app)
+
+
+class Front:
+    """The broker's ASGI app as served: a request for a hot route goes straight to it, inside the
+    app's own exception handlers (Starlette's ``ExceptionMiddleware`` given ``app.exception_handlers``);
+    every other request, and the lifespan, goes to the FastAPI app. What it skips per call is
+    FastAPI's middleware stack (telemetry, body limit, two exit stacks, the server-error layer) and
+    its router's scan."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+        self.hot = [(route, ExceptionMiddleware(route.handle, handlers=app.exception_handlers)) for route in _routes()]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            for route, guarded in self.hot:
+                match, child = route.matches(scope)
+                if match is Match.FULL:
+                    scope.update(child)
+                    scope["app"] = self.app  # what ``request.app`` reads
+                    await guarded(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
 
 
 async def create_lease(request: Request) -> Response:

@@ -10,10 +10,11 @@ import logging
 
 import uvicorn
 
-from services.runtime.http_errors import ErrorBodyHttp
+from services.runtime.http_writes import BatchedWritesHttp
 from services.runtime.limits import raise_fd_limit
 from services.runtime.logs import configure_logging
 from services.runtime.redis_server import redis_url_or_embedded
+from services.sandbox_broker import hot_routes
 from services.sandbox_broker.app import create_app
 from services.sandbox_broker.settings import BrokerSettings
 
@@ -24,8 +25,8 @@ def run(settings: BrokerSettings) -> int:
     configure_logging(settings.log_level)
     raise_fd_limit()
     with redis_url_or_embedded(settings.redis_url) as redis_url:
-        app = create_app(settings, redis_url)
+        app = hot_routes.Front(create_app(settings, redis_url))
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
-                                timeout_keep_alive=30, loop="asyncio", http=ErrorBodyHttp)  # fmt: skip
+                                timeout_keep_alive=30, loop="asyncio", http=BatchedWritesHttp)  # fmt: skip
         uvicorn.Server(config).run()
     return 0

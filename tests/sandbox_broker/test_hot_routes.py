@@ -58,10 +58,15 @@ async def http(redis_url: str) -> AsyncIterator[tuple[httpx.AsyncClient, Recordi
     app = FastAPI()
     install_error_handlers(app)
     hot_routes.install(app)
+
+    @app.get("/leases/{lease_id}")
+    async def other_route(lease_id: str) -> dict[str, str]:  # a FastAPI route: reached through the front
+        return {"fastapi": lease_id}
+
     broker = RecordingBroker()
     app.state.broker, app.state.redis = broker, client
     app.state.auth = Authenticator(TokenSet(), TokenSet.parse(SERVICE))
-    transport = httpx.ASGITransport(app=app)
+    transport = httpx.ASGITransport(app=hot_routes.Front(app))  # as served (main.py)
     async with httpx.AsyncClient(transport=transport, base_url="http://broker") as http:
         yield http, broker
     await client.aclose()
@@ -139,3 +144,12 @@ async def test_callers_are_checked_as_before(http: tuple[httpx.AsyncClient, Any]
     assert foreign.status_code == 403 and foreign.json()["error"]["code"] == "forbidden"
     mine = await client.post(f"/leases/{own.json()['id']}/exec", json={"shell": "true"}, headers=_as(JOB_A))
     assert mine.status_code == 200
+
+
+async def test_other_requests_reach_the_fastapi_app(http: tuple[httpx.AsyncClient, Any]) -> None:
+    client, _ = http
+    assert (await client.get("/leases/x")).json() == {"fastapi": "x"}
+    wrong_method = await client.get("/leases/x/exec")
+    assert wrong_method.status_code == 405 and "error" in wrong_method.json()
+    unknown = await client.post("/nowhere", json={})
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
