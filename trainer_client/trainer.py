@@ -122,7 +122,8 @@ class Trainer:
         return shared
 
     def train(self, batch: Batch) -> StepStats:
-        stats = self.learner.step(batch.samples, self.state.step + 1)
+        # the learning-rate schedule (warm-up, decay) counts GRPO steps: SFT ran at its own constant rate
+        stats = self.learner.step(batch.samples, self.grpo_step + 1)
         self.state.step += 1
         self.state.lineage.extend(self.state.epoch, self.state.step)
         self.state.version = version_label(self.state.step, self.state.epoch)

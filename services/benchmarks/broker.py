@@ -1,9 +1,11 @@
 """``rollout bench broker``: L concurrent leases, each running a few commands, then released.
 
 Phases, in one run against one broker process: cold leases (resources unlike the warm pool's),
-warm leases (taken from a pool of L), the exec overhead (the same command through the broker and
-directly on the bare backend, sequentially), then a kill -9 of the broker while leases are held
-and commands are running, a restart, and a count of sandboxes left behind.
+warm leases (taken from a pool of L, all at once: ``warm_lease_*``), the same L warm episodes
+started one at a time at ``--paced-rate`` per second (``warm_lease_paced_*``), the exec overhead
+(the same command through the broker and directly on the bare backend, sequentially), then a
+kill -9 of the broker while leases are held and commands are running, a restart, and a count of
+sandboxes left behind.
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.benchmarks.broker_load import Load, leftover_processes, leftover_sandboxes, run_leases
+from services.benchmarks.broker_load import (
+    Load,
+    Outcome,
+    leftover_processes,
+    leftover_sandboxes,
+    run_leases,
+    run_paced,
+)
 from services.benchmarks.broker_procs import Proc, python_proc
 from services.benchmarks.procstat import session_cpu_s
 from services.benchmarks.report import percentile, write_json
@@ -39,6 +48,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--egress-leases", type=int, default=None,
                    help="concurrent cold leases with egress (own netns, NAT, rules); default: --leases")  # fmt: skip
     p.add_argument("--exec-samples", type=int, default=100, help="sequential execs for the overhead figure")
+    p.add_argument("--paced-rate", type=float, default=10.0,
+                   help="warm leases per second in the paced phase (--leases of them, one at a time at this rate; "
+                        "0 skips it)")  # fmt: skip
     p.add_argument("--setup", action="append", default=None,
                    help="setup command of the benchmark's template, run at every cold start (repeatable; "
                         "default: one python3 start)")  # fmt: skip
@@ -125,6 +137,8 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
     egress = await run_leases(load, egress_n, {"template": "bench", "resources": COLD, "network": "egress"})
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
     warm = await run_leases(load, args.leases, {"template": "bench"})
+    await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
+    paced = await _paced(args, load)
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)  # refills done: measure the exec path alone
     cpu_before = _broker_cpu_s(broker)
     via_broker, direct = await load.overhead(settings, args.exec_samples)
@@ -141,14 +155,24 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
         "egress_cold_lease_p99_ms": percentile(egress.start_ms, 99),
         "egress_exec_under_load_p50_ms": percentile(egress.exec_ms, 50),
         "warm_hits": warm.warm, "cold_hits": cold.warm,
+        # the same warm episodes, started one at a time at --paced-rate per second instead of all at once
+        "paced_rate_per_s": args.paced_rate, "paced_leases": len(paced.start_ms) + paced.errors,
+        "warm_lease_paced_p50_ms": percentile(paced.start_ms, 50),
+        "warm_lease_paced_p99_ms": percentile(paced.start_ms, 99), "paced_warm_hits": paced.warm,
         "exec_under_load_p50_ms": percentile(warm.exec_ms, 50), "exec_under_load_p99_ms": percentile(warm.exec_ms, 99),
         "exec_broker_p50_ms": percentile(via_broker, 50), "exec_direct_p50_ms": percentile(direct, 50),
         "exec_overhead_p50_ms": percentile([b - d for b, d in zip(via_broker, direct, strict=True)], 50),
         "broker_cpu_ms_per_exec": broker_cpu_ms,
-        "errors": cold.errors + egress.errors + warm.errors + recovery["errors_after_restart"],
-        "error_samples": cold.samples + egress.samples + warm.samples,
+        "errors": cold.errors + egress.errors + warm.errors + paced.errors + recovery["errors_after_restart"],
+        "error_samples": cold.samples + egress.samples + warm.samples + paced.samples,
         **recovery,
     }  # fmt: skip
+
+
+async def _paced(args: argparse.Namespace, load: Load) -> Outcome:
+    if args.paced_rate <= 0:
+        return Outcome()
+    return await run_paced(load, args.leases, args.paced_rate, {"template": "bench"})
 
 
 def _broker_cpu_s(broker: Proc) -> float:
@@ -184,7 +208,10 @@ def _report(args: argparse.Namespace, f: dict[str, Any]) -> None:
         {"figure": "cold lease", "p50_ms": f["cold_lease_p50_ms"], "p99_ms": f["cold_lease_p99_ms"]},
         {"figure": f"cold lease, egress ({f['egress_leases']})", "p50_ms": f["egress_cold_lease_p50_ms"],
          "p99_ms": f["egress_cold_lease_p99_ms"]},
-        {"figure": "warm lease", "p50_ms": f["warm_lease_p50_ms"], "p99_ms": f["warm_lease_p99_ms"]},
+        {"figure": f"warm lease, burst of {f['leases']}", "p50_ms": f["warm_lease_p50_ms"],
+         "p99_ms": f["warm_lease_p99_ms"]},
+        {"figure": f"warm lease, paced at {f['paced_rate_per_s']:g}/s", "p50_ms": f["warm_lease_paced_p50_ms"],
+         "p99_ms": f["warm_lease_paced_p99_ms"]},
         {"figure": "exec under load", "p50_ms": f["exec_under_load_p50_ms"], "p99_ms": f["exec_under_load_p99_ms"]},
         {"figure": "exec via broker (seq)", "p50_ms": f["exec_broker_p50_ms"], "p99_ms": float("nan")},
         {"figure": "exec on bare backend (seq)", "p50_ms": f["exec_direct_p50_ms"], "p99_ms": float("nan")},

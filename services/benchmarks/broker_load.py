@@ -147,6 +147,19 @@ async def run_leases(load: Load, n: int, body: dict[str, Any]) -> Outcome:
     return outcome
 
 
+async def run_paced(load: Load, n: int, rate_per_s: float, body: dict[str, Any]) -> Outcome:
+    """n episodes started at a steady rate (not all at once): what one lease costs when leases arrive
+    the way a fleet's episodes start, rather than as one burst."""
+    outcome = Outcome()
+    started = time.monotonic()
+    episodes = []
+    for i in range(n):
+        await asyncio.sleep(max(0.0, started + i / rate_per_s - time.monotonic()))
+        episodes.append(asyncio.create_task(load.episode(body, outcome)))
+    await asyncio.gather(*episodes)
+    return outcome
+
+
 async def leftover_sandboxes(settings: BrokerSettings) -> int:
     """Sandboxes the backend still holds once the broker has stopped (the pool goes with it)."""
     backend = make_backend(settings)

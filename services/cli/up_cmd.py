@@ -27,6 +27,8 @@ def _common(p: argparse.ArgumentParser, work_dir: str) -> None:
     )
     p.add_argument("--redis-url", default=None, help="default: an embedded server")
     p.add_argument("--trainer-ranks", type=int, default=1, help="trainer processes under torchrun (data parallel)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="training jobs sharing the fleet, weights 1:2:..., one pool of engines each")  # fmt: skip
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -49,5 +51,5 @@ def run(args: argparse.Namespace) -> int:
         work_dir=args.work_dir, steps=args.steps, seed=args.seed, json_path=args.json, engines=args.engines,
         concurrency=args.concurrency, sft_steps=args.sft_steps, heldout_tasks=args.heldout,
         eval_every=args.eval_every, redis_url=args.redis_url, trainer_ranks=args.trainer_ranks, lr=args.lr,
-        teacher_accuracy=args.teacher_accuracy,
+        teacher_accuracy=args.teacher_accuracy, jobs=args.jobs,
     ))  # fmt: skip

@@ -35,6 +35,7 @@ class FleetConfig:
     worker_concurrency: int = 32
     context_tokens: int = 65_536  # the engines' context length and the proxy's context cap
     redis_url: str | None = None
+    pools: tuple[str, ...] = (DEFAULT_POOL,)  # engine i serves pools[i % len(pools)]
 
 
 @dataclass
@@ -78,9 +79,9 @@ class Fleet:
                 "--weight-version", "0", "--decode-step-s", "0", "--decode-step-per-request-s", "0",
                 "--prefill-s-per-token", "0", "--context-length", str(cfg.context_tokens),
             ], env, health="/health")  # fmt: skip
-        engine_urls = ",".join(s.url for n, s in self.services.items() if n.startswith("engine-"))
+        pools = ";".join(f"{pool}={','.join(urls)}" for pool, urls in self.pool_engines().items())
         self._start("proxy", [
-            "proxy", "--port", "{port}", "--workers", str(cfg.proxy_workers), "--engines", engine_urls,
+            "proxy", "--port", "{port}", "--workers", str(cfg.proxy_workers), "--pools", pools,
             "--context-cap", str(cfg.context_tokens), "--max-new-tokens-cap", "512",
         ], env)  # fmt: skip
         self._start("broker", [
@@ -104,15 +105,21 @@ class Fleet:
         self.services[name] = service
         log.info("%-8s %s (log %s)", name, service.url, service.log_path)
 
+    def pool_engines(self) -> dict[str, list[str]]:
+        """Each pool's engine URLs (engine i serves pool i modulo the number of pools)."""
+        engines = [s.url for n, s in self.services.items() if n.startswith("engine-")]
+        pools = self.config.pools
+        return {pool: engines[i :: len(pools)] for i, pool in enumerate(pools)}
+
     def dashboard_url(self) -> str:
         """The dashboard with the admin token in the fragment (never sent to the server, never logged)."""
         return f"{self.url('api')}/ui/#token={self.secrets.admin_token}"
 
-    def create_job(self, job: str, pool: str = DEFAULT_POOL) -> str:
-        """Create ``job`` through the API; returns its bearer token."""
+    def create_job(self, job: str, pool: str = DEFAULT_POOL, weight: float = 1.0) -> str:
+        """Create ``job`` (served by ``pool``, ``weight`` its fair share) through the API; returns its bearer token."""
         response = httpx.post(
             self.url("api") + "/jobs",
-            json={"job": job, "pool": pool},
+            json={"job": job, "pool": pool, "weight": weight},
             headers={"Authorization": f"Bearer {self.secrets.admin_token}"},
             timeout=30,
         )

@@ -20,8 +20,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.fleet import demo, shell_tasks, summary
+from services.fleet import demo, jobs, shell_tasks, summary
 from services.fleet.launcher import Fleet, FleetConfig
+from services.protocol.tasks import DEFAULT_POOL
 from services.runtime.processes import REPO_ROOT, python_env
 
 log = logging.getLogger(__name__)
@@ -49,25 +50,58 @@ class UpOptions:
     shape: demo.ModelShape = field(default_factory=demo.ModelShape)
     redis_url: str | None = None
     trainer_ranks: int = 1  # > 1: the trainer runs under torchrun (data parallel; NCCL on GPUs, gloo on CPU)
+    jobs: int = 1  # > 1: that many training jobs share the fleet, each with its own pool of engines, weights 1:2:..
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One training job of the run: its evaluation job, its pool of engines, its fair-share weight."""
+
+    name: str
+    eval_job: str
+    pool: str
+    weight: float
+    work_dir: Path  # its trainer writes <work_dir>/trainer
+
+    @property
+    def trainer_dir(self) -> Path:
+        return self.work_dir / "trainer"
+
+
+def job_specs(opts: UpOptions) -> list[JobSpec]:
+    if opts.jobs == 1:
+        return [JobSpec(JOB, EVAL_JOB, DEFAULT_POOL, 1.0, opts.work_dir)]
+    return [JobSpec(f"{JOB}-{i}", f"{EVAL_JOB}-{i}", f"{JOB}-{i}", float(i + 1), opts.work_dir / f"job-{i}")
+            for i in range(opts.jobs)]  # fmt: skip
 
 
 def run(opts: UpOptions) -> int:
     # SIGTERM unwinds like Ctrl-C, so that every process started below is stopped too
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.monotonic()
-    model_dir = prepare(opts)
+    specs = job_specs(opts)
+    if opts.engines < len(specs):
+        print(f"error: --jobs {opts.jobs} needs at least that many engines (--engines {opts.engines})", file=sys.stderr)
+        return 2
+    model_dir = prepare(opts, specs)
     fleet = Fleet(FleetConfig(
-        work_dir=opts.work_dir, model_dir=model_dir, engines=opts.engines,
-        worker_concurrency=opts.concurrency, redis_url=opts.redis_url, context_tokens=demo.CONTEXT_TOKENS,
+        work_dir=opts.work_dir, model_dir=model_dir, engines=opts.engines, worker_concurrency=opts.concurrency,
+        redis_url=opts.redis_url, context_tokens=demo.CONTEXT_TOKENS, pools=tuple(s.pool for s in specs),
     ))  # fmt: skip
     fleet.start()
     try:
-        tokens = {job: fleet.create_job(job) for job in (JOB, EVAL_JOB)}
+        envs = [trainer_env(fleet, opts, model_dir, spec) for spec in specs]
         print(f"\ndashboard: {fleet.dashboard_url()}\n", flush=True)
-        code = train(fleet, opts, model_dir, tokens)
+        if len(specs) == 1:
+            code = train(opts, envs[0])
+        else:
+            code, shared = jobs.train_together(fleet, specs, [trainer_cmd(opts, env) for env in envs], opts.steps)
     finally:
         fleet.stop()
-    figures = summary.report(opts, time.monotonic() - started)
+    wall_s = time.monotonic() - started
+    if len(specs) > 1:
+        return jobs.report(opts, specs, shared, wall_s) if code == 0 else code
+    figures = summary.report(opts, wall_s)
     if code == 0 and opts.steps > 0 and not figures["steps"]:
         print(
             "error: the trainer exited without recording a GRPO step (see its log above: usually no complete "
@@ -78,10 +112,10 @@ def run(opts: UpOptions) -> int:
     return code
 
 
-def prepare(opts: UpOptions) -> Path:
+def prepare(opts: UpOptions, specs: list[JobSpec]) -> Path:
     """Task files, demonstrations and the initial policy; a previous run's trainer state is removed (a fresh run)."""
     model_dir = opts.work_dir / "model-v0"
-    for old in (opts.work_dir / "trainer", model_dir):
+    for old in (*(spec.trainer_dir for spec in specs), model_dir):
         shutil.rmtree(old, ignore_errors=True)
     train_set, heldout = shell_tasks.splits(opts.seed, opts.train_tasks, opts.heldout_tasks)
     demo.write_tasks(opts.work_dir / "tasks.jsonl", train_set)
@@ -91,18 +125,24 @@ def prepare(opts: UpOptions) -> Path:
     return model_dir
 
 
-def train(fleet: Fleet, opts: UpOptions, model_dir: Path, tokens: dict[str, str]) -> int:
+def trainer_env(fleet: Fleet, opts: UpOptions, model_dir: Path, spec: JobSpec) -> dict[str, str]:
+    """Create the job and its evaluation job on the spec's pool; the trainer's environment."""
+    token = fleet.create_job(spec.name, spec.pool, spec.weight)
+    eval_token = fleet.create_job(spec.eval_job, spec.pool)
     w, context = opts.work_dir, str(demo.CONTEXT_TOKENS)
     env = {
-        "ROLLOUT_TRAIN_JOB": JOB, "ROLLOUT_TRAIN_REDIS_URL": fleet.redis_url,
-        "ROLLOUT_TRAIN_API_URL": fleet.url("api"), "ROLLOUT_TRAIN_API_TOKEN": tokens[JOB],
-        "ROLLOUT_TRAIN_PROXY_URL": fleet.url("proxy"), "ROLLOUT_TRAIN_PROXY_TOKEN": tokens[JOB],
+        "ROLLOUT_TRAIN_JOB": spec.name, "ROLLOUT_TRAIN_REDIS_URL": fleet.redis_url,
+        "ROLLOUT_TRAIN_API_URL": fleet.url("api"), "ROLLOUT_TRAIN_API_TOKEN": token,
+        "ROLLOUT_TRAIN_PROXY_URL": fleet.url("proxy"), "ROLLOUT_TRAIN_PROXY_TOKEN": token,
         "ROLLOUT_TRAIN_TASKS_PATH": str(w / "tasks.jsonl"),
         "ROLLOUT_TRAIN_INIT_FROM": str(model_dir), "ROLLOUT_TRAIN_TOKENIZER_DIR": str(model_dir),
-        "ROLLOUT_TRAIN_WORK_DIR": str(w / "trainer"), "ROLLOUT_TRAIN_MAX_STEPS": str(opts.steps),
+        "ROLLOUT_TRAIN_WORK_DIR": str(spec.trainer_dir), "ROLLOUT_TRAIN_MAX_STEPS": str(opts.steps),
         "ROLLOUT_TRAIN_GROUP_SIZE": str(opts.group_size), "ROLLOUT_TRAIN_BATCH_GROUPS": str(opts.batch_groups),
         "ROLLOUT_TRAIN_MAX_STALENESS": "1", "ROLLOUT_TRAIN_MAX_SEQ_LEN": context,
         "ROLLOUT_TRAIN_OPTIM__LR": str(opts.lr), "ROLLOUT_TRAIN_CHECKPOINT_EVERY": "1000",
+        # cosine decay to a tenth of the rate by the last step: late steps refine instead of drifting
+        "ROLLOUT_TRAIN_OPTIM__DECAY": "cosine", "ROLLOUT_TRAIN_OPTIM__DECAY_STEPS": str(max(1, opts.steps)),
+        "ROLLOUT_TRAIN_OPTIM__MIN_LR": str(opts.lr / 10),
         # the whole step in one padded micro-batch (sequences are all ~240 tokens, so padding them costs
         # little and one batched forward far less than one per sequence; the measured recipe) and one
         # thread (the engines share the cores; two threads each oversubscribe them)
@@ -114,18 +154,26 @@ def train(fleet: Fleet, opts: UpOptions, model_dir: Path, tokens: dict[str, str]
         "ROLLOUT_TRAIN_SFT__PATH": str(w / "sft.jsonl"), "ROLLOUT_TRAIN_SFT__STEPS": str(opts.sft_steps),
         "ROLLOUT_TRAIN_SFT__SEED": str(opts.seed),
         "ROLLOUT_TRAIN_EVALUATION__TASKS_PATH": str(w / "heldout.jsonl"),
-        "ROLLOUT_TRAIN_EVALUATION__JOB": EVAL_JOB, "ROLLOUT_TRAIN_EVALUATION__TOKEN": tokens[EVAL_JOB],
+        "ROLLOUT_TRAIN_EVALUATION__JOB": spec.eval_job, "ROLLOUT_TRAIN_EVALUATION__TOKEN": eval_token,
         "ROLLOUT_TRAIN_EVALUATION__EVERY": str(opts.eval_every),
         # every evaluation of the run uses the same sampling seeds (task t: seed + t): versions are
         # compared on the same random draws (a paired comparison), and each task has draws of its own
         "ROLLOUT_TRAIN_EVALUATION__SEED": str(opts.seed * 1000),
         **opts.shape.trainer_env(),
     }  # fmt: skip
-    log.info("training job %r: SFT %d steps, then GRPO %d steps on %d rank(s) (trainer log: stdout)", JOB,
-             opts.sft_steps, opts.steps, opts.trainer_ranks)  # fmt: skip
-    proc = subprocess.run(trainer_argv(opts.trainer_ranks), cwd=REPO_ROOT, env=python_env({**os.environ, **env}),
-                          check=False)  # fmt: skip
-    return proc.returncode
+    log.info("training job %r (pool %r, weight %g): SFT %d steps, then GRPO %d steps on %d rank(s)", spec.name,
+             spec.pool, spec.weight, opts.sft_steps, opts.steps, opts.trainer_ranks)  # fmt: skip
+    return env
+
+
+def trainer_cmd(opts: UpOptions, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    return trainer_argv(opts.trainer_ranks), python_env({**os.environ, **env})
+
+
+def train(opts: UpOptions, env: dict[str, str]) -> int:
+    """One trainer, its log on stdout."""
+    argv, full_env = trainer_cmd(opts, env)
+    return subprocess.run(argv, cwd=REPO_ROOT, env=full_env, check=False).returncode
 
 
 def trainer_argv(ranks: int) -> list[str]:

@@ -186,6 +186,12 @@ def backend_leases(backend: str) -> str:
     return f"{PREFIX}:broker:{{leases}}:backend:{backend}"
 
 
+def leases_ended() -> str:
+    """Pub/sub channel: the id of every lease that ends (claimed for release or reaping), so that
+    each broker replica drops its cached copy of the record."""
+    return f"{PREFIX}:broker:{{leases}}:ended"
+
+
 def broker_instance(instance: str) -> str:
     """String with a short TTL: the broker replica is alive (its pool sandboxes are its own)."""
     return f"{PREFIX}:broker:{{leases}}:instance:{instance}"

@@ -44,11 +44,12 @@ class Admission:
 
     async def admit(self, job: str, reserve: Reserve, wait_s: float) -> None:
         """Return once ``reserve`` succeeded; raise 429 (job quota) or 503 (capacity) after ``wait_s``."""
+        reason = GLOBAL_FULL
         if not self._queues:
             reason = await reserve()
             if reason == ADMITTED:
                 return
-        waiter = _Waiter(job, reserve)
+        waiter = _Waiter(job, reserve, reason=reason)  # a refusal at once (wait_s 0) names this reason
         self._enqueue(waiter)
         self.poke()
         try:

@@ -13,20 +13,13 @@ from fastapi.responses import StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.protocol.errors import PlatformError
-from services.protocol.sandboxes import ExecChunk, ExecRequest, ExecResult, Lease, LeaseRequest, RenewRequest, Template
+from services.protocol.sandboxes import ExecChunk, ExecRequest, Lease, RenewRequest, Template
 from services.protocol.status import ErrorCode
 from services.runtime.http_errors import install_error_handlers
 from services.runtime.redis_pool import observe_pools, open_redis
 from services.runtime.settings import RedisSettings
-from services.sandbox_broker.auth import (
-    Caller,
-    authenticator,
-    caller_of,
-    hide_others,
-    lease_scope,
-    listed_job,
-    own_request,
-)
+from services.sandbox_broker import hot_routes
+from services.sandbox_broker.auth import Caller, authenticator, hide_others, lease_access, listed_job, sandbox_access
 from services.sandbox_broker.backends import make_backend
 from services.sandbox_broker.broker import Broker
 from services.sandbox_broker.leases import LeaseStore
@@ -70,6 +63,7 @@ def create_app(settings: BrokerSettings, redis_url: str) -> FastAPI:
     app = FastAPI(title="rollout sandbox broker", lifespan=lifespan)
     install_error_handlers(app, lambda code: metrics.errors.labels(code.value).inc())
     _install_routes(app, settings, metrics)
+    hot_routes.install(app)  # lease, exec, release: without FastAPI's per-request machinery
     return app
 
 
@@ -82,24 +76,14 @@ BrokerDep = Annotated[Broker, Depends(_broker)]
 
 
 async def _lease_id(lease_id: str, caller: Caller, broker: BrokerDep) -> str:
-    """The path's lease id, once the caller may see it (a job token: its own job's leases only)."""
-    if caller.role == "job":
-        hide_others(caller, await broker.get(lease_id))
-    return lease_id
+    return await lease_access(lease_id, caller, broker)
 
 
 LeaseId = Annotated[str, Depends(_lease_id)]
 
 
 async def _sandbox_lease_id(lease_id: str, request: Request, broker: BrokerDep) -> str:
-    """Exec and file routes: :data:`LeaseId`'s callers, or a lease token on its own lease only
-    (another lease is 404, as one that does not exist)."""
-    scoped = await lease_scope(request)
-    if scoped is None:
-        return await _lease_id(lease_id, await caller_of(request), broker)
-    if scoped != lease_id:
-        raise PlatformError(ErrorCode.LEASE_NOT_FOUND, f"no lease {lease_id!r}")
-    return lease_id
+    return await sandbox_access(lease_id, request, broker)
 
 
 SandboxLeaseId = Annotated[str, Depends(_sandbox_lease_id)]  # exec and files: a lease token too
@@ -116,10 +100,6 @@ def _install_routes(app: FastAPI, settings: BrokerSettings, metrics: BrokerMetri
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/leases", status_code=201)
-    async def create_lease(body: LeaseRequest, broker: BrokerDep, caller: Caller) -> Lease:
-        return await broker.create_lease(own_request(caller, body))
-
     @app.get("/leases")
     async def list_leases(broker: BrokerDep, caller: Caller, job: str | None = None) -> list[Lease]:
         return await broker.list(listed_job(caller, job))
@@ -131,16 +111,6 @@ def _install_routes(app: FastAPI, settings: BrokerSettings, metrics: BrokerMetri
     @app.post("/leases/{lease_id}/renew")
     async def renew(lease_id: LeaseId, body: RenewRequest, broker: BrokerDep) -> Lease:
         return await broker.renew(lease_id, body.ttl_s)
-
-    @app.delete("/leases/{lease_id}", status_code=204)
-    async def release(lease_id: LeaseId, broker: BrokerDep) -> Response:
-        await broker.release(lease_id)
-        return Response(status_code=204)
-
-    @app.post("/leases/{lease_id}/exec", response_model=ExecResult)
-    async def exec_(lease_id: SandboxLeaseId, body: ExecRequest, broker: BrokerDep) -> Response:
-        result = await broker.exec(lease_id, body)  # the hot path: serialized once, not re-validated
-        return Response(result.model_dump_json(), media_type="application/json")
 
     @app.post("/leases/{lease_id}/exec/stream")
     async def exec_stream(lease_id: SandboxLeaseId, body: ExecRequest, broker: BrokerDep) -> StreamingResponse:

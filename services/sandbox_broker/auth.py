@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import redis.asyncio as aioredis
 from fastapi import Depends, Request
@@ -20,6 +20,9 @@ from services.protocol.sandboxes import Lease, LeaseRequest
 from services.protocol.status import ErrorCode
 from services.runtime.auth import Authenticator, Principal, TokenSet, lease_of_token
 from services.sandbox_broker.settings import BrokerSettings
+
+if TYPE_CHECKING:
+    from services.sandbox_broker.broker import Broker
 
 
 def authenticator(settings: BrokerSettings) -> Authenticator:
@@ -48,6 +51,24 @@ async def lease_scope(request: Request) -> str | None:
         return None
     client: aioredis.Redis = request.app.state.redis
     return await lease_of_token(client, header[7:].strip())
+
+
+async def lease_access(lease_id: str, caller: Principal, broker: Broker) -> str:
+    """The lease id, once the caller may see it (a job token: its own job's leases only)."""
+    if caller.role == "job":
+        hide_others(caller, await broker.get(lease_id))
+    return lease_id
+
+
+async def sandbox_access(lease_id: str, request: Request, broker: Broker) -> str:
+    """Exec and file routes: :func:`lease_access`'s callers, or a lease token on its own lease only
+    (another lease is 404, as one that does not exist)."""
+    scoped = await lease_scope(request)
+    if scoped is None:
+        return await lease_access(lease_id, await caller_of(request), broker)
+    if scoped != lease_id:
+        raise PlatformError(ErrorCode.LEASE_NOT_FOUND, f"no lease {lease_id!r}")
+    return lease_id
 
 
 def hide_others(caller: Principal, lease: Lease) -> Lease:

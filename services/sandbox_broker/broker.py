@@ -4,6 +4,7 @@ start), exec, files, renew, release."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -26,6 +27,7 @@ from services.sandbox_broker.backends.base import (
     SandboxSpec,
 )
 from services.sandbox_broker.forks import SetUp, SharedSetups
+from services.sandbox_broker.lease_cache import LeaseCache
 from services.sandbox_broker.leases import LeaseRecord, LeaseStore
 from services.sandbox_broker.metrics import BrokerMetrics
 from services.sandbox_broker.pools import PoolKey, Pools
@@ -56,16 +58,19 @@ class Broker:
         self.bucket = TokenBucket(settings.create_rate, settings.create_burst)
         self.capabilities: dict[str, Any] = {}
         self.setups = SharedSetups(backend, settings.shared_setup_ttl_s)
+        self.cache = LeaseCache(store.client)
 
     async def start(self) -> None:
         self.capabilities = await self.backend.start()
         self.metrics.lease_limit.set(self.settings.max_leases)
+        self.cache.start()
 
     def start_pools(self, templates: list[Template]) -> None:
         for template in templates:
             self.pools.ensure(template)
 
     async def close(self) -> None:
+        await self.cache.close()
         await self.admission.close()
         await self.pools.close(self.settings.create_timeout_s)
         await self.setups.close()
@@ -77,40 +82,89 @@ class Broker:
         started = time.monotonic()
         template = await self.templates.get(request.template)
         lease_id = "lse-" + secrets.token_hex(12)
+        warm = await self._warm_lease(lease_id, template, request, started)
+        if warm is not None:
+            return warm
         await self._admit(lease_id, request)
         self.metrics.lease_wait.observe(time.monotonic() - started)
         try:
-            sandbox, warm, setup = await self._set_up_sandbox(lease_id, template, request)
+            sandbox, warm_hit, setup = await self._set_up_sandbox(lease_id, template, request)
         except BaseException:
             await self._abandon(lease_id)
             raise
-        start_s = time.monotonic() - started
-        lease = Lease(
-            id=lease_id, template=template.name, backend=self.backend.name, job=request.job,
-            sandbox_id=sandbox.sandbox_id, expires_at=time.time() + request.ttl_s, warm=warm, start_s=start_s,
-            workdir=sandbox.workdir, labels=request.labels, setup_s=setup.setup_s if setup else 0.0,
-            setup_shared=setup.shared if setup else False,
-        )  # fmt: skip
+        record = LeaseRecord(self._lease(lease_id, template, request, sandbox, warm_hit, setup, started),
+                             request.network, self.instance)  # fmt: skip
+        epoch = self.cache.epoch
         try:
-            activated = await self.store.activate(LeaseRecord(lease, request.network, self.instance))
+            activated = await self.store.activate(record)
         finally:
             self.pools.settled(sandbox.sandbox_id)
         if not activated:
             await self.backend.destroy(sandbox.sandbox_id)
             raise PlatformError(ErrorCode.CONFLICT, f"lease {lease_id} was released while starting")
-        await self.backend.keepalive(sandbox.sandbox_id, request.ttl_s + self.settings.ttl_grace_s)
-        self.metrics.lease_start.labels(self.backend.name, "warm" if warm else "cold").observe(start_s)
+        return await self._handed_out(record, template, epoch)
+
+    async def _warm_lease(self, lease_id: str, template: Template, request: LeaseRequest,
+                          started: float) -> Lease | None:  # fmt: skip
+        """The warm path: a pooled sandbox, admitted and recorded in one Redis round trip. None (the
+        request takes the queue and the cold path) when others wait for capacity, the pool is empty, or
+        the limits refuse it (the sandbox goes back to its pool)."""
+        key = self._pool_key(template, request)
+        if key is None or request.setup is not None or self.admission.waiting:
+            return None
+        sandbox = self.pools.take(key)
+        if sandbox is None:
+            return None
+        record = LeaseRecord(self._lease(lease_id, template, request, sandbox, True, None, started),
+                             request.network, self.instance)  # fmt: skip
+        epoch = self.cache.epoch
+        try:
+            refused = await self.store.reserve_live(record, self._limits())
+        except BaseException:
+            self.pools.settled(sandbox.sandbox_id)  # the script may have run: never pooled again (the reaper's)
+            raise
+        if refused:
+            self.pools.give_back(key, sandbox)
+            return None
+        self.pools.settled(sandbox.sandbox_id)
+        self.metrics.lease_wait.observe(time.monotonic() - started)
+        return await self._handed_out(record, template, epoch)
+
+    async def _handed_out(self, record: LeaseRecord, template: Template, epoch: int) -> Lease:
+        lease = record.lease
+        self.cache.put(record, epoch)
+        await self.backend.keepalive(lease.sandbox_id, lease.expires_at - time.time() + self.settings.ttl_grace_s)
+        self.metrics.lease_start.labels(self.backend.name, "warm" if lease.warm else "cold").observe(lease.start_s)
+        if lease.warm:
+            self.pools.hit(PoolKey.of(template.name, template.resources))
         return lease
 
+    def _lease(self, lease_id: str, template: Template, request: LeaseRequest, sandbox: Sandbox, warm: bool,
+               setup: SetUp | None, started: float) -> Lease:  # fmt: skip
+        return Lease(
+            id=lease_id, template=template.name, backend=self.backend.name, job=request.job,
+            sandbox_id=sandbox.sandbox_id, expires_at=time.time() + request.ttl_s, warm=warm,
+            start_s=time.monotonic() - started, workdir=sandbox.workdir, labels=request.labels,
+            setup_s=setup.setup_s if setup else 0.0, setup_shared=setup.shared if setup else False,
+        )  # fmt: skip
+
+    def _limits(self) -> tuple[int, int, int]:
+        return self.settings.max_leases, self.settings.max_backend_leases, self.settings.job_quota
+
+    @staticmethod
+    def _pool_key(template: Template, request: LeaseRequest) -> PoolKey | None:
+        """The warm pool a request can be served from (its template's own resources, no network)."""
+        if request.network == "none" and request.resources == template.resources:
+            return PoolKey.of(template.name, template.resources)
+        return None
+
     async def _admit(self, lease_id: str, request: LeaseRequest) -> None:
-        s = self.settings
-        deadline = time.time() + request.wait_s + s.create_timeout_s
-        limits = (s.max_leases, s.max_backend_leases, s.job_quota)
+        deadline = time.time() + request.wait_s + self.settings.create_timeout_s
 
         async def reserve() -> int:
             return await self.store.reserve(
                 lease_id, job=request.job, backend=self.backend.name, owner=self.instance, deadline=deadline,
-                limits=limits,
+                limits=self._limits(),
             )  # fmt: skip
 
         self.metrics.queue.set(self.admission.waiting)
@@ -138,8 +192,9 @@ class Broker:
         return setup.sandbox, warm, setup
 
     async def _sandbox_for(self, lease_id: str, template: Template, request: LeaseRequest) -> tuple[Sandbox, bool]:
-        if request.network == "none" and request.resources == template.resources:
-            pooled = self.pools.take(PoolKey.of(template.name, template.resources))
+        key = self._pool_key(template, request)
+        if key is not None:
+            pooled = self.pools.take(key)
             if pooled is not None:
                 return pooled, True
         return await self._cold(lease_id, template, request), False
@@ -184,22 +239,33 @@ class Broker:
         return (await self.live(lease_id)).lease
 
     async def live(self, lease_id: str) -> LeaseRecord:
+        """The lease's record (from this process's cache when it may be trusted: ``lease_cache.py``)."""
+        now = time.time()
+        record = self.cache.get(lease_id, now)
+        if record is not None:
+            self.metrics.lease_cache_hits.inc()
+            return record
+        epoch = self.cache.epoch
         record = await self.store.get(lease_id)
-        if record is None or record.lease.expires_at < time.time():
+        if record is None or record.lease.expires_at < now:
             raise PlatformError(ErrorCode.LEASE_NOT_FOUND, f"no live lease {lease_id}")
+        self.cache.put(record, epoch)
         return record
 
     async def renew(self, lease_id: str, ttl_s: float) -> Lease:
         record = await self.live(lease_id)
         lease = record.lease.model_copy(update={"expires_at": time.time() + ttl_s})
+        epoch = self.cache.epoch
         if not await self.store.renew(lease):
             raise PlatformError(ErrorCode.LEASE_NOT_FOUND, f"lease {lease_id} ended")
+        self.cache.put(dataclasses.replace(record, lease=lease), epoch)
         await self.backend.keepalive(lease.sandbox_id, ttl_s + self.settings.ttl_grace_s)
         return lease
 
     async def release(self, lease_id: str) -> bool:
         """Destroy the lease's sandbox; False when it was already gone (release is idempotent)."""
         claimed = await self.store.claim(lease_id)
+        self.cache.drop(lease_id)  # every replica drops it on the claim's announcement; this one at once
         if claimed is False:
             return False
         try:

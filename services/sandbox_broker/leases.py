@@ -19,7 +19,8 @@ from services.protocol import keys
 from services.protocol.sandboxes import Lease
 
 # KEYS: index, job set, backend set, record. ARGV: id, deadline, max global, max backend, max job,
-# job, backend, owner, record ttl ms. Returns 0 admitted, 1 global full, 2 backend full, 3 job full.
+# job, backend, owner, record ttl ms, then field/value pairs of a lease that goes live at once (a warm
+# sandbox in hand: one round trip). Returns 0 admitted, 1 global full, 2 backend full, 3 job full.
 _ADMIT = """
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 1 end
 if redis.call('SCARD', KEYS[3]) >= tonumber(ARGV[4]) then return 2 end
@@ -28,6 +29,7 @@ redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('SADD', KEYS[2], ARGV[1])
 redis.call('SADD', KEYS[3], ARGV[1])
 redis.call('HSET', KEYS[4], 'job', ARGV[6], 'backend', ARGV[7], 'owner', ARGV[8], 'state', 'reserved')
+for i = 10, #ARGV, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
 redis.call('PEXPIRE', KEYS[4], ARGV[9])
 return 0
 """
@@ -43,8 +45,9 @@ redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 1
 """
 
-# KEYS: index, record. ARGV: id, max score ("+inf" for a release), key prefixes of job/backend sets.
-# Removes the lease from the index and its sets; returns 1 only to the one caller that did.
+# KEYS: index, record. ARGV: id, max score ("+inf" for a release), key prefixes of job/backend sets, the
+# channel of ended leases. Removes the lease from the index and its sets and announces its end (every
+# replica drops its cached record, ``lease_cache.py``); returns 1 only to the one caller that did.
 _CLAIM = """
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score or tonumber(score) > tonumber(ARGV[2]) then return 0 end
@@ -54,6 +57,7 @@ local backend = redis.call('HGET', KEYS[2], 'backend')
 if job then redis.call('SREM', ARGV[3] .. job, ARGV[1]) end
 if backend then redis.call('SREM', ARGV[4] .. backend, ARGV[1]) end
 redis.call('HSET', KEYS[2], 'state', 'closing')
+redis.call('PUBLISH', ARGV[5], ARGV[1])
 return 1
 """
 
@@ -63,6 +67,7 @@ class LeaseRecord:
     lease: Lease
     network: str
     owner: str
+    state: str = "live"  # "closing" once claimed for release or reaping
 
 
 class LeaseStore:
@@ -76,23 +81,31 @@ class LeaseStore:
         self._claim = client.register_script(_CLAIM)
         job_prefix = keys.job_leases("")
         backend_prefix = keys.backend_leases("")
-        self._prefixes = (job_prefix, backend_prefix)
+        self._prefixes = (job_prefix, backend_prefix, keys.leases_ended())
 
     async def reserve(
         self, lease_id: str, *, job: str, backend: str, owner: str, deadline: float, limits: tuple[int, int, int]
     ) -> int:
         """Count a lease against the limits before its sandbox exists; 0 when admitted (see ``_ADMIT``)."""
+        return await self._reserve(lease_id, job, backend, owner, deadline, limits, {})
+
+    async def reserve_live(self, record: LeaseRecord, limits: tuple[int, int, int]) -> int:
+        """Admit and store a lease whose sandbox is already in hand, in one round trip; 0 when admitted."""
+        lease = record.lease
+        return await self._reserve(lease.id, lease.job, lease.backend, record.owner, lease.expires_at, limits,
+                                   _live_fields(record))  # fmt: skip
+
+    async def _reserve(self, lease_id: str, job: str, backend: str, owner: str, deadline: float,
+                       limits: tuple[int, int, int], fields: dict[str, str]) -> int:  # fmt: skip
         ttl_ms = int((deadline - time.time() + self.grace_s) * 1000)
-        args: list[str | int | float] = [lease_id, deadline, *limits, job, backend, owner, max(ttl_ms, 1000)]
+        flat = [x for pair in fields.items() for x in pair]
+        args: list[str | int | float] = [lease_id, deadline, *limits, job, backend, owner, max(ttl_ms, 1000), *flat]
         keys_ = [keys.leases_index(), keys.job_leases(job), keys.backend_leases(backend), keys.lease(lease_id)]
         return int(await self._admit(keys=keys_, args=args))
 
     async def activate(self, record: LeaseRecord) -> bool:
         """Store the ready lease; False when it was released or reaped while its sandbox started."""
-        lease = record.lease
-        fields = {"lease": lease.model_dump_json(), "sandbox_id": lease.sandbox_id, "network": record.network,
-                  "state": "live"}  # fmt: skip
-        return await self._set(lease.id, lease.expires_at, fields)
+        return await self._set(record.lease.id, record.lease.expires_at, _live_fields(record))
 
     async def renew(self, lease: Lease) -> bool:
         return await self._set(lease.id, lease.expires_at, {"lease": lease.model_dump_json()})
@@ -166,6 +179,12 @@ class LeaseStore:
         return counts
 
 
+def _live_fields(record: LeaseRecord) -> dict[str, str]:
+    lease = record.lease
+    return {"lease": lease.model_dump_json(), "sandbox_id": lease.sandbox_id, "network": record.network,
+            "state": "live"}  # fmt: skip
+
+
 def _record(raw: dict[Any, Any]) -> LeaseRecord | None:
     if not raw or b"lease" not in raw:
         return None
@@ -173,6 +192,7 @@ def _record(raw: dict[Any, Any]) -> LeaseRecord | None:
         lease=Lease.model_validate_json(raw[b"lease"]),
         network=raw.get(b"network", b"none").decode(),
         owner=raw.get(b"owner", b"").decode(),
+        state=raw.get(b"state", b"live").decode(),
     )
 
 

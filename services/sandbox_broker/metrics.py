@@ -41,6 +41,8 @@ class BrokerMetrics:
         self.lease_limit = Gauge("rollout_broker_lease_limit", "global lease limit (saturation = leases / limit)",
                                  registry=r)  # fmt: skip
         self.queue = Gauge("rollout_broker_admission_waiting", "lease requests waiting for capacity", registry=r)
+        self.lease_cache_hits = Counter("rollout_broker_lease_cache_hits", "lease lookups answered without Redis "
+                                        "(lease_cache.py)", registry=r)  # fmt: skip
         self.recovered = Counter(
             "rollout_broker_leases_recovered", "live leases found again after a restart", registry=r
         )

@@ -114,18 +114,36 @@ class Pools:
         sandbox = pool.ready.popleft()
         self._lent.add(sandbox.sandbox_id)
         self._observe(pool)
-        self.metrics.pool_hits.labels(key.label).inc()
         return sandbox
+
+    def hit(self, key: PoolKey) -> None:
+        """A lease was recorded with a sandbox of this pool."""
+        self.metrics.pool_hits.labels(key.label).inc()
+
+    def give_back(self, key: PoolKey, sandbox: Sandbox) -> None:
+        """A taken sandbox that no lease got (the limits refused it): first in line again."""
+        self._lent.discard(sandbox.sandbox_id)
+        pool = self._pools.get(key)
+        if pool is None or self._closed:
+            self._destroy_later(sandbox)
+            return
+        pool.ready.appendleft(sandbox)
+        self._observe(pool)
 
     def _discard(self, pool: Pool, sandbox: Sandbox) -> None:
         """Drop a dead pooled sandbox and destroy what is left of it in the background."""
-        with contextlib.suppress(ValueError):
+        try:
             pool.ready.remove(sandbox)
+        except ValueError:
+            return  # handed out while the pool was being checked: the lease's now
         self.metrics.pool_dead.labels(pool.key.label).inc()
+        self._destroy_later(sandbox)
+        self._observe(pool)
+
+    def _destroy_later(self, sandbox: Sandbox) -> None:
         task = asyncio.get_running_loop().create_task(self.backend.destroy(sandbox.sandbox_id))
         self._destroying.add(task)  # keep a reference until it is done
         task.add_done_callback(self._destroying.discard)
-        self._observe(pool)
 
     def settled(self, sandbox_id: str) -> None:
         """The sandbox now belongs to a recorded lease (or was destroyed)."""
@@ -179,6 +197,7 @@ class Pools:
             if not await self.backend.alive(sandbox.sandbox_id):
                 log.warning("warm pool %s: %s is gone; dropping it", pool.key.label, sandbox.sandbox_id)
                 self._discard(pool, sandbox)
+            await asyncio.sleep(0)  # a local check is a few stat calls: let requests in between, not after hundreds
 
     async def _add(self, pool: Pool) -> None:
         pool.creating += 1

@@ -24,3 +24,36 @@ def test_the_cli_defaults_are_the_recipes() -> None:
     o = UpOptions(work_dir=Path("."))
     cli = (up_cmd.STEPS, up_cmd.SFT_STEPS, up_cmd.HELDOUT, up_cmd.EVAL_EVERY, up_cmd.LR, up_cmd.TEACHER)
     assert cli == (o.steps, o.sft_steps, o.heldout_tasks, o.eval_every, o.lr, o.teacher_accuracy)
+
+
+def test_two_jobs_get_their_own_pools_weights_and_directories_one_job_keeps_the_old_layout() -> None:
+    from services.fleet.run import EVAL_JOB, JOB, UpOptions, job_specs
+    from services.protocol.tasks import DEFAULT_POOL
+
+    (one,) = job_specs(UpOptions(work_dir=Path("w")))
+    assert (one.name, one.eval_job, one.pool, one.trainer_dir) == (JOB, EVAL_JOB, DEFAULT_POOL, Path("w/trainer"))
+    specs = job_specs(UpOptions(work_dir=Path("w"), jobs=2))
+    assert [s.weight for s in specs] == [1.0, 2.0]
+    for field in ("name", "eval_job", "pool", "trainer_dir"):
+        assert len({getattr(s, field) for s in specs}) == 2, field
+
+
+def test_a_turn_is_foreign_when_served_outside_the_jobs_pool_or_by_weights_it_never_posted() -> None:
+    from services.fleet.jobs import foreign_turns
+    from tests.trainer.factories import make_trajectory
+
+    own = make_trajectory(version="0", turns=2)  # the factory's turns are served by engine "e0"
+    assert foreign_turns(own, {"e0"}, {"0", "400-e1"}) == 0
+    assert foreign_turns(own, {"e1"}, {"0", "400-e1"}) == 2  # another pool's engine
+    assert foreign_turns(make_trajectory(version="7-e1", turns=3), {"e0"}, {"0", "400-e1"}) == 3
+
+
+def test_more_jobs_than_engines_is_refused_with_what_to_change(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from services.runtime.processes import REPO_ROOT, python_env
+
+    argv = [sys.executable, "-m", "services.cli", "demo", "--work-dir", str(tmp_path), "--jobs", "3", "--engines", "2"]
+    proc = subprocess.run(argv, cwd=REPO_ROOT, env=python_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--jobs 3 needs at least that many engines" in proc.stderr

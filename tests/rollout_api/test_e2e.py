@@ -274,7 +274,7 @@ def test_graceful_shutdown_hands_episodes_back(fleet: Fleet, client: httpx.Clien
     body = {"job": "drain", "tasks": [task("t", "TASK-SLOWSTEP")], "group_size": 2, "limits": {"max_turns": 6}}
     rollout = submit(client, headers, body)
     wait_for("episodes to run", lambda: client.get(f"/rollouts/{rollout}", headers=headers).json()["in_flight"] == 2)
-    leaving.stop()
+    leaving.stop(timeout_s=60)  # SIGTERM; a loaded machine may need more than the default 10 s
     with httpx.Client(base_url=fleet.broker.url, timeout=10.0, headers=bearer(ADMIN)) as broker:
         assert broker.get("/leases", params={"job": "drain"}).json() == []
     status = client.get(f"/rollouts/{rollout}", headers=headers).json()

@@ -54,14 +54,25 @@ def marker_service(address: str) -> Iterator[int]:
     server.settimeout(0.2)
     stop = threading.Event()
 
+    def greet(conn: socket.socket) -> None:
+        # Closing a socket with unread input sends a reset, and a reset that overtakes the
+        # greeting (slirp4netns relays it late under load) discards it: so send, half-close,
+        # and read the prober's bytes until it hangs up before closing.
+        with conn:
+            conn.settimeout(5)
+            conn.sendall(f"{MARKER}\n".encode())
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_WR)
+                while conn.recv(4096):
+                    pass
+
     def serve() -> None:
         while not stop.is_set():
             try:
                 conn, _ = server.accept()
             except TimeoutError:
                 continue
-            with conn:
-                conn.sendall(f"{MARKER}\n".encode())
+            threading.Thread(target=greet, args=(conn,), daemon=True).start()
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -89,7 +100,7 @@ def connect_script(targets: Targets, connect: str, *extra_hosts: str) -> str:
 
 BASH_CONNECT = (
     "timeout 3 bash -c \"exec 3<>/dev/tcp/$1/$2 && echo CONNECTED && printf 'PING\\r\\nGET / HTTP/1.0\\r\\n\\r\\n' >&3 "
-    '&& timeout 1 cat <&3"'
+    '&& timeout 2 cat <&3"'
 )
 BUSYBOX_CONNECT = "printf 'PING\\r\\nGET / HTTP/1.0\\r\\n\\r\\n' | timeout 3 nc $1 $2"
 

@@ -73,3 +73,14 @@ def test_the_refill_target_follows_the_lease_rate() -> None:
     pool.taken_at.extend([now] * 600)
     assert pool.demand(now) == 16
     assert pool.demand(now + 100) == 4  # the window has passed
+
+
+async def test_the_liveness_check_lets_leases_in_and_spares_what_they_took() -> None:
+    backend = CountingBackend()
+    pools, pool = pools_with(backend, ["a", "b"])
+    backend.dead.add("b")
+    check = asyncio.create_task(pools._check_liveness(pool))
+    await asyncio.sleep(0)  # the check looked at "a" and yields before the next one
+    assert [pools.take(KEY), pools.take(KEY)] == [Sandbox("a", {}), Sandbox("b", {})]  # handed out meanwhile
+    await check
+    assert backend.destroyed == [] and list(pool.ready) == []  # "b" is a lease's now: not the pool's to destroy

@@ -1,0 +1,141 @@
+"""The lean lease, exec and release routes (``hot_routes.py``) answer as the FastAPI routes did: the
+same bodies, the same checks of the caller and the same error codes. In-process: the real routes,
+error handlers and authenticator over real Redis, a broker that records what it is asked."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+from fastapi import FastAPI
+
+from services.protocol import keys
+from services.protocol.errors import PlatformError
+from services.protocol.sandboxes import ExecRequest, ExecResult, Lease, LeaseRequest
+from services.protocol.status import ErrorCode
+from services.runtime.auth import Authenticator, TokenSet, hash_token
+from services.runtime.http_errors import install_error_handlers
+from services.sandbox_broker import hot_routes
+
+SERVICE, JOB_A = "svc", "tok-a"
+
+
+class RecordingBroker:
+    def __init__(self) -> None:
+        self.leases: dict[str, Lease] = {}
+        self.calls: list[tuple[str, Any]] = []
+
+    async def create_lease(self, request: LeaseRequest) -> Lease:
+        self.calls.append(("create", request))
+        lease = Lease(id=f"lse-{len(self.leases)}", template=request.template, backend="local", job=request.job,
+                      sandbox_id="s", expires_at=time.time() + request.ttl_s, warm=True, start_s=0.001)  # fmt: skip
+        self.leases[lease.id] = lease
+        return lease
+
+    async def get(self, lease_id: str) -> Lease:
+        if lease_id not in self.leases:
+            raise PlatformError(ErrorCode.LEASE_NOT_FOUND, f"no live lease {lease_id}")
+        return self.leases[lease_id]
+
+    async def release(self, lease_id: str) -> bool:
+        self.calls.append(("release", lease_id))
+        return self.leases.pop(lease_id, None) is not None
+
+    async def exec(self, lease_id: str, request: ExecRequest) -> ExecResult:
+        await self.get(lease_id)
+        self.calls.append(("exec", request))
+        return ExecResult(exit_code=0, stdout="hi\n", stderr="", duration_s=0.001)
+
+
+@pytest.fixture
+async def http(redis_url: str) -> AsyncIterator[tuple[httpx.AsyncClient, RecordingBroker]]:
+    client = aioredis.Redis.from_url(redis_url)
+    await client.hset(keys.job_tokens(), hash_token(JOB_A), "a")
+    app = FastAPI()
+    install_error_handlers(app)
+    hot_routes.install(app)
+    broker = RecordingBroker()
+    app.state.broker, app.state.redis = broker, client
+    app.state.auth = Authenticator(TokenSet(), TokenSet.parse(SERVICE))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://broker") as http:
+        yield http, broker
+    await client.aclose()
+
+
+def _as(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def test_lease_exec_release_answer_the_protocols_bodies(http: tuple[httpx.AsyncClient, Any]) -> None:
+    client, broker = http
+    created = await client.post("/leases", json={"ttl_s": 30, "job": "j"}, headers=_as(SERVICE))
+    assert created.status_code == 201
+    lease = Lease.model_validate_json(created.content)
+    assert lease.job == "j" and broker.calls[0] == ("create", LeaseRequest(ttl_s=30, job="j"))
+    ran = await client.post(f"/leases/{lease.id}/exec", json={"argv": ["true"]}, headers=_as(SERVICE))
+    assert ran.status_code == 200 and ran.headers["content-type"] == "application/json"
+    assert ExecResult.model_validate_json(ran.content).stdout == "hi\n"
+    assert broker.calls[1] == ("exec", ExecRequest(argv=["true"]))
+    released = await client.delete(f"/leases/{lease.id}", headers=_as(SERVICE))
+    assert released.status_code == 204 and released.content == b""
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/exec", {"shell": 5}, "shell"),
+        ("/exec", {"shell": "true", "timeout_s": 0}, "timeout_s"),
+        ("/exec", {"argv": []}, "argv"),
+        ("", {"ttl_s": 0}, "ttl_s"),
+        ("", {"network": "host"}, "network"),
+    ],
+)
+async def test_an_invalid_body_is_422_naming_its_field(
+    http: tuple[httpx.AsyncClient, Any], path: str, body: dict[str, Any], field: str
+) -> None:
+    client, broker = http
+    lease_id = (await broker.create_lease(LeaseRequest())).id
+    url = f"/leases/{lease_id}{path}" if path else "/leases"
+    answer = await client.post(url, json=body, headers=_as(SERVICE))
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["code"] == "validation_error" and answer.json()["error"]["field"] == field
+
+
+@pytest.mark.parametrize(
+    ("content", "content_type"),
+    [(b"{", "application/json"), (b"", "application/json"), (b'{"shell": "true"}', "text/plain"), (b"[]", None)],
+)
+async def test_a_body_that_is_not_a_json_object_is_422(
+    http: tuple[httpx.AsyncClient, Any], content: bytes, content_type: str | None
+) -> None:
+    client, broker = http
+    lease_id = (await broker.create_lease(LeaseRequest())).id
+    headers = {**_as(SERVICE), **({"content-type": content_type} if content_type else {})}
+    answer = await client.post(f"/leases/{lease_id}/exec", content=content, headers=headers)
+    assert answer.status_code == 422 and answer.json()["error"]["code"] == "validation_error"
+    assert [c for c in broker.calls if c[0] == "exec"] == []
+
+
+async def test_callers_are_checked_as_before(http: tuple[httpx.AsyncClient, Any]) -> None:
+    client, broker = http
+    other = (await broker.create_lease(LeaseRequest(job="b"))).id
+    for method, url in (("POST", "/leases"), ("POST", f"/leases/{other}/exec"), ("DELETE", f"/leases/{other}")):
+        anonymous = await client.request(method, url, json={"shell": "true"})
+        assert anonymous.status_code == 401 and anonymous.json()["error"]["code"] == "unauthorized"
+        wrong = await client.request(method, url, json={"shell": "true"}, headers=_as("nope"))
+        assert wrong.status_code == 401
+    for method, url in (("POST", f"/leases/{other}/exec"), ("DELETE", f"/leases/{other}")):
+        hidden = await client.request(method, url, json={"shell": "true"}, headers=_as(JOB_A))
+        assert hidden.status_code == 404 and hidden.json()["error"]["code"] == "lease_not_found"
+    assert other in broker.leases and [c for c in broker.calls if c[0] != "create"] == []
+    own = await client.post("/leases", json={}, headers=_as(JOB_A))
+    assert own.status_code == 201 and own.json()["job"] == "a"  # a job token leases for its own job
+    foreign = await client.post("/leases", json={"job": "b"}, headers=_as(JOB_A))
+    assert foreign.status_code == 403 and foreign.json()["error"]["code"] == "forbidden"
+    mine = await client.post(f"/leases/{own.json()['id']}/exec", json={"shell": "true"}, headers=_as(JOB_A))
+    assert mine.status_code == 200

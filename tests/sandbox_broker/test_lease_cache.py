@@ -1,0 +1,161 @@
+"""The warm path's one Redis round trip, and the lease cache that spares an exec its Redis read:
+brokers in-process over real Redis, with a backend that only records calls (no sandboxes needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, cast
+
+import pytest
+import redis.asyncio as aioredis
+
+from services.protocol.errors import PlatformError
+from services.protocol.sandboxes import Lease, LeaseRequest, Resources
+from services.protocol.status import ErrorCode
+from services.sandbox_broker.backends.base import Backend, Sandbox
+from services.sandbox_broker.broker import Broker
+from services.sandbox_broker.lease_cache import LeaseCache
+from services.sandbox_broker.leases import LeaseRecord, LeaseStore
+from services.sandbox_broker.metrics import BrokerMetrics
+from services.sandbox_broker.pools import Pool, PoolKey
+from services.sandbox_broker.settings import BrokerSettings
+from services.sandbox_broker.templates import Templates, default_template
+
+KEY = PoolKey.of("default", Resources())
+
+
+class RecordingBackend:
+    name = "local"
+
+    def __init__(self) -> None:
+        self.destroyed: list[str] = []
+
+    async def keepalive(self, sandbox_id: str, ttl_s: float) -> None:
+        return None
+
+    async def destroy(self, sandbox_id: str) -> None:
+        self.destroyed.append(sandbox_id)
+
+    async def close(self) -> None:
+        return None
+
+
+BrokerFactory = Callable[..., Awaitable[Broker]]
+
+
+@pytest.fixture
+async def make_broker(redis_url: str) -> AsyncIterator[BrokerFactory]:
+    made: list[Broker] = []
+
+    async def make(pooled: Sequence[str] = (), cache: bool = False, **settings: Any) -> Broker:
+        s = BrokerSettings(allow_anonymous=True, instance=f"b{len(made)}", **settings)
+        client = aioredis.Redis.from_url(redis_url)
+        store = LeaseStore(client, s.ttl_grace_s)
+        broker = Broker(s, cast(Backend, RecordingBackend()), store, Templates(client, default_template(s), "local"),
+                        BrokerMetrics())  # fmt: skip
+        pool = broker.pools._pools[KEY] = Pool(KEY, target=len(pooled))  # no refill task: the test's sandboxes only
+        pool.ready.extend(Sandbox(i, {}) for i in pooled)
+        await broker.templates.get("default")  # read once (then cached), so it is not counted below
+        if cache:
+            broker.cache.start()
+            await _until(lambda: broker.cache.subscribed)
+        made.append(broker)
+        return broker
+
+    yield make
+    for broker in made:
+        await broker.close()
+        await broker.store.client.aclose()
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    """Wait for something another connection delivers (no assertion on how long it took)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never became true"
+        await asyncio.sleep(0.01)
+
+
+def _count_commands(client: aioredis.Redis) -> list[str]:
+    """The commands ``client`` sends from here on (each one round trip)."""
+    sent: list[str] = []
+    send: Callable[..., Awaitable[Any]] = client.execute_command
+
+    async def counted(*args: Any, **options: Any) -> Any:
+        sent.append(str(args[0]).lower())
+        return await send(*args, **options)
+
+    client.execute_command = counted  # type: ignore[method-assign]
+    return sent
+
+
+async def test_a_warm_lease_is_admitted_and_recorded_in_one_round_trip(make_broker: BrokerFactory) -> None:
+    broker = await make_broker(["warm-0", "warm-1"])
+    await broker.create_lease(LeaseRequest(job="j"))  # loads the script into Redis (a first call only)
+    sent = _count_commands(broker.store.client)
+    lease = await broker.create_lease(LeaseRequest(job="j"))
+    assert lease.warm and lease.sandbox_id == "warm-1"
+    assert sent == ["evalsha"]
+    record = await broker.store.get(lease.id)
+    assert record is not None and record.state == "live" and record.lease == lease
+    assert await broker.store.count() == 2 and lease in await broker.store.list("j")
+    assert broker.pools.owned() == set()  # settled: the leases' now, not the pool's
+
+
+async def test_a_warm_lease_the_limits_refuse_goes_back_to_its_pool(make_broker: BrokerFactory) -> None:
+    broker = await make_broker(["warm-1", "warm-2"], job_quota=1)
+    first = await broker.create_lease(LeaseRequest(job="j"))
+    with pytest.raises(PlatformError) as refused:
+        await broker.create_lease(LeaseRequest(job="j", wait_s=0))
+    assert refused.value.code == ErrorCode.QUOTA_EXCEEDED
+    assert [s.sandbox_id for s in broker.pools._pools[KEY].ready] == ["warm-2"]  # first in line again
+    assert await broker.store.count() == 1 and first.sandbox_id == "warm-1"
+    other_job = await broker.create_lease(LeaseRequest(job="k"))
+    assert other_job.warm and other_job.sandbox_id == "warm-2"
+    hits = broker.metrics.pool_hits.labels(KEY.label)._value.get()
+    assert hits == 2  # leases served from the pool, not takes
+
+
+async def test_a_lease_released_on_another_replica_is_refused_here(make_broker: BrokerFactory) -> None:
+    here, there = await make_broker(["warm-1"], cache=True), await make_broker(cache=True)
+    lease = await here.create_lease(LeaseRequest())
+    assert (await there.live(lease.id)).lease == lease  # read from Redis, kept
+    assert (await there.live(lease.id)).lease == lease  # from the cache
+    assert there.metrics.lease_cache_hits._value.get() == 1
+    assert await here.release(lease.id)
+    await _until(lambda: there.cache.get(lease.id, time.time()) is None)  # the claim's announcement arrived
+    with pytest.raises(PlatformError) as gone:
+        await there.live(lease.id)
+    assert gone.value.code == ErrorCode.LEASE_NOT_FOUND
+    with pytest.raises(PlatformError):
+        await here.live(lease.id)  # the releasing replica dropped it at once
+
+
+def _record(lease_id: str, expires_in_s: float = 600.0, state: str = "live") -> LeaseRecord:
+    lease = Lease(id=lease_id, template="default", backend="local", job="j", sandbox_id="s",
+                  expires_at=time.time() + expires_in_s, warm=True, start_s=0.0)  # fmt: skip
+    return LeaseRecord(lease, "none", "b0", state)
+
+
+def test_the_cache_keeps_nothing_it_cannot_trust() -> None:
+    cache = LeaseCache(cast(aioredis.Redis, None))
+    cache.put(_record("a"), cache.epoch)
+    assert cache.get("a", time.time()) is None  # not subscribed: nothing is kept
+    cache.subscribed = True
+    epoch = cache.epoch
+    cache.put(_record("a"), epoch)
+    assert cache.get("a", time.time()) is not None
+    cache.put(_record("b", expires_in_s=-1), epoch)
+    assert cache.get("b", time.time()) is None  # past its expiry: read again
+    cache.put(_record("c", state="closing"), epoch)
+    assert cache.get("c", time.time()) is None  # being torn down
+    cache.drop("d")
+    cache.put(_record("d"), epoch)  # a read that was in flight when its end was announced
+    assert cache.get("d", time.time()) is None
+    cache.epoch += 1  # the subscription changed while this read was in flight
+    cache.put(_record("e"), epoch)
+    assert cache.get("e", time.time()) is None
+    cache._unsubscribed()
+    assert cache.get("a", time.time()) is None and len(cache) == 0  # lost the subscription: forget everything
