@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from aiohttp import web
 
@@ -32,6 +32,7 @@ from services.protocol.gateway import GatewayCall, GatewaySession
 from services.protocol.trajectory import logprobs, token_ids
 
 Route = Literal["chat", "completions", "messages"]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +70,16 @@ class Turns:
         self.pools = pools
         self.metrics = metrics
 
-    async def run(self, request: web.Request, session: GatewaySession, turn: TurnRequest) -> TurnResult:
-        """Open the call, plan its prompt ids, check the caps, generate, record. When this process
-        recorded the session's last call, the plan is made from that and the engine call starts while
-        Redis confirms the guess (``known.py``); a guess Redis does not confirm is planned again."""
+    async def run(
+        self, request: web.Request, session: GatewaySession, turn: TurnRequest, answer: Callable[[TurnResult], T]
+    ) -> T:
+        """Open the call, plan its prompt ids, check the caps, generate, record, and return ``answer``
+        of the result: built while the record is in flight, returned only once it is recorded (a
+        failed record fails the call, so an answer the agent gets is always in the session log).
+
+        When this process recorded the session's last call, the plan is made from that and the engine
+        call starts while Redis confirms the guess (``known.py``); one Redis does not confirm is
+        planned again."""
         started = time.perf_counter()
         guess = self.store.guess(session)
         early = None if guess is None else self._early(request, session, turn, guess)
@@ -86,7 +93,7 @@ class Turns:
                     _discard(early[2], REPLANNED)
                 plan, engine = self._plan(session, turn, view.last, view.segments), None
             max_new = await self._caps(session, view, plan, turn.max_tokens)
-            answer = await self._answered(engine or self._engine(request, session, plan, max_new, turn), session, plan)
+            reply = await self._answered(engine or self._engine(request, session, plan, max_new, turn), session, plan)
         except asyncio.CancelledError:  # the client went away
             if early is not None:
                 _discard(early[2], DISCONNECT)
@@ -95,9 +102,14 @@ class Turns:
             if early is not None:
                 _discard(early[2], DROPPED)
             raise
-        result = self._result(view, plan, answer, turn, session)
-        await self._record(session, result, turn, started)
-        return result
+        result = self._result(view, plan, reply, turn, session)
+        recording = asyncio.ensure_future(self._record(session, result, turn, started))
+        await asyncio.sleep(0)  # the record's command goes out before the answer is built
+        try:
+            built = answer(result)
+        finally:
+            await recording
+        return built
 
     def _plan(self, session: GatewaySession, turn: TurnRequest, last: Context | None, segments: int) -> Plan:
         chat = self.pools.template(session.pool)
