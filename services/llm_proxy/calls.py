@@ -43,6 +43,12 @@ from services.protocol import llm as h
 from services.protocol.status import request_error_code
 
 GENERATE = "/generate"
+# a native call's answer (``Forwarder.native_call``) carries the engine's decoded document here, not
+# encoded again as a body: the gateway reads it in the same process
+NATIVE_DOC = web.ResponseKey("native_doc", dict)
+# why a call was cancelled (the abort's reason): the gateway cancels an engine call it started early
+# with REPLANNED (its guess was not confirmed) or DROPPED (the call was refused or failed first)
+DISCONNECT, REPLANNED, DROPPED = "disconnect", "replanned", "dropped"
 
 
 class NotAnswered(Exception):
@@ -66,6 +72,7 @@ class Call:
     started: float
     deadline_at: float | None = None  # loop time; the same for every engine the call is tried on
     upstream_s: float = 0.0
+    native: bool = False  # built inside the proxy: a 200 answer's document comes back as ``NATIVE_DOC``
 
 
 class Forwarder:
@@ -122,7 +129,7 @@ class Forwarder:
         deadline_at = None if deadline_s is None else asyncio.get_running_loop().time() + deadline_s
         return Call(
             route=GENERATE, pool=pool, body=ParsedBody(body, None, prompt_len), rid=rid, session=session,
-            deadline_s=deadline_s, stream=False, started=started, deadline_at=deadline_at,
+            deadline_s=deadline_s, stream=False, started=started, deadline_at=deadline_at, native=True,
         )  # fmt: skip
 
     async def send(self, request: web.Request, call: Call) -> web.StreamResponse:
@@ -231,8 +238,9 @@ class Forwarder:
         except TimeoutError:
             self._abort(rt, call, "deadline")
             return self._fail(call, rt, ErrorCode.UPSTREAM_TIMEOUT, f"no answer within {call.deadline_s} s")
-        except asyncio.CancelledError:  # the client went away
-            self._abort(rt, call, "disconnect")
+        except asyncio.CancelledError as exc:  # the client went away, or the gateway dropped an early call
+            reason = exc.args[0] if exc.args and exc.args[0] in (REPLANNED, DROPPED) else DISCONNECT
+            self._abort(rt, call, reason)
             raise
         except aiohttp.ClientError as exc:  # the answer broke off after the request was sent
             self.view.mark_failed(rt, str(exc))
@@ -277,6 +285,10 @@ class Forwarder:
         if version is not None:
             rt.weight_version = str(version)
         self._observe(call, rt, "200", doc)
+        if call.native and isinstance(doc, dict):
+            answer = web.Response(status=200, headers=self._provenance(call, rt, version))
+            answer[NATIVE_DOC] = doc
+            return answer
         return json_response(doc, 200, self._provenance(call, rt, version))
 
     def _stamp(self, call: Call, doc: Any, rt: EngineRuntime) -> object:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -10,7 +11,12 @@ import httpx
 import openai
 import pytest
 
-from services.protocol.gateway import segments_from_calls
+from services.llm_proxy.gateway.sessions import SessionStore
+from services.llm_proxy.gateway.tokens import Context
+from services.protocol import keys
+from services.protocol.gateway import GatewayCall, GatewaySession, segments_from_calls
+from services.protocol.trajectory import logprobs, token_ids
+from services.runtime.redis_pool import open_redis
 from services.runtime.redis_server import EmbeddedRedis
 from tests.llm_proxy.gateway_fleet import GatewayFleet, gateway_fleet
 
@@ -246,3 +252,44 @@ def test_completions_route_takes_token_ids_and_merges(fleet: GatewayFleet) -> No
     assert done.choices[0].text == "forty-two" and done.choices[0].logprobs is not None
     (call,) = fleet.calls(sid)
     assert list(call.prompt_ids) == prompt
+
+
+def test_a_call_another_process_recorded_is_planned_from_redis(
+    fleet: GatewayFleet, redis_server: EmbeddedRedis
+) -> None:
+    """The proxy plans a session's next call from its own copy of the last call and starts the engine
+    call early; when another process recorded a call meanwhile, Redis says so and the call is planned
+    again from what Redis holds (here: a new segment, not a merge into the proxy's stale copy)."""
+    sid, token = fleet.session()
+    client = fleet.openai(sid, token)
+    ask: list[Any] = [{"role": "user", "content": "plain question"}]
+    reply = client.chat.completions.create(model="policy", messages=ask).choices[0].message.content
+    session = GatewaySession.model_validate_json(fleet.redis.get(keys.gateway_session(sid)))  # type: ignore[arg-type]
+    asyncio.run(_record_elsewhere(redis_server.url, session))
+    replanned = _replanned(fleet)
+    follow: list[Any] = [*ask, {"role": "assistant", "content": reply}, {"role": "user", "content": "plain question"}]
+    client.chat.completions.create(model="policy", messages=follow)
+    first, other, last = fleet.calls(sid)
+    assert (first.index, other.index, last.index) == (0, 1, 2) and first.segment == 0
+    assert (last.merged, last.segment) == (False, 2)  # planned from the other process's record
+    assert list(last.prompt_ids) == fleet.chat.encode(fleet.chat.render(follow, True))
+    assert _replanned(fleet) == replanned + 1
+
+
+def _replanned(fleet: GatewayFleet) -> float:
+    metrics = httpx.get(fleet.proxy.url + "/metrics").text
+    found = [line.split()[-1] for line in metrics.splitlines() if line.startswith("rollout_gateway_replanned_total ")]
+    return float(found[0]) if found else 0.0
+
+
+async def _record_elsewhere(url: str, session: GatewaySession) -> None:
+    store = SessionStore(open_redis(url))
+    try:
+        view = await store.open_call(session, None)
+        call = GatewayCall(index=view.index, segment=1, prompt_ids=token_ids([5, 6]), output_ids=token_ids([7]),
+                           output_logprobs=logprobs([0.0]), finish_reason="stop")  # fmt: skip
+        context = Context(messages=[{"role": "user", "content": "other"}], reply={"role": "assistant", "content": "x"},
+                          tools=None, segment=1, held=[], ended_with_eos=True)  # fmt: skip
+        await store.record(session, call, context, mismatch=False)
+    finally:
+        await store.redis.aclose(close_connection_pool=True)

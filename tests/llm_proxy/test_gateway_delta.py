@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from services.llm_proxy.gateway.delta import is_local
+from services.llm_proxy.gateway.delta import extend, is_local
 from services.llm_proxy.gateway.tokens import Context, plan_chat
 from services.runtime.chat import ChatTemplate, bundled_chat_template, compile_template
 from services.runtime.tokenizer import CHAT_TEMPLATE
@@ -70,3 +70,17 @@ def test_a_template_that_rewrites_history_is_not_local() -> None:
     chat = ChatTemplate(bundled.tokenizer, compile_template(STRIPS_REASONING), bundled.eos_id, bundled.eos_text,
                         bundled.special)  # fmt: skip
     assert not is_local(chat)
+
+
+def test_the_stand_in_prompt_is_cached_per_system_message_and_tools() -> None:
+    """The stand-in prompt (system message + one user turn) is rendered once per system message and
+    tool set; a cache that mixed them up would make the delta fail (None) or count a mismatch."""
+    chat = bundled_chat_template()
+    reply, new = {"role": "assistant", "content": "ok"}, [{"role": "user", "content": "next"}]
+    output = [*chat.encode("ok"), chat.eos_id]
+    for system, tools in [("A.", None), ("B.", None), ("A.", TOOLS), ("B.", TOOLS), ("A.", None)]:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": "task"}]
+        delta = extend(chat, messages, reply, new, output, tools)
+        assert delta is not None and delta[1], (system, tools)
+        held = [*chat.encode(chat.render(messages, True, tools)), *output]
+        assert held + delta[0] == chat.encode(chat.render([*messages, reply, *new], True, tools))

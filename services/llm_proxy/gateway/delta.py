@@ -22,12 +22,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from services.runtime.chat import ChatTemplate
 
 Messages = list[dict[str, Any]]
 Tools = list[dict[str, Any]] | None
 
 _STAND_IN_USER = {"role": "user", "content": "-"}
+ASKED_CACHE = 4096  # stand-in prompts kept per process (one per system message and tool set)
+_ASKED: dict[tuple[int, bytes, bytes], tuple[ChatTemplate, str]] = {}  # (id of template, system, tools) -> render
 _PROBE_TOOL = {"type": "function", "function": {"name": "probe", "description": "p", "parameters": {}}}
 
 
@@ -52,7 +56,7 @@ def extend(
 ) -> tuple[list[int], bool] | None:
     """``(ids to append to the recorded ids, exact)`` or None when the template cannot delta-render them."""
     base = stand_in(messages)
-    asked = chat.render(base, True, tools)
+    asked = _asked(chat, base, tools)
     replied = chat.render([*base, reply], False, tools)
     cut = replied.rfind(chat.eos_text)
     tail = delta_text(chat, [*base, reply], new, tools, before=replied)
@@ -62,6 +66,18 @@ def extend(
     sampled = chat.decode(output_ids, skip_special=False)
     exact = replied[: cut + len(chat.eos_text)] == asked + sampled and chat.encode(sampled) == output_ids
     return chat.encode(closing + tail), exact
+
+
+def _asked(chat: ChatTemplate, base: Messages, tools: Tools) -> str:
+    """``render(base, True, tools)``, cached: it depends only on the system message and the tools,
+    the same for every call of a session (and of a job)."""
+    key = (id(chat), orjson.dumps(base[:-1]), orjson.dumps(tools) if tools else b"")
+    found = _ASKED.get(key)
+    if found is None or found[0] is not chat:  # the entry holds its template: an id is never reused under it
+        if len(_ASKED) >= ASKED_CACHE:
+            _ASKED.clear()
+        found = _ASKED[key] = (chat, chat.render(base, True, tools))
+    return found[1]
 
 
 def is_local(chat: ChatTemplate) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from services.llm_proxy.calls import Forwarder
+from services.llm_proxy.calls import NATIVE_DOC, Forwarder
 from services.protocol import ErrorCode, PlatformError
 from services.protocol import llm as h
 from services.protocol.trajectory import RoutedExperts
@@ -66,8 +66,10 @@ async def generate(forwarder: Forwarder, request: web.Request, req: EngineReques
     started = time.perf_counter()
     call = forwarder.native_call(req.pool, body, len(req.prompt_ids), req.affinity, req.deadline_s)
     response = await forwarder.send(request, call)
-    assert isinstance(response, web.Response) and isinstance(response.body, bytes)
-    doc = orjson.loads(response.body)
+    doc = response.get(NATIVE_DOC)  # a 200 answer: the forwarder's decoded document
+    if doc is None:
+        assert isinstance(response, web.Response) and isinstance(response.body, bytes)
+        doc = orjson.loads(response.body)
     if response.status != 200:
         raise _error(doc, response.status)
     return _answer(doc, response.headers, time.perf_counter() - started, req.routed_experts)

@@ -22,6 +22,12 @@ class GatewayMetrics:
             "rollout_gateway_tool_parse_errors", "Tool-call markup that did not parse", registry=r
         )
         self.tool_calls = Counter("rollout_gateway_tool_calls", "Tool calls parsed from generations", registry=r)
+        self.replanned = Counter(
+            "rollout_gateway_replanned",
+            "Calls planned early from this process's copy of the session's last call that Redis did not "
+            "confirm (planned again; the early engine call was aborted)",
+            registry=r,
+        )
         self.caps = Counter("rollout_gateway_caps", "Calls refused by an episode cap", ["cap"], registry=r)
         self.refused = Counter("rollout_gateway_errors", "Gateway calls answered with an error", ["code"], registry=r)
         self.added = Histogram(

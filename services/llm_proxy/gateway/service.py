@@ -90,12 +90,16 @@ class Gateway:
             top_logprobs=top or 0,
             stop=_stops(req.stop),
         )
-        result = await self.turns.run(request, session, turn)
         chat, model = self.pools.template(session.pool), req.model or session.model
         if req.stream:
             usage = bool((req.stream_options or {}).get("include_usage"))
-            return await openai_wire.send_sse(request, openai_wire.chat_chunks(result, model, chat, top, usage))
-        return json_response(openai_wire.chat_completion(result, model, chat, top))
+            chunks = await self.turns.run(
+                request, session, turn, lambda result: openai_wire.chat_chunks(result, model, chat, top, usage)
+            )
+            return await openai_wire.send_sse(request, chunks)
+        return await self.turns.run(
+            request, session, turn, lambda result: json_response(openai_wire.chat_completion(result, model, chat, top))
+        )
 
     async def completions(
         self, request: web.Request, session: GatewaySession, body: dict[str, Any]
@@ -113,9 +117,9 @@ class Gateway:
             top_logprobs=req.logprobs or 0,
             stop=_stops(req.stop),
         )
-        result = await self.turns.run(request, session, turn)
-        doc = openai_wire.completion(
-            result, req.model or session.model, self.pools.template(session.pool), req.logprobs
+        chat, model = self.pools.template(session.pool), req.model or session.model
+        doc = await self.turns.run(
+            request, session, turn, lambda result: openai_wire.completion(result, model, chat, req.logprobs)
         )
         if req.stream:
             return await openai_wire.send_sse(request, [doc])
@@ -132,11 +136,15 @@ class Gateway:
             max_tokens=req.max_tokens,
             stop=stops,
         )
-        result = await self.turns.run(request, session, turn)
         model = req.model or session.model
         if req.stream:
-            return await anthropic_wire.send_events(request, anthropic_wire.events(result, model, stops))
-        return json_response(anthropic_wire.message(result, model, stops))
+            items = await self.turns.run(
+                request, session, turn, lambda result: anthropic_wire.events(result, model, stops)
+            )
+            return await anthropic_wire.send_events(request, items)
+        return await self.turns.run(
+            request, session, turn, lambda result: json_response(anthropic_wire.message(result, model, stops))
+        )
 
 
 def _top_logprobs(logprobs: bool, top: int | None) -> int | None:

@@ -10,14 +10,17 @@ either way the session is marked truncated with that cap. New tokens per call ar
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from aiohttp import web
 
-from services.llm_proxy.calls import Forwarder
+from services.llm_proxy.calls import DISCONNECT, DROPPED, REPLANNED, Forwarder
 from services.llm_proxy.gateway.engine import EngineAnswer, EngineRequest, generate
+from services.llm_proxy.gateway.known import Guess
 from services.llm_proxy.gateway.metrics import GatewayMetrics
 from services.llm_proxy.gateway.parsers import ParsedReply, parse_tool_calls
 from services.llm_proxy.gateway.pools import PoolConfigs
@@ -29,6 +32,7 @@ from services.protocol.gateway import GatewayCall, GatewaySession
 from services.protocol.trajectory import logprobs, token_ids
 
 Route = Literal["chat", "completions", "messages"]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,37 +70,85 @@ class Turns:
         self.pools = pools
         self.metrics = metrics
 
-    async def run(self, request: web.Request, session: GatewaySession, turn: TurnRequest) -> TurnResult:
+    async def run(
+        self, request: web.Request, session: GatewaySession, turn: TurnRequest, answer: Callable[[TurnResult], T]
+    ) -> T:
+        """Open the call, plan its prompt ids, check the caps, generate, record, and return ``answer``
+        of the result: built while the record is in flight, returned only once it is recorded (a
+        failed record fails the call, so an answer the agent gets is always in the session log).
+
+        When this process recorded the session's last call, the plan is made from that and the engine
+        call starts while Redis confirms the guess (``known.py``); one Redis does not confirm is
+        planned again."""
         started = time.perf_counter()
-        view = await self.store.open_call(session)
+        guess = self.store.guess(session)
+        early = None if guess is None else self._early(request, session, turn, guess)
+        try:
+            view = await self.store.open_call(session, guess)
+            if early is not None and view.guessed and view.segments == early[0]:
+                _, plan, engine = early
+            else:
+                if early is not None:
+                    self.metrics.replanned.inc()
+                    _discard(early[2], REPLANNED)
+                plan, engine = self._plan(session, turn, view.last, view.segments), None
+            max_new = await self._caps(session, view, plan, turn.max_tokens)
+            reply = await self._answered(engine or self._engine(request, session, plan, max_new, turn), session, plan)
+        except asyncio.CancelledError:  # the client went away
+            if early is not None:
+                _discard(early[2], DISCONNECT)
+            raise
+        except BaseException:  # refused or failed before the early engine call was used
+            if early is not None:
+                _discard(early[2], DROPPED)
+            raise
+        result = self._result(view, plan, reply, turn, session)
+        recording = asyncio.ensure_future(self._record(session, result, turn, started))
+        await asyncio.sleep(0)  # the record's command goes out before the answer is built
+        try:
+            built = answer(result)
+        finally:
+            await recording
+        return built
+
+    def _plan(self, session: GatewaySession, turn: TurnRequest, last: Context | None, segments: int) -> Plan:
         chat = self.pools.template(session.pool)
         if turn.messages is not None:
             local = self.pools.local(session.pool)
-            plan = plan_chat(chat, turn.messages, turn.tools, view.last, view.segments, local=local)
-        else:
-            ids = turn.prompt if isinstance(turn.prompt, list) else chat.encode(turn.prompt or "")
-            plan = plan_ids(ids, view.last, view.segments)
-        max_new = await self._caps(session, view, plan, turn.max_tokens)
-        answer = await self._generate(request, session, plan, max_new, turn)
-        result = self._result(view, plan, answer, turn, session)
-        await self._record(session, result, turn, started)
-        return result
+            return plan_chat(chat, turn.messages, turn.tools, last, segments, local=local)
+        ids = turn.prompt if isinstance(turn.prompt, list) else chat.encode(turn.prompt or "")
+        return plan_ids(ids, last, segments)
+
+    def _early(
+        self, request: web.Request, session: GatewaySession, turn: TurnRequest, guess: tuple[Guess, Context | None]
+    ) -> tuple[int, Plan, asyncio.Task[EngineAnswer]] | None:
+        """``(segments guessed, plan, engine call started)``; None when planning fails or the plan is
+        past a cap: the error or refusal then comes where it does without a guess, after ``open_call``."""
+        known = guess[0].known
+        segments = known.segments if known is not None else 0
+        try:
+            plan = self._plan(session, turn, guess[1], segments)
+        except Exception:
+            return None
+        if len(plan.prompt_ids) >= session.max_trajectory_tokens:
+            return None
+        max_new = _max_new(session, plan, turn.max_tokens)
+        return segments, plan, asyncio.ensure_future(self._engine(request, session, plan, max_new, turn))
 
     async def _caps(self, session: GatewaySession, view: SessionView, plan: Plan, client_max: int | None) -> int:
         if view.recorded >= session.max_turns:
             await self._truncate(session, Cap.TURNS)
             raise PlatformError(ErrorCode.FORBIDDEN, f"the episode's turn cap ({session.max_turns} calls) is reached")
-        room = session.max_trajectory_tokens - len(plan.prompt_ids)
-        if room <= 0:
+        if len(plan.prompt_ids) >= session.max_trajectory_tokens:
             await self._truncate(session, Cap.TRAJECTORY_TOKENS)
             raise context_error(session.max_trajectory_tokens, len(plan.prompt_ids))
-        return min(client_max or session.max_tokens_per_turn, session.max_tokens_per_turn, room)
+        return _max_new(session, plan, client_max)
 
     async def _truncate(self, session: GatewaySession, cap: Cap) -> None:
         self.metrics.caps.labels(cap.value).inc()
         await self.store.mark_truncated(session, cap.value)
 
-    async def _generate(
+    async def _engine(
         self, request: web.Request, session: GatewaySession, plan: Plan, max_new: int, turn: TurnRequest
     ) -> EngineAnswer:
         engine_request = EngineRequest(
@@ -110,8 +162,11 @@ class Turns:
             stop=list(turn.stop or []),
             routed_experts=self.pools.routed_experts(session.pool),
         )
+        return await generate(self.forwarder, request, engine_request)
+
+    async def _answered(self, engine: Awaitable[EngineAnswer], session: GatewaySession, plan: Plan) -> EngineAnswer:
         try:
-            return await generate(self.forwarder, request, engine_request)
+            return await engine
         except PlatformError as exc:
             if exc.code is ErrorCode.CONTEXT_LENGTH_EXCEEDED:
                 await self._truncate(session, Cap.CONTEXT_LENGTH)
@@ -163,6 +218,20 @@ class Turns:
         )
         await self.store.record(session, call, context, mismatch=plan.mismatch)
         self.metrics.observe(turn.route, plan, result.parsed, total - answer.llm_s)
+
+
+def _max_new(session: GatewaySession, plan: Plan, client_max: int | None) -> int:
+    """New tokens for the call: the client's cap, the episode's per-turn cap and the trajectory's room."""
+    room = session.max_trajectory_tokens - len(plan.prompt_ids)
+    return min(client_max or session.max_tokens_per_turn, session.max_tokens_per_turn, room)
+
+
+def _discard(task: asyncio.Task[EngineAnswer], reason: str) -> None:
+    """Cancel an early engine call that is not used (the forwarder aborts it at the engine, counted
+    with ``reason``) and retrieve its outcome, so that its failure is not reported as unhandled."""
+    if not task.done():
+        task.cancel(reason)
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 def _reply(result: TurnResult) -> dict[str, Any]:
