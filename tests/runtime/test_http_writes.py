@@ -8,12 +8,11 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
-import uvicorn
 from fastapi import FastAPI
 from starlette.responses import Response, StreamingResponse
 
 from services.runtime.http_writes import BatchedTransport, BatchedWritesHttp
-from services.runtime.net import free_port
+from tests.support.http import uvicorn_serving
 
 
 class RecordingTransport:
@@ -108,22 +107,10 @@ async def _exchange(port: int, request: bytes, until: bytes) -> bytes:
 
 
 async def test_a_real_server_answers_plain_empty_and_streamed_responses() -> None:
-    port = free_port()
-    config = uvicorn.Config(_app(), host="127.0.0.1", port=port, log_config=None, http=BatchedWritesHttp)
-    server = uvicorn.Server(config)
-    serving = asyncio.create_task(server.serve())
-    try:
-        for _ in range(500):
-            if server.started:
-                break
-            await asyncio.sleep(0.02)
+    async with uvicorn_serving(_app(), BatchedWritesHttp) as port:
         got: Any = await _exchange(port, b"GET /json HTTP/1.1\r\nHost: x\r\n\r\n", b"}")
         assert got.startswith(b"HTTP/1.1 200") and json.loads(got.partition(b"\r\n\r\n")[2]) == {"a": 1}
         got = await _exchange(port, b"DELETE /gone HTTP/1.1\r\nHost: x\r\n\r\n", b"\r\n\r\n")
         assert got.startswith(b"HTTP/1.1 204")
         got = await _exchange(port, b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n", b"data: first")
         assert got.startswith(b"HTTP/1.1 200") and b"never" not in got
-    finally:
-        server.should_exit = True
-        server.force_exit = True
-        await serving

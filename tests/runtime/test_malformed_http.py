@@ -5,31 +5,19 @@ from __future__ import annotations
 import asyncio
 import json
 
-import uvicorn
 from fastapi import FastAPI
 
 from services.runtime.http_errors import ErrorBodyHttp
-from services.runtime.net import free_port
+from tests.support.http import uvicorn_serving
 
 
 async def test_a_malformed_request_is_answered_with_an_error_body() -> None:
-    port = free_port()
-    config = uvicorn.Config(FastAPI(), host="127.0.0.1", port=port, log_config=None, http=ErrorBodyHttp)
-    server = uvicorn.Server(config)
-    serving = asyncio.create_task(server.serve())
-    try:
-        for _ in range(500):  # uvicorn sets ``started`` once it listens
-            if server.started:
-                break
-            await asyncio.sleep(0.02)
+    async with uvicorn_serving(FastAPI(), ErrorBodyHttp) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /\x00 HTTP/1.1\r\nHost: x\r\n\r\n")
         await writer.drain()
         raw = await asyncio.wait_for(reader.read(), 10)
         writer.close()
-    finally:
-        server.should_exit = True
-        await serving
     head, _, body = raw.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head
     error = json.loads(body)["error"]
