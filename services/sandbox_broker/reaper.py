@@ -112,8 +112,10 @@ class Reaper:
         sandboxes = await self.broker.backend.list_sandboxes()
         if not sandboxes:
             return 0
-        leased = await self.broker.store.live_sandbox_ids()
+        # the pool's first, then the leases': a pooled sandbox handed out while the leases are read is
+        # in the first (taken after it) or in the second (recorded before it), never in neither
         owned = self.broker.pools.owned()
+        leased = await self.broker.store.live_sandbox_ids()
         reaped = 0
         for sandbox in sandboxes:
             if sandbox.sandbox_id in leased or sandbox.sandbox_id in owned:

@@ -1,5 +1,6 @@
-"""The warm path's one Redis round trip, and the lease cache that spares an exec its Redis read:
-brokers in-process over real Redis, with a backend that only records calls (no sandboxes needed)."""
+"""The warm path's one Redis round trip, the lease cache that spares an exec its Redis read, and the
+orphan sweep that must not take a sandbox being handed out: brokers in-process over real Redis,
+with a backend that only records calls (no sandboxes needed)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ import redis.asyncio as aioredis
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import Lease, LeaseRequest, Resources
 from services.protocol.status import ErrorCode
-from services.sandbox_broker.backends.base import Backend, Sandbox
+from services.sandbox_broker.backends.base import LABEL_BROKER, LABEL_POOL, Backend, Sandbox
 from services.sandbox_broker.broker import Broker
 from services.sandbox_broker.lease_cache import LeaseCache
 from services.sandbox_broker.leases import LeaseRecord, LeaseStore
 from services.sandbox_broker.metrics import BrokerMetrics
 from services.sandbox_broker.pools import Pool, PoolKey
+from services.sandbox_broker.reaper import Reaper
 from services.sandbox_broker.settings import BrokerSettings
 from services.sandbox_broker.templates import Templates, default_template
 
@@ -31,6 +33,7 @@ class RecordingBackend:
 
     def __init__(self) -> None:
         self.destroyed: list[str] = []
+        self.present: list[Sandbox] = []
 
     async def keepalive(self, sandbox_id: str, ttl_s: float) -> None:
         return None
@@ -40,6 +43,9 @@ class RecordingBackend:
 
     async def close(self) -> None:
         return None
+
+    async def list_sandboxes(self) -> list[Sandbox]:
+        return list(self.present)
 
 
 BrokerFactory = Callable[..., Awaitable[Broker]]
@@ -131,6 +137,26 @@ async def test_a_lease_released_on_another_replica_is_refused_here(make_broker: 
     assert gone.value.code == ErrorCode.LEASE_NOT_FOUND
     with pytest.raises(PlatformError):
         await here.live(lease.id)  # the releasing replica dropped it at once
+
+
+async def test_the_orphan_sweep_spares_a_sandbox_handed_out_while_it_reads_the_leases(
+    make_broker: BrokerFactory,
+) -> None:
+    broker = await make_broker(["warm-1"])
+    backend = cast(RecordingBackend, broker.backend)
+    labels = {LABEL_BROKER: broker.instance, LABEL_POOL: "1"}
+    backend.present = [Sandbox("warm-1", labels, created_at=time.time() - 3600)]  # long past the grace
+    read_leases = broker.store.live_sandbox_ids
+    handed_out: list[Lease] = []
+
+    async def leases_read_then_a_lease_made() -> set[str]:
+        ids = await read_leases()  # read before the lease below is recorded...
+        handed_out.append(await broker.create_lease(LeaseRequest()))  # ...which completes before the sweep goes on
+        return ids
+
+    broker.store.live_sandbox_ids = leases_read_then_a_lease_made  # type: ignore[method-assign]
+    assert await Reaper(broker, broker.store.client).sweep_orphans() == 0
+    assert handed_out[0].sandbox_id == "warm-1" and backend.destroyed == []
 
 
 def _record(lease_id: str, expires_in_s: float = 600.0, state: str = "live") -> LeaseRecord:
