@@ -90,11 +90,12 @@ class SharedSetups:
         return SetUp(sandbox, time.monotonic() - started, False)
 
     async def _expire(self) -> None:
+        """Drop the snapshots unused for ``ttl_s``. Every expired entry leaves the table before the
+        first await: leases expiring at once never drop one twice, nor one made since for the key."""
         now = time.monotonic()
-        for key, entry in list(self.entries.items()):
-            if entry.ready.done() and now - entry.used_at > self.ttl_s:
-                del self.entries[key]
-                await self._drop(entry)
+        expired = [k for k, e in self.entries.items() if e.ready.done() and now - e.used_at > self.ttl_s]
+        for entry in [self.entries.pop(key) for key in expired]:
+            await self._drop(entry)
 
     async def close(self) -> None:
         for entry in self.entries.values():
