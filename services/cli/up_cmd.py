@@ -17,7 +17,8 @@ def _common(p: argparse.ArgumentParser, work_dir: str) -> None:
     p.add_argument("--work-dir", type=Path, default=Path(work_dir), help="logs, model, checkpoints, plots")
     p.add_argument("--steps", type=int, default=STEPS, help=f"GRPO steps after SFT (default {STEPS})")
     p.add_argument("--seed", type=int, default=0, help="task splits, teacher and initial weights")
-    p.add_argument("--engines", type=int, default=2, help="torch engines serving the policy")
+    p.add_argument("--engines", type=int, default=0,
+                   help="torch engines (default 2; with --jobs, 1 + 2 + ...: engines split by weight)")  # fmt: skip
     p.add_argument("--concurrency", type=int, default=32, help="episodes at once in the worker")
     p.add_argument("--heldout", type=int, default=HELDOUT, help=f"held-out tasks evaluated (default {HELDOUT})")
     p.add_argument("--eval-every", type=int, default=EVAL_EVERY, help="GRPO steps between held-out evaluations")

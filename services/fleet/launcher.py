@@ -35,7 +35,7 @@ class FleetConfig:
     worker_concurrency: int = 32
     context_tokens: int = 65_536  # the engines' context length and the proxy's context cap
     redis_url: str | None = None
-    pools: tuple[str, ...] = (DEFAULT_POOL,)  # engine i serves pools[i % len(pools)]
+    pools: tuple[str, ...] = (DEFAULT_POOL,)  # engine i serves pools[i % len(pools)] (a pool may repeat)
 
 
 @dataclass
@@ -107,9 +107,11 @@ class Fleet:
 
     def pool_engines(self) -> dict[str, list[str]]:
         """Each pool's engine URLs (engine i serves pool i modulo the number of pools)."""
-        engines = [s.url for n, s in self.services.items() if n.startswith("engine-")]
         pools = self.config.pools
-        return {pool: engines[i :: len(pools)] for i, pool in enumerate(pools)}
+        found: dict[str, list[str]] = {}
+        for i, url in enumerate(s.url for n, s in self.services.items() if n.startswith("engine-")):
+            found.setdefault(pools[i % len(pools)], []).append(url)
+        return found
 
     def dashboard_url(self) -> str:
         """The dashboard with the admin token in the fragment (never sent to the server, never logged)."""

@@ -37,7 +37,7 @@ class UpOptions:
     steps: int = 40  # GRPO steps
     seed: int = 0  # task splits, teacher, initial weights
     json_path: Path | None = None
-    engines: int = 2
+    engines: int = 0  # 0: two, or with --jobs one per unit of weight (1 + 2 + ...)
     concurrency: int = 32
     sft_steps: int = 400
     teacher_accuracy: float = 0.5  # share of demonstrations with the right operation
@@ -68,6 +68,17 @@ class JobSpec:
         return self.work_dir / "trainer"
 
 
+def engine_pools(specs: list[JobSpec], engines: int) -> tuple[str, ...]:
+    """Each engine's pool: every job gets one, the rest go by weight (largest shortfall first), so a
+    job's share of the engines (what bounds its throughput) follows its fair-share weight."""
+    total = sum(spec.weight for spec in specs)
+    counts = [1] * len(specs)
+    while sum(counts) < engines:
+        i = max(range(len(specs)), key=lambda i: specs[i].weight / total * engines - counts[i])
+        counts[i] += 1
+    return tuple(spec.pool for spec, count in zip(specs, counts, strict=True) for _ in range(count))
+
+
 def job_specs(opts: UpOptions) -> list[JobSpec]:
     if opts.jobs == 1:
         return [JobSpec(JOB, EVAL_JOB, DEFAULT_POOL, 1.0, opts.work_dir)]
@@ -80,13 +91,14 @@ def run(opts: UpOptions) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.monotonic()
     specs = job_specs(opts)
-    if opts.engines < len(specs):
-        print(f"error: --jobs {opts.jobs} needs at least that many engines (--engines {opts.engines})", file=sys.stderr)
+    engines = opts.engines or (2 if opts.jobs == 1 else int(sum(spec.weight for spec in specs)))
+    if engines < len(specs):
+        print(f"error: --jobs {opts.jobs} needs at least that many engines (--engines {engines})", file=sys.stderr)
         return 2
     model_dir = prepare(opts, specs)
     fleet = Fleet(FleetConfig(
-        work_dir=opts.work_dir, model_dir=model_dir, engines=opts.engines, worker_concurrency=opts.concurrency,
-        redis_url=opts.redis_url, context_tokens=demo.CONTEXT_TOKENS, pools=tuple(s.pool for s in specs),
+        work_dir=opts.work_dir, model_dir=model_dir, engines=engines, worker_concurrency=opts.concurrency,
+        redis_url=opts.redis_url, context_tokens=demo.CONTEXT_TOKENS, pools=engine_pools(specs, engines),
     ))  # fmt: skip
     fleet.start()
     try:

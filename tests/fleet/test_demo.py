@@ -57,3 +57,13 @@ def test_more_jobs_than_engines_is_refused_with_what_to_change(tmp_path: Path) -
     argv = [sys.executable, "-m", "services.cli", "demo", "--work-dir", str(tmp_path), "--jobs", "3", "--engines", "2"]
     proc = subprocess.run(argv, cwd=REPO_ROOT, env=python_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--jobs 3 needs at least that many engines" in proc.stderr
+
+
+def test_engines_go_to_the_jobs_pools_by_weight_and_every_job_gets_one() -> None:
+    from services.fleet.run import UpOptions, engine_pools, job_specs
+
+    two = job_specs(UpOptions(work_dir=Path("w"), jobs=2))  # weights 1 and 2
+    assert engine_pools(two, 3) == ("demo-0", "demo-1", "demo-1")
+    assert engine_pools(two, 2) == ("demo-0", "demo-1")
+    assert engine_pools(two, 6).count("demo-1") == 4
+    assert engine_pools(job_specs(UpOptions(work_dir=Path("w"))), 2) == ("default", "default")
