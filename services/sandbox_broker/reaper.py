@@ -20,7 +20,9 @@ from services.sandbox_broker.leases import LeaseRecord
 
 log = logging.getLogger(__name__)
 
-ORPHAN_GRACE_S = 30.0  # a sandbox of ours younger than this may still be on its way into a pool or lease
+# a sandbox of ours younger than this plus the create timeout may still be on its way into a pool (a
+# pool's create has no lease to name it by: only its age says it may still be starting)
+ORPHAN_GRACE_S = 30.0
 LOCK_S = 60
 
 
@@ -137,7 +139,7 @@ class Reaper:
         owner = sandbox.labels.get(LABEL_BROKER)
         if owner and owner != self.broker.instance:
             return bool(await self.client.exists(keys.broker_instance(owner)))
-        young = time.time() - sandbox.created_at < ORPHAN_GRACE_S
+        young = time.time() - sandbox.created_at < self.settings.create_timeout_s + ORPHAN_GRACE_S
         return young and not startup
 
     async def _destroy(self, sandbox_id: str, reason: str) -> None:

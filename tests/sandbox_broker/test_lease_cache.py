@@ -159,6 +159,16 @@ async def test_the_orphan_sweep_spares_a_sandbox_handed_out_while_it_reads_the_l
     assert handed_out[0].sandbox_id == "warm-1" and backend.destroyed == []
 
 
+async def test_a_pool_create_slower_than_the_grace_is_not_an_orphan(make_broker: BrokerFactory) -> None:
+    broker = await make_broker(create_timeout_s=120)
+    backend = cast(RecordingBackend, broker.backend)
+    labels = {LABEL_BROKER: broker.instance, LABEL_POOL: "1"}
+    backend.present = [Sandbox("starting", labels, created_at=time.time() - 90),  # setup still running
+                       Sandbox("lost", labels, created_at=time.time() - 400)]  # fmt: skip
+    assert await Reaper(broker, broker.store.client).sweep_orphans() == 1
+    assert backend.destroyed == ["lost"]
+
+
 def _record(lease_id: str, expires_in_s: float = 600.0, state: str = "live") -> LeaseRecord:
     lease = Lease(id=lease_id, template="default", backend="local", job="j", sandbox_id="s",
                   expires_at=time.time() + expires_in_s, warm=True, start_s=0.0)  # fmt: skip
