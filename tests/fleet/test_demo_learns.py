@@ -7,13 +7,17 @@ local sandboxes, the Megatron trainer), on fewer steps and held-out tasks than `
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from services.runtime.processes import REPO_ROOT, python_env
+from services.sandbox_broker.backends.leftovers import remove_state_dir
 
 pytest.importorskip("megatron.core")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -21,9 +25,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 STEPS, HELDOUT = 30, 128
 
 
-def test_a_short_demo_improves_held_out_pass_at_1_after_sft_and_again_after_grpo(tmp_path: Path) -> None:
-    summary = tmp_path / "demo.json"
-    argv = [sys.executable, "-m", "services.cli", "demo", "--work-dir", str(tmp_path / "run"), "--seed", "0",
+@pytest.fixture
+def work_dir() -> Iterator[Path]:
+    """Under /tmp, not pytest's root-only tmp dir: the sandbox uid must reach the broker's state."""
+    path = Path(tempfile.mkdtemp(prefix="rollout-demo-test-"))
+    path.chmod(0o711)
+    yield path
+    assert remove_state_dir(path / "run" / "sandboxes") == [], "mounts leaked under the demo's broker state"
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_short_demo_improves_held_out_pass_at_1_after_sft_and_again_after_grpo(work_dir: Path) -> None:
+    summary = work_dir / "demo.json"
+    argv = [sys.executable, "-m", "services.cli", "demo", "--work-dir", str(work_dir / "run"), "--seed", "0",
             "--steps", str(STEPS), "--heldout", str(HELDOUT), "--eval-every", str(STEPS),
             "--json", str(summary)]  # fmt: skip
     proc = subprocess.run(argv, cwd=REPO_ROOT, env=python_env(), capture_output=True, text=True, timeout=1100)
