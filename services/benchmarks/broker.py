@@ -1,9 +1,9 @@
 """``rollout bench broker``: L concurrent leases, each running a few commands, then released.
 
 Phases, in one run against one broker process: cold leases (resources unlike the warm pool's),
-warm leases (taken from a pool of L, all at once: ``warm_lease_*``), the same L warm episodes
-started one at a time at ``--paced-rate`` per second (``warm_lease_paced_*``), the exec overhead
-(the same command through the broker and directly on the bare backend, sequentially), then a
+warm leases (taken from a pool of L, all at once: ``warm_lease_*``), the exec overhead (the same
+command through the broker and directly on the bare backend, sequentially), the same L warm
+episodes started one at a time at ``--paced-rate`` per second (``warm_lease_paced_*``), then a
 kill -9 of the broker while leases are held and commands are running, a restart, and a count of
 sandboxes left behind.
 """
@@ -137,12 +137,12 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
     egress = await run_leases(load, egress_n, {"template": "bench", "resources": COLD, "network": "egress"})
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
     warm = await run_leases(load, args.leases, {"template": "bench"})
-    await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
-    paced = await _paced(args, load)
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)  # refills done: measure the exec path alone
     cpu_before = _broker_cpu_s(broker)
     via_broker, direct = await load.overhead(settings, args.exec_samples)
     broker_cpu_ms = (_broker_cpu_s(broker) - cpu_before) * 1000 / max(len(via_broker), 1)
+    # after the overhead: the paced lease rate raises the pool's target, and its refills would run during it
+    paced = await _paced(args, load)
     template["warm_pool"] = 0  # the restarted broker need not refill it
     await load.register(template, timeout_s=60)
     recovery = await _kill9_and_restart(load, broker, min(args.leases, 50))
