@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -22,6 +21,7 @@ from services.rollout_api.templates import TemplateCatalog
 from services.runtime.http_errors import install_error_handlers
 from services.runtime.redis_pool import observe_pools, open_redis
 from services.runtime.settings import RedisSettings
+from services.runtime.tasks import cancel_and_wait
 
 
 def http_client(settings: ApiSettings) -> httpx.AsyncClient:
@@ -50,9 +50,7 @@ def create_app(settings: ApiSettings, redis_url: str, redis_settings: RedisSetti
             try:
                 yield
             finally:
-                sampling.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sampling
+                await cancel_and_wait(sampling)
                 await streams.aclose(close_connection_pool=True)
                 await redis.aclose(close_connection_pool=True)
 

@@ -14,21 +14,29 @@ once and makes the rest wait (counted) for up to ``pool_wait_s``. Every multi-ke
 and transaction of the platform names the keys of one hash tag (``services.protocol.keys``), so
 each runs on one node. Clients are typed as :class:`Redis`: the cluster client has the same
 command methods.
+
+Cancellation: on Python 3.11, redis-py writes each command under ``asyncio.wait_for``, which
+returns the write's result and drops a cancellation that arrives just as the write completes: the
+cancelled task carries on (a broker's reaper loop did, and its graceful stop hung until SIGKILL).
+:class:`CancelSafeConnection` writes under ``asyncio.timeout`` instead, which passes a foreign
+cancellation on. (redis-py 8 sets a socket timeout by default: its clients all take that path.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol, cast
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, Connection, Redis
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.protocol.redis_url import redis_target
 from services.runtime.settings import RedisSettings
@@ -38,6 +46,26 @@ MAX_BLOCK_S = 30.0  # no blocking read (XREAD BLOCK ...) may ask for longer than
 
 class Observed(Protocol):
     def figures(self) -> dict[str, int]: ...
+
+
+class CancelSafeConnection(Connection):
+    """A connection whose writes never swallow the cancellation of the task that writes."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        timeout = self.socket_timeout
+        if not timeout or sys.version_info >= (3, 12):  # 3.12's wait_for is built on asyncio.timeout
+            await super().send_packed_command(command, check_health)
+            return
+        try:
+            async with asyncio.timeout(timeout):  # bounds the (re)connect and the health check too
+                self.socket_timeout = None  # redis-py then writes without wait_for
+                try:
+                    await super().send_packed_command(command, check_health)
+                finally:
+                    self.socket_timeout = timeout
+        except TimeoutError:
+            await self.disconnect(nowait=True)
+            raise RedisTimeoutError("Timeout writing to socket") from None
 
 
 class ObservedPool(BlockingConnectionPool):
@@ -161,6 +189,8 @@ def open_redis(url: str, settings: RedisSettings | None = None, *, size: int | N
     if target.cluster:
         cluster = ObservedCluster.from_url(target.url, limit=size or s.pool_size, wait_s=s.pool_wait_s, **timeouts)
         return cast(Redis, cluster)
+    if target.url.startswith("redis://"):  # TLS and unix sockets keep redis-py's own connection classes
+        timeouts["connection_class"] = CancelSafeConnection
     pool = ObservedPool.from_url(target.url, max_connections=size or s.pool_size, timeout=s.pool_wait_s, **timeouts)
     return Redis(connection_pool=pool)
 

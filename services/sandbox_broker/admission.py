@@ -5,7 +5,6 @@ Retry-After, and a token bucket on sandbox creates."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field
 
 from services.protocol.errors import PlatformError
 from services.protocol.status import ErrorCode
+from services.runtime.tasks import cancel_and_wait
 
 ADMITTED, GLOBAL_FULL, BACKEND_FULL, JOB_FULL = 0, 1, 2, 3
 POLL_S = 0.05  # how often waiters re-check (releases on other replicas are not announced)
@@ -69,10 +69,7 @@ class Admission:
             self._poller = asyncio.get_running_loop().create_task(self._serve())
 
     async def close(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
+        await cancel_and_wait(self._poller)
 
     async def _serve(self) -> None:
         while self._queues:

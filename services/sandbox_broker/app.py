@@ -18,6 +18,7 @@ from services.protocol.status import ErrorCode
 from services.runtime.http_errors import install_error_handlers
 from services.runtime.redis_pool import observe_pools, open_redis
 from services.runtime.settings import RedisSettings
+from services.runtime.tasks import cancel_and_wait
 from services.sandbox_broker import hot_routes
 from services.sandbox_broker.auth import Caller, authenticator, hide_others, lease_access, listed_job, sandbox_access
 from services.sandbox_broker.backends import make_backend
@@ -182,7 +183,4 @@ async def _sse(broker: Broker, lease_id: str, request: ExecRequest) -> AsyncIter
         while (chunk := await queue.get()) is not None:
             yield f"data: {chunk.model_dump_json()}\n\n".encode()
     finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)

@@ -31,6 +31,7 @@ import redis.asyncio as aioredis
 
 from services.protocol import keys
 from services.runtime.outages import Outage
+from services.runtime.tasks import cancel_and_wait
 from services.sandbox_broker.leases import LeaseRecord
 
 log = logging.getLogger(__name__)
@@ -83,10 +84,7 @@ class LeaseCache:
         self._task = asyncio.get_running_loop().create_task(self._listen(), name="lease cache")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def _listen(self) -> None:
         while True:

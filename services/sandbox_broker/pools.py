@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from services.protocol.sandboxes import Resources, Template
+from services.runtime.tasks import cancel_and_wait
 from services.sandbox_broker.backends.base import Backend, Sandbox
 from services.sandbox_broker.metrics import BrokerMetrics
 
@@ -168,9 +169,7 @@ class Pools:
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=timeout_s)
             for task in pending:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
         doomed = [s.sandbox_id for p in self._pools.values() for s in p.ready]
         await asyncio.gather(*(self.backend.destroy(i) for i in doomed), return_exceptions=True)
 

@@ -5,7 +5,6 @@ recovery after a restart (live leases whose sandbox is found are kept, the other
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -14,6 +13,7 @@ import redis.asyncio as aioredis
 
 from services.protocol import keys
 from services.runtime.outages import STORE_ERRORS, Outage
+from services.runtime.tasks import cancel_and_wait
 from services.sandbox_broker.backends.base import LABEL_BROKER, LABEL_LEASE, Sandbox
 from services.sandbox_broker.broker import Broker
 from services.sandbox_broker.leases import LeaseRecord
@@ -43,10 +43,7 @@ class Reaper:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="reaper")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def retire(self) -> None:
         """Say this replica is gone (its leftovers become orphans for the others at once)."""

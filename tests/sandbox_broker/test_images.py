@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import json
 import os
+import signal
 import tarfile
 import time
 from pathlib import Path
@@ -152,6 +153,7 @@ def test_started_and_stopped_twice_one_kill_9_leaves_no_mounts_and_a_store_withi
                     assert client.delete(f"/leases/{item['id']}").status_code == 204
         if run_number == 1:
             broker.stop(timeout_s=60)  # SIGTERM (a loaded CI machine may need more than 10 s)
+            assert broker.proc.returncode != -signal.SIGKILL, "killed: its stop hung\n" + broker.log()[-2000:]
             _assert_clean(state_dir, budget_mb)
         else:
             broker.kill()  # SIGKILL: its sandboxes stay mounted
@@ -161,6 +163,7 @@ def test_started_and_stopped_twice_one_kill_9_leaves_no_mounts_and_a_store_withi
     while (overlay.mounts_under(state_dir) or any((state_dir / "sandboxes").iterdir())) and time.monotonic() < deadline:
         time.sleep(0.2)  # the leases expire and the reaper destroys their sandboxes (unmounts, then removes)
     restarted.stop(timeout_s=60)  # its clean stop is what fits the store to its budget
+    assert restarted.proc.returncode != -signal.SIGKILL, "killed: its stop hung\n" + restarted.log()[-2000:]
     _assert_clean(state_dir, budget_mb)
     assert list((state_dir / "images" / "trees").iterdir())  # an unpacked image stays, within budget
 

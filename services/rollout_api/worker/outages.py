@@ -12,7 +12,6 @@ path (retries, then ``infra_error``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -21,6 +20,7 @@ from typing import TypeVar
 import aiohttp
 
 from services.rollout_api.worker.metrics import WorkerMetrics
+from services.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -79,10 +79,7 @@ class Breaker:
         self.metrics.dependency_up.labels(self.name).set(1)
 
     async def close(self) -> None:
-        if self._probe is not None:
-            self._probe.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._probe
+        await cancel_and_wait(self._probe)
 
 
 class Outages:

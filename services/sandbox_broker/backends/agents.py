@@ -21,6 +21,7 @@ from functools import cache
 from pathlib import Path
 
 from services.protocol.sandboxes import ExecResult
+from services.runtime.tasks import cancel_and_wait
 from services.sandbox_broker.backends import exec_agent
 from services.sandbox_broker.backends.base import OutputBuffer, OutputSink
 
@@ -206,11 +207,7 @@ class ExecAgents:
 
     async def stop(self, sandbox_id: str) -> None:
         """Stop the sandbox's agent, or its start (a destroyed sandbox must not get one after)."""
-        task = self.starting.pop(sandbox_id, None)
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self.starting.pop(sandbox_id, None))
         agent = self.agents.pop(sandbox_id, None)
         if agent is not None:
             await agent.stop()
