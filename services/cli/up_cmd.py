@@ -11,6 +11,7 @@ from pathlib import Path
 
 # the recipe's defaults, as in services.fleet.run.UpOptions (not imported here: every command would pay for it)
 STEPS, SFT_STEPS, HELDOUT, EVAL_EVERY, LR, TEACHER = 40, 400, 128, 10, 5e-4, 0.5
+CONCURRENCY, JOBS_CONCURRENCY = 32, 8  # at 32 two jobs' trainers bound their throughput (share 0.41 : 0.59)
 
 
 def _common(p: argparse.ArgumentParser, work_dir: str) -> None:
@@ -19,7 +20,10 @@ def _common(p: argparse.ArgumentParser, work_dir: str) -> None:
     p.add_argument("--seed", type=int, default=0, help="task splits, teacher and initial weights")
     p.add_argument("--engines", type=int, default=0,
                    help="torch engines (default 2; with --jobs, 1 + 2 + ...: engines split by weight)")  # fmt: skip
-    p.add_argument("--concurrency", type=int, default=32, help="episodes at once in the worker")
+    p.add_argument("--concurrency", type=int, default=None,
+                   help=f"episodes at once in the worker (default {CONCURRENCY}; with --jobs, {JOBS_CONCURRENCY}: "
+                        "the fleet, not the trainers, is then the bottleneck and the weighted fair share "
+                        "decides the split)")  # fmt: skip
     p.add_argument("--heldout", type=int, default=HELDOUT, help=f"held-out tasks evaluated (default {HELDOUT})")
     p.add_argument("--eval-every", type=int, default=EVAL_EVERY, help="GRPO steps between held-out evaluations")
     p.add_argument("--lr", type=float, default=LR, help=f"GRPO learning rate (default {LR})")
@@ -50,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
     return run_demo(UpOptions(
         work_dir=args.work_dir, steps=args.steps, seed=args.seed, json_path=args.json, engines=args.engines,
-        concurrency=args.concurrency, sft_steps=args.sft_steps, heldout_tasks=args.heldout,
+        concurrency=args.concurrency or (JOBS_CONCURRENCY if args.jobs > 1 else CONCURRENCY),
+        sft_steps=args.sft_steps, heldout_tasks=args.heldout,
         eval_every=args.eval_every, redis_url=args.redis_url, trainer_ranks=args.trainer_ranks, lr=args.lr,
         teacher_accuracy=args.teacher_accuracy, jobs=args.jobs,
     ))  # fmt: skip

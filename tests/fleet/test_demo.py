@@ -24,6 +24,7 @@ def test_the_cli_defaults_are_the_recipes() -> None:
     o = UpOptions(work_dir=Path("."))
     cli = (up_cmd.STEPS, up_cmd.SFT_STEPS, up_cmd.HELDOUT, up_cmd.EVAL_EVERY, up_cmd.LR, up_cmd.TEACHER)
     assert cli == (o.steps, o.sft_steps, o.heldout_tasks, o.eval_every, o.lr, o.teacher_accuracy)
+    assert o.concurrency == up_cmd.CONCURRENCY  # one job; --jobs N gets up_cmd.JOBS_CONCURRENCY
 
 
 def test_two_jobs_get_their_own_pools_weights_and_directories_one_job_keeps_the_old_layout() -> None:
