@@ -1,8 +1,8 @@
 """Stopping background tasks for sure.
 
 ``task.cancel()`` followed by ``await task`` under ``suppress(CancelledError)`` has two faults: a
-library that drops the cancellation (Python 3.11's ``asyncio.wait_for`` returns a result that
-completes as the cancellation arrives; redis-py 8 drops some outright) leaves the task running and
+library that drops the cancellation (Python 3.11's ``asyncio.wait_for``, under which redis-py
+writes, returns a result that completes as the cancellation arrives) leaves the task running and
 the stop waiting for ever, and the ``suppress`` also swallows a cancellation of the task that is
 stopping. :func:`cancel_and_wait` cancels again until the task has ended, and passes the caller's
 own cancellation on.
