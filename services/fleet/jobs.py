@@ -4,9 +4,12 @@ Job ``i`` (``demo-i``) has fair-share weight ``i + 1``, its own pool of engines 
 engines serve the job's own weights), its own evaluation job on that pool and its own trainer,
 all trainers running at once. What the run shows, from the jobs' trajectory streams:
 
-- ``throughput_share``: each job's share of the trajectories finished while every job was still
-  training (after the first job stops, the others have the fleet to themselves); with weights
-  1 and 2 it should be close to 1/3 and 2/3;
+- ``throughput_share``: each job's share of the trajectories the fleet finished for it (training
+  and its held-out evaluations, which it runs in itself under its own weight) while every job was
+  still at work (after the first job stops, the others have the fleet to themselves); with weights
+  1 and 2 it should be close to 1/3 and 2/3. ``training_share``: the same over training
+  trajectories only (a job that evaluates has no training items queued meanwhile, so the other
+  job's training gets more than its weight then);
 - ``foreign_version_turns``: turns of a job served by an engine outside its pool, or by weights its
   own trainer never posted (must be 0: jobs never see each other's weights).
 """
@@ -77,30 +80,54 @@ def _follow(specs: list[JobSpec], procs: list[subprocess.Popen[bytes]], steps: i
 
 
 def streams(fleet: Fleet, specs: list[JobSpec]) -> dict[str, Any]:
-    """Per job: finish times of its trajectories and its foreign turns; the shares while all trained."""
+    """Per job: finish times of its trajectories (training and evaluation) and its foreign turns;
+    the shares while all were at work."""
     engines = {pool: {engine_id_of(url) for url in urls} for pool, urls in fleet.pool_engines().items()}
     client = open_sync_redis(fleet.redis_url)
-    finished: dict[str, list[float]] = {}
+    trained: dict[str, list[float]] = {}
+    evaluated: dict[str, list[float]] = {}
     foreign: dict[str, int] = {}
     try:
         for spec in specs:
-            entries = list(stream_entries(client, spec.name))
-            finished[spec.name] = [int(entry_id.split("-")[0]) / 1000 for entry_id, _ in entries]
-            own = posted_versions(spec)
-            foreign[spec.name] = sum(foreign_turns(t, engines[spec.pool], own) for _, t in entries)
+            own, pool = posted_versions(spec), engines[spec.pool]
+            foreign[spec.name] = 0
+            for mode, job, into in (("train", spec.name, trained), ("eval", spec.eval_job, evaluated)):
+                entries = list(stream_entries(client, job, mode))
+                into[spec.name] = [_finished_at(entry_id) for entry_id, _ in entries]
+                foreign[spec.name] += sum(foreign_turns(t, pool, own) for _, t in entries)
     finally:
         client.close()
-    times = [t for t in finished.values() if t]
-    start, end = (max(t[0] for t in times), min(t[-1] for t in times)) if len(times) == len(specs) else (0.0, 0.0)
+    finished = {job: sorted(trained[job] + evaluated[job]) for job in trained}
+    start, end = shared_window(finished)
     during = {job: sum(start <= t <= end for t in ts) for job, ts in finished.items()}
-    total = sum(during.values())
+    training = {job: sum(start <= t <= end for t in ts) for job, ts in trained.items()}
     return {
-        "trajectories": {job: len(ts) for job, ts in finished.items()},
+        "trajectories": {job: len(ts) for job, ts in trained.items()},
+        "evaluation_trajectories": {job: len(ts) for job, ts in evaluated.items()},
         "foreign_version_turns": foreign,
         "shared_window_s": round(end - start, 1),
         "trajectories_while_shared": during,
-        "throughput_share": {job: round(n / total, 4) if total else None for job, n in during.items()},
+        "training_trajectories_while_shared": training,
+        "throughput_share": shares(during),
+        "training_share": shares(training),
     }
+
+
+def _finished_at(entry_id: str) -> float:
+    return int(entry_id.split("-")[0]) / 1000
+
+
+def shared_window(finished: dict[str, list[float]]) -> tuple[float, float]:
+    """From the moment every job had finished a trajectory to the moment the first job finished its last."""
+    times = [ts for ts in finished.values() if ts]
+    if len(times) < len(finished) or not times:
+        return 0.0, 0.0
+    return max(ts[0] for ts in times), min(ts[-1] for ts in times)
+
+
+def shares(counts: dict[str, int]) -> dict[str, float | None]:
+    total = sum(counts.values())
+    return {job: round(n / total, 4) if total else None for job, n in counts.items()}
 
 
 def posted_versions(spec: JobSpec) -> set[str]:
@@ -128,18 +155,22 @@ def report(opts: UpOptions, specs: list[JobSpec], shared: dict[str, Any], wall_s
             "pass_at_1_base": fig["pass_at_1_base"], "pass_at_1_sft": fig["pass_at_1_sft"],
             "pass_at_1_rl": fig["pass_at_1_rl"], "steps": fig["steps"],
             "trajectories": shared["trajectories"][spec.name],
+            "evaluation_trajectories": shared["evaluation_trajectories"][spec.name],
             "trajectories_trained": fig["trajectories"],
             "trajectories_while_shared": shared["trajectories_while_shared"][spec.name],
+            "training_trajectories_while_shared": shared["training_trajectories_while_shared"][spec.name],
             "foreign_version_turns": shared["foreign_version_turns"][spec.name],
             "evaluations": fig["evaluations"],
         })  # fmt: skip
     print_table("jobs sharing the fleet", [{k: v for k, v in job.items() if k != "evaluations"} for job in per_job])
     out = {
-        "jobs": per_job, "throughput_share": shared["throughput_share"], "shared_window_s": shared["shared_window_s"],
+        "jobs": per_job, "throughput_share": shared["throughput_share"], "training_share": shared["training_share"],
+        "shared_window_s": shared["shared_window_s"],
         "weights": {spec.name: spec.weight for spec in specs}, "heldout_tasks": opts.heldout_tasks,
         "wall_s": round(wall_s, 1), "seed": opts.seed, "load_average_at_end": list(os.getloadavg()),
     }  # fmt: skip
-    print(f"\nthroughput share while all trained: {out['throughput_share']} (weights {out['weights']}); "
+    print(f"\nthroughput share while all were at work: {out['throughput_share']} (training only "
+          f"{out['training_share']}; weights {out['weights']}); "
           f"foreign-version turns: {shared['foreign_version_turns']}")  # fmt: skip
     if opts.json_path:
         opts.json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -55,7 +55,8 @@ class UpOptions:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """One training job of the run: its evaluation job, its pool of engines, its fair-share weight."""
+    """One training job of the run: its evaluation job (``name`` itself with ``--jobs``), its pool of
+    engines, its fair-share weight."""
 
     name: str
     eval_job: str
@@ -82,7 +83,9 @@ def engine_pools(specs: list[JobSpec], engines: int) -> tuple[str, ...]:
 def job_specs(opts: UpOptions) -> list[JobSpec]:
     if opts.jobs == 1:
         return [JobSpec(JOB, EVAL_JOB, DEFAULT_POOL, 1.0, opts.work_dir)]
-    return [JobSpec(f"{JOB}-{i}", f"{EVAL_JOB}-{i}", f"{JOB}-{i}", float(i + 1), opts.work_dir / f"job-{i}")
+    # with --jobs, a job evaluates in itself (``mode="eval"`` rollouts, its own eval stream): its
+    # evaluations are its work on the fleet, under its own fair-share weight, like its training
+    return [JobSpec(f"{JOB}-{i}", f"{JOB}-{i}", f"{JOB}-{i}", float(i + 1), opts.work_dir / f"job-{i}")
             for i in range(opts.jobs)]  # fmt: skip
 
 
@@ -138,9 +141,10 @@ def prepare(opts: UpOptions, specs: list[JobSpec]) -> Path:
 
 
 def trainer_env(fleet: Fleet, opts: UpOptions, model_dir: Path, spec: JobSpec) -> dict[str, str]:
-    """Create the job and its evaluation job on the spec's pool; the trainer's environment."""
+    """Create the job and its evaluation job (unless it evaluates in itself) on the spec's pool; the
+    trainer's environment."""
     token = fleet.create_job(spec.name, spec.pool, spec.weight)
-    eval_token = fleet.create_job(spec.eval_job, spec.pool)
+    eval_token = token if spec.eval_job == spec.name else fleet.create_job(spec.eval_job, spec.pool)
     w, context = opts.work_dir, str(demo.CONTEXT_TOKENS)
     env = {
         "ROLLOUT_TRAIN_JOB": spec.name, "ROLLOUT_TRAIN_REDIS_URL": fleet.redis_url,

@@ -34,11 +34,12 @@ def _open(path: Path, mode: str) -> IO[bytes]:
     return gzip.open(path, mode + "b") if path.suffix == ".gz" else path.open(mode + "b")  # type: ignore[return-value]
 
 
-def stream_entries(client: redis.Redis, job: str) -> Iterator[tuple[str, Trajectory]]:
-    """(entry id, trajectory) of the job's stream, oldest first, read in pages."""
+def stream_entries(client: redis.Redis, job: str, mode: str = "train") -> Iterator[tuple[str, Trajectory]]:
+    """(entry id, trajectory) of the job's stream (``mode="eval"``: its evaluation stream), oldest
+    first, read in pages."""
     low = "-"
     while True:
-        batch: Any = client.xrange(keys.trajectory_stream(job), min=low, max="+", count=PAGE)
+        batch: Any = client.xrange(keys.rollout_stream(job, mode), min=low, max="+", count=PAGE)
         for entry_id, fields in batch:
             yield entry_id.decode(), from_stream_fields(fields)
         if len(batch) < PAGE:

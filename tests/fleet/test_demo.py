@@ -37,6 +37,21 @@ def test_two_jobs_get_their_own_pools_weights_and_directories_one_job_keeps_the_
     assert [s.weight for s in specs] == [1.0, 2.0]
     for field in ("name", "eval_job", "pool", "trainer_dir"):
         assert len({getattr(s, field) for s in specs}) == 2, field
+    # each job evaluates in itself, so its evaluations run under its own fair-share weight
+    assert [s.eval_job for s in specs] == [s.name for s in specs]
+
+
+def test_the_share_counts_what_finished_while_every_job_was_at_work() -> None:
+    from services.fleet.jobs import shared_window, shares
+
+    finished = {"a": [10.0, 11.0, 12.0, 30.0, 50.0], "b": [5.0, 12.0, 13.0, 14.0, 15.0, 20.0]}
+    start, end = shared_window(finished)
+    assert (start, end) == (10.0, 20.0)  # a's first .. b's last
+    during = {job: sum(start <= t <= end for t in ts) for job, ts in finished.items()}
+    assert during == {"a": 3, "b": 5}
+    assert shares(during) == {"a": 0.375, "b": 0.625}
+    assert shared_window({"a": [1.0], "b": []}) == (0.0, 0.0)  # a job that finished nothing: no window
+    assert shares({"a": 0, "b": 0}) == {"a": None, "b": None}
 
 
 def test_a_turn_is_foreign_when_served_outside_the_jobs_pool_or_by_weights_it_never_posted() -> None:
