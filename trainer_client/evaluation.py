@@ -35,7 +35,7 @@ class EvalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tasks_path: Path | None = None  # held-out tasks (JSONL of Task); None: no evaluation
-    job: Name | None = None  # the evaluation job (same pool as the training job)
+    job: Name | None = None  # the evaluation job (same pool as the training job; may be the training job)
     token: str | None = Field(None, repr=False)  # its bearer token
     every: int = Field(5, ge=1)  # GRPO steps between evaluations
     samples: int = Field(1, ge=1)  # attempts per task (pass@k with k = samples)
