@@ -1,8 +1,9 @@
 """``rollout demo --jobs N``: N training jobs share one fleet (API, worker, proxy, broker, Redis).
 
 Job ``i`` (``demo-i``) has fair-share weight ``i + 1``, its own pool of engines (``demo-i``: the
-engines serve the job's own weights), its own evaluation job on that pool and its own trainer,
-all trainers running at once. What the run shows, from the jobs' trajectory streams:
+engines serve the job's own weights) and its own trainer, all trainers running at once; each job
+runs its held-out evaluations in itself (``mode="eval"`` rollouts). What the run shows, from the
+jobs' trajectory streams:
 
 - ``throughput_share``: each job's share of the trajectories the fleet finished for it (training
   and its held-out evaluations, which it runs in itself under its own weight) while every job was
@@ -99,8 +100,7 @@ def streams(fleet: Fleet, specs: list[JobSpec]) -> dict[str, Any]:
         client.close()
     finished = {job: sorted(trained[job] + evaluated[job]) for job in trained}
     start, end = shared_window(finished)
-    during = {job: sum(start <= t <= end for t in ts) for job, ts in finished.items()}
-    training = {job: sum(start <= t <= end for t in ts) for job, ts in trained.items()}
+    during, training = within(finished, start, end), within(trained, start, end)
     return {
         "trajectories": {job: len(ts) for job, ts in trained.items()},
         "evaluation_trajectories": {job: len(ts) for job, ts in evaluated.items()},
@@ -123,6 +123,11 @@ def shared_window(finished: dict[str, list[float]]) -> tuple[float, float]:
     if len(times) < len(finished) or not times:
         return 0.0, 0.0
     return max(ts[0] for ts in times), min(ts[-1] for ts in times)
+
+
+def within(finished: dict[str, list[float]], start: float, end: float) -> dict[str, int]:
+    """Per job: how many of its trajectories finished in ``[start, end]``."""
+    return {job: sum(start <= t <= end for t in ts) for job, ts in finished.items()}
 
 
 def shares(counts: dict[str, int]) -> dict[str, float | None]:
