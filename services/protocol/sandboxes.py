@@ -6,6 +6,7 @@ Routes (all JSON; errors are ``ErrorBody`` with a code from ``ErrorCode``):
 - ``GET /leases?job=J`` -> list[Lease]
 - ``GET /leases/{id}`` -> Lease
 - ``POST /leases/{id}/renew`` RenewRequest -> Lease (heartbeat)
+- ``POST /leases/renew`` LeaseRenewals -> RenewedLeases (many leases' heartbeat in one call)
 - ``DELETE /leases/{id}`` -> 204 (release; idempotent)
 - ``POST /leases/{id}/exec`` ExecRequest -> ExecResult (a non-zero exit code is a result, not an error)
 - ``POST /leases/{id}/exec/stream`` ExecRequest -> SSE of ExecChunk, the last one with ``result``
@@ -121,6 +122,23 @@ class Lease(_Model):
 
 class RenewRequest(_Model):
     ttl_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)
+
+
+MAX_RENEWALS = 10_000  # lease ids in one ``POST /leases/renew``
+
+
+class LeaseRenewals(_Model):
+    """Many leases renewed to the same ttl at once. Written by a worker's heartbeat, read by the broker."""
+
+    ids: list[Label] = Field(max_length=MAX_RENEWALS)
+    ttl_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)
+
+
+class RenewedLeases(_Model):
+    """Written by the broker: every id asked for is in exactly one of the two."""
+
+    expires_at: dict[str, float] = Field(default_factory=dict)  # renewed: lease id -> its new expiry (unix s)
+    ended: list[str] = Field(default_factory=list)  # no live lease the caller may see: not renewed (404 alone)
 
 
 class ExecRequest(_Model):

@@ -13,14 +13,14 @@ from fastapi.responses import StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.protocol.errors import PlatformError
-from services.protocol.sandboxes import ExecChunk, ExecRequest, Lease, RenewRequest, Template
+from services.protocol.sandboxes import ExecChunk, ExecRequest, Lease, Template
 from services.protocol.status import ErrorCode
 from services.runtime.http_errors import install_error_handlers
 from services.runtime.redis_pool import observe_pools, open_redis
 from services.runtime.settings import RedisSettings
 from services.runtime.tasks import cancel_and_wait
 from services.sandbox_broker import hot_routes
-from services.sandbox_broker.auth import Caller, authenticator, hide_others, lease_access, listed_job, sandbox_access
+from services.sandbox_broker.auth import Caller, Callers, authenticator, hide_others, listed_job, sandbox_access
 from services.sandbox_broker.backends import make_backend
 from services.sandbox_broker.broker import Broker
 from services.sandbox_broker.leases import LeaseStore
@@ -51,7 +51,7 @@ def create_app(settings: BrokerSettings, redis_url: str) -> FastAPI:
         broker.start_pools(await templates.all())
         app.state.broker = broker
         app.state.redis = client
-        app.state.auth = auth
+        app.state.auth = Callers(auth)  # the settings' tokens resolved once
         log.info("broker %s ready: backend %s, isolation %s", broker.instance, settings.backend, broker.capabilities)
         try:
             yield
@@ -64,7 +64,7 @@ def create_app(settings: BrokerSettings, redis_url: str) -> FastAPI:
     app = FastAPI(title="rollout sandbox broker", lifespan=lifespan)
     install_error_handlers(app, lambda code: metrics.errors.labels(code.value).inc())
     _install_routes(app, settings, metrics)
-    hot_routes.install(app)  # lease, exec, release: without FastAPI's per-request machinery
+    hot_routes.install(app)  # lease, exec, renew, release: without FastAPI's per-request machinery
     return app
 
 
@@ -74,13 +74,6 @@ async def _broker(request: Request) -> Broker:  # async: FastAPI runs a plain ``
 
 
 BrokerDep = Annotated[Broker, Depends(_broker)]
-
-
-async def _lease_id(lease_id: str, caller: Caller, broker: BrokerDep) -> str:
-    return await lease_access(lease_id, caller, broker)
-
-
-LeaseId = Annotated[str, Depends(_lease_id)]
 
 
 async def _sandbox_lease_id(lease_id: str, request: Request, broker: BrokerDep) -> str:
@@ -108,10 +101,6 @@ def _install_routes(app: FastAPI, settings: BrokerSettings, metrics: BrokerMetri
     @app.get("/leases/{lease_id}")
     async def get_lease(lease_id: str, broker: BrokerDep, caller: Caller) -> Lease:
         return hide_others(caller, await broker.get(lease_id))
-
-    @app.post("/leases/{lease_id}/renew")
-    async def renew(lease_id: LeaseId, body: RenewRequest, broker: BrokerDep) -> Lease:
-        return await broker.renew(lease_id, body.ttl_s)
 
     @app.post("/leases/{lease_id}/exec/stream")
     async def exec_stream(lease_id: SandboxLeaseId, body: ExecRequest, broker: BrokerDep) -> StreamingResponse:

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import redis.asyncio as aioredis
 from fastapi import Depends, Request
@@ -18,7 +18,7 @@ from fastapi import Depends, Request
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import Lease, LeaseRequest
 from services.protocol.status import ErrorCode
-from services.runtime.auth import Authenticator, Principal, TokenSet, lease_of_token
+from services.runtime.auth import LEASE_TOKEN_PREFIX, Authenticator, Principal, TokenSet, lease_of_token
 from services.sandbox_broker.settings import BrokerSettings
 
 if TYPE_CHECKING:
@@ -35,10 +35,43 @@ def authenticator(settings: BrokerSettings) -> Authenticator:
     return Authenticator(admin, service, settings.allow_anonymous)
 
 
+KNOWN_CALLERS = 256  # bearer headers of the settings' tokens remembered (a handful in practice)
+
+
+class Callers:
+    """Resolves bearer headers like its :class:`Authenticator`, remembering the answers for the
+    settings' own tokens (admin, service): those change only with the settings, so a worker's
+    every call need not hash its token and compare it with every entry again. Job tokens are
+    looked up in Redis on every call (revoking one takes effect at once); unknown tokens and
+    anonymous calls are never remembered. A remembered header is found by a dict lookup (a keyed
+    hash, then a comparison only on a hash match), which tells a caller nothing about a token it
+    does not hold."""
+
+    def __init__(self, auth: Authenticator) -> None:
+        self.auth = auth
+        self._known: dict[str, Principal] = {}
+
+    async def resolve(self, redis: aioredis.Redis | None, header: str | None) -> Principal:
+        known = self._known.get(header) if header else None
+        if known is not None:
+            return known
+        caller = await self.auth.resolve(redis, header)
+        if header and caller.role != "job":
+            if len(self._known) >= KNOWN_CALLERS:
+                self._known.clear()
+            self._known[header] = caller
+        return caller
+
+
 async def caller_of(request: Request) -> Principal:
-    auth: Authenticator = request.app.state.auth
-    client: aioredis.Redis = request.app.state.redis
-    return await auth.resolve(client, request.headers.get("authorization"))
+    return await caller_from(request.app.state, request.headers.get("authorization"))
+
+
+async def caller_from(state: Any, header: str | None) -> Principal:
+    """The caller behind an ``Authorization`` header (``state``: the app's, with ``auth`` and ``redis``)."""
+    auth: Authenticator | Callers = state.auth
+    client: aioredis.Redis = state.redis
+    return await auth.resolve(client, header)
 
 
 Caller = Annotated[Principal, Depends(caller_of)]
@@ -46,11 +79,17 @@ Caller = Annotated[Principal, Depends(caller_of)]
 
 async def lease_scope(request: Request) -> str | None:
     """The one lease the caller's lease token may act on; None for any other caller."""
-    header = request.headers.get("authorization") or ""
-    if header[:7].lower() != "bearer ":
+    return await lease_scope_from(request.app.state, request.headers.get("authorization"))
+
+
+async def lease_scope_from(state: Any, header: str | None) -> str | None:
+    if not header or header[:7].lower() != "bearer ":
         return None
-    client: aioredis.Redis = request.app.state.redis
-    return await lease_of_token(client, header[7:].strip())
+    token = header[7:].strip()
+    if not token.startswith(LEASE_TOKEN_PREFIX):  # no Redis read for the other callers
+        return None
+    client: aioredis.Redis = state.redis
+    return await lease_of_token(client, token)
 
 
 async def lease_access(lease_id: str, caller: Principal, broker: Broker) -> str:
@@ -63,9 +102,13 @@ async def lease_access(lease_id: str, caller: Principal, broker: Broker) -> str:
 async def sandbox_access(lease_id: str, request: Request, broker: Broker) -> str:
     """Exec and file routes: :func:`lease_access`'s callers, or a lease token on its own lease only
     (another lease is 404, as one that does not exist)."""
-    scoped = await lease_scope(request)
+    return await sandbox_access_from(lease_id, request.app.state, request.headers.get("authorization"), broker)
+
+
+async def sandbox_access_from(lease_id: str, state: Any, header: str | None, broker: Broker) -> str:
+    scoped = await lease_scope_from(state, header)
     if scoped is None:
-        return await lease_access(lease_id, await caller_of(request), broker)
+        return await lease_access(lease_id, await caller_from(state, header), broker)
     if scoped != lease_id:
         raise PlatformError(ErrorCode.LEASE_NOT_FOUND, f"no lease {lease_id!r}")
     return lease_id

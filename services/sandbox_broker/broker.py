@@ -8,11 +8,11 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from services.protocol.errors import PlatformError
-from services.protocol.sandboxes import ExecRequest, ExecResult, Lease, LeaseRequest, Template
+from services.protocol.sandboxes import ExecRequest, ExecResult, Lease, LeaseRequest, RenewedLeases, Template
 from services.protocol.status import ErrorCode
 from services.sandbox_broker.admission import Admission, TokenBucket
 from services.sandbox_broker.backends.base import (
@@ -59,6 +59,10 @@ class Broker:
         self.capabilities: dict[str, Any] = {}
         self.setups = SharedSetups(backend, settings.shared_setup_ttl_s)
         self.cache = LeaseCache(store.client)
+        # the labelled series of the hot paths, looked up once (``labels()`` is a locked dict lookup)
+        self._exec_latency = metrics.exec_latency.labels(backend.name)
+        self._lease_start = {warm: metrics.lease_start.labels(backend.name, "warm" if warm else "cold")
+                             for warm in (True, False)}  # fmt: skip
 
     async def start(self) -> None:
         self.capabilities = await self.backend.start()
@@ -134,7 +138,7 @@ class Broker:
         lease = record.lease
         self.cache.put(record, epoch)
         await self.backend.keepalive(lease.sandbox_id, lease.expires_at - time.time() + self.settings.ttl_grace_s)
-        self.metrics.lease_start.labels(self.backend.name, "warm" if lease.warm else "cold").observe(lease.start_s)
+        self._lease_start[lease.warm].observe(lease.start_s)
         if lease.warm:
             self.pools.hit(PoolKey.of(template.name, template.resources))
         return lease
@@ -262,6 +266,52 @@ class Broker:
         await self.backend.keepalive(lease.sandbox_id, ttl_s + self.settings.ttl_grace_s)
         return lease
 
+    async def renew_many(self, lease_ids: list[str], ttl_s: float, visible: Callable[[Lease], bool]) -> RenewedLeases:
+        """Renew every lease of ``lease_ids`` that is live and ``visible`` to the caller: one Redis
+        script for all of them (and one pipeline for the records not cached here). The rest are
+        answered ``ended``, as a renewal alone would answer 404."""
+        asked = list(dict.fromkeys(lease_ids))
+        found = await self._live_many(asked)
+        shown = [found[i] for i in asked if i in found and visible(found[i].lease)]
+        expires_at = time.time() + ttl_s
+        leases = [record.lease.model_copy(update={"expires_at": expires_at}) for record in shown]
+        epoch = self.cache.epoch
+        renewed = []
+        for record, lease, ok in zip(shown, leases, await self.store.renew_many(leases), strict=True):
+            if ok:
+                self.cache.put(dataclasses.replace(record, lease=lease), epoch)
+                renewed.append(lease)
+        kept = await asyncio.gather(*(self._keepalive(lease, ttl_s) for lease in renewed))
+        done = {lease.id: lease.expires_at for lease, ok in zip(renewed, kept, strict=True) if ok}
+        return RenewedLeases(expires_at=done, ended=[i for i in asked if i not in done])
+
+    async def _keepalive(self, lease: Lease, ttl_s: float) -> bool:
+        try:
+            await self.backend.keepalive(lease.sandbox_id, ttl_s + self.settings.ttl_grace_s)
+            return True
+        except Exception as exc:  # the lease is not renewed where its sandbox cannot be (E2B's timeout)
+            log.warning("keepalive of %s (lease %s) failed: %r", lease.sandbox_id, lease.id, exc)
+            return False
+
+    async def _live_many(self, lease_ids: list[str]) -> dict[str, LeaseRecord]:
+        """:meth:`live` of each lease that is live, by id: the uncached ones read in one pipeline."""
+        now = time.time()
+        found: dict[str, LeaseRecord] = {}
+        missing = []
+        for lease_id in lease_ids:
+            record = self.cache.get(lease_id, now)
+            if record is None:
+                missing.append(lease_id)
+            else:
+                found[lease_id] = record
+        self.metrics.lease_cache_hits.inc(len(found))
+        epoch = self.cache.epoch
+        for lease_id, record in zip(missing, await self.store.get_many(missing), strict=True):
+            if record is not None and record.lease.expires_at >= now:
+                self.cache.put(record, epoch)
+                found[lease_id] = record
+        return found
+
     async def release(self, lease_id: str) -> bool:
         """Destroy the lease's sandbox; False when it was already gone (release is idempotent)."""
         claimed = await self.store.claim(lease_id)
@@ -290,7 +340,7 @@ class Broker:
         record = await self.live(lease_id)
         result = await self._backend_call(self.backend.exec(record.lease.sandbox_id, request, sink))
         result.broker_s = time.monotonic() - started
-        self.metrics.exec_latency.labels(self.backend.name).observe(result.broker_s)
+        self._exec_latency.observe(result.broker_s)
         return result
 
     async def write_file(self, lease_id: str, path: str, data: bytes) -> None:

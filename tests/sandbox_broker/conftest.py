@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import pytest
 
 from services.sandbox_broker.backends.leftovers import remove_sandboxes, remove_state_dir
 from tests.sandbox_broker.dockerd import IMAGE, Dockerd, private_dockerd
+from tests.sandbox_broker.recording import InProcessFactory, in_process_brokers
 from tests.support.processes import ServiceProcess, start_service
 
 BrokerFactory = Callable[..., ServiceProcess]
@@ -54,6 +55,13 @@ def start_broker(redis_url: str, state_dir: Path, service_logs: Path) -> Iterato
     yield start
     for service in started:
         service.stop()
+
+
+@pytest.fixture
+async def make_broker(redis_url: str) -> AsyncIterator[InProcessFactory]:
+    """Brokers in-process over real Redis, on a backend that records calls (``recording.py``)."""
+    async with in_process_brokers(redis_url) as make:
+        yield make
 
 
 def lease(client: httpx.Client, **body: object) -> dict[str, Any]:

@@ -1,11 +1,11 @@
-"""The lean lease, exec and release routes (``hot_routes.py``) answer as the FastAPI routes did: the
-same bodies, the same checks of the caller and the same error codes. In-process: the real routes,
-error handlers and authenticator over real Redis, a broker that records what it is asked."""
+"""The lean lease, exec, renew and release routes (``hot_routes.py``) answer as the FastAPI routes
+did: the same bodies, the same checks of the caller and the same error codes. In-process: the real
+routes, error handlers and authenticator over real Redis, a broker that records what it is asked."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -15,11 +15,12 @@ from fastapi import FastAPI
 
 from services.protocol import keys
 from services.protocol.errors import PlatformError
-from services.protocol.sandboxes import ExecRequest, ExecResult, Lease, LeaseRequest
+from services.protocol.sandboxes import ExecRequest, ExecResult, Lease, LeaseRequest, RenewedLeases
 from services.protocol.status import ErrorCode
 from services.runtime.auth import Authenticator, TokenSet, hash_token
 from services.runtime.http_errors import install_error_handlers
 from services.sandbox_broker import hot_routes
+from services.sandbox_broker.auth import Callers
 
 SERVICE, JOB_A = "svc", "tok-a"
 
@@ -50,6 +51,19 @@ class RecordingBroker:
         self.calls.append(("exec", request))
         return ExecResult(exit_code=0, stdout="hi\n", stderr="", duration_s=0.001)
 
+    async def renew(self, lease_id: str, ttl_s: float) -> Lease:
+        lease = (await self.get(lease_id)).model_copy(update={"expires_at": time.time() + ttl_s})
+        self.calls.append(("renew", lease_id))
+        self.leases[lease_id] = lease
+        return lease
+
+    async def renew_many(self, lease_ids: list[str], ttl_s: float, visible: Callable[[Lease], bool]) -> RenewedLeases:
+        self.calls.append(("renew_many", lease_ids))
+        shown = [i for i in lease_ids if i in self.leases and visible(self.leases[i])]
+        renewed = RenewedLeases(expires_at={i: (await self.renew(i, ttl_s)).expires_at for i in shown})
+        renewed.ended = [i for i in lease_ids if i not in renewed.expires_at]
+        return renewed
+
 
 @pytest.fixture
 async def http(redis_url: str) -> AsyncIterator[tuple[httpx.AsyncClient, RecordingBroker]]:
@@ -65,7 +79,7 @@ async def http(redis_url: str) -> AsyncIterator[tuple[httpx.AsyncClient, Recordi
 
     broker = RecordingBroker()
     app.state.broker, app.state.redis = broker, client
-    app.state.auth = Authenticator(TokenSet(), TokenSet.parse(SERVICE))
+    app.state.auth = Callers(Authenticator(TokenSet(), TokenSet.parse(SERVICE)))  # as create_app sets it
     transport = httpx.ASGITransport(app=hot_routes.Front(app))  # as served (main.py)
     async with httpx.AsyncClient(transport=transport, base_url="http://broker") as http:
         yield http, broker
@@ -153,3 +167,66 @@ async def test_other_requests_reach_the_fastapi_app(http: tuple[httpx.AsyncClien
     assert wrong_method.status_code == 405 and "error" in wrong_method.json()
     unknown = await client.post("/nowhere", json={})
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "not_found"
+
+
+async def test_renewals_one_by_one_and_many_at_once(http: tuple[httpx.AsyncClient, Any]) -> None:
+    client, broker = http
+    mine, theirs = (
+        (await broker.create_lease(LeaseRequest(job="a"))).id,
+        (await broker.create_lease(LeaseRequest(job="b"))).id,
+    )
+    one = await client.post(f"/leases/{mine}/renew", json={"ttl_s": 900}, headers=_as(SERVICE))
+    assert one.status_code == 200 and Lease.model_validate_json(one.content).expires_at > time.time() + 800
+    missing = await client.post("/leases/lse-x/renew", json={"ttl_s": 900}, headers=_as(SERVICE))
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "lease_not_found"
+    hidden = await client.post(f"/leases/{theirs}/renew", json={"ttl_s": 900}, headers=_as(JOB_A))
+    assert hidden.status_code == 404  # another job's lease, as one that does not exist
+    ids = [mine, theirs, "lse-x"]
+    every = await client.post("/leases/renew", json={"ids": ids, "ttl_s": 900}, headers=_as(SERVICE))
+    assert every.status_code == 200, every.text
+    assert set(every.json()["expires_at"]) == {mine, theirs} and every.json()["ended"] == ["lse-x"]
+    own = await client.post("/leases/renew", json={"ids": ids}, headers=_as(JOB_A))
+    assert list(own.json()["expires_at"]) == [mine] and own.json()["ended"] == [theirs, "lse-x"]
+    for headers in ({}, _as("nope")):
+        refused = await client.post("/leases/renew", json={"ids": ids}, headers=headers)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "unauthorized"
+    invalid_bodies: list[dict[str, Any]] = [{"ids": "x"}, {"ids": ids, "ttl_s": -1}, {}]
+    for body in invalid_bodies:
+        invalid = await client.post("/leases/renew", json=body, headers=_as(SERVICE))
+        assert invalid.status_code == 422 and invalid.json()["error"]["code"] == "validation_error", body
+    assert [c[1] for c in broker.calls if c[0] == "renew_many"] == [ids, ids]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "route"),
+    [
+        ("POST", "/leases", "create_lease"), ("POST", "/leases/renew", "renew_many"),
+        ("DELETE", "/leases/l1", "release"), ("DELETE", "/leases/renew", "release"),
+        ("POST", "/leases/l1/exec", "exec_"), ("POST", "/leases/l1/renew", "renew"),
+        ("GET", "/leases", None), ("GET", "/leases/l1", None), ("POST", "/leases/l1", None),
+        ("POST", "/leases/", None), ("DELETE", "/leases//exec", None), ("POST", "/leases/l1/exec/", None),
+        ("POST", "/leases/l1/exec/stream", None), ("POST", "/leasesx", None), ("PUT", "/leases/l1/files", None),
+    ],
+)  # fmt: skip
+def test_only_the_hot_routes_are_taken_by_the_front(method: str, path: str, route: str | None) -> None:
+    found = hot_routes.match(method, path)
+    assert (found[0].__name__ if found else None) == route
+
+
+async def test_the_settings_tokens_are_remembered_job_tokens_never(redis_url: str) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    callers = Callers(Authenticator(TokenSet(), TokenSet.parse(SERVICE)))
+    try:
+        await client.hset(keys.job_tokens(), hash_token(JOB_A), "a")
+        assert (await callers.resolve(client, f"Bearer {SERVICE}")).role == "service"
+        assert (await callers.resolve(client, f"Bearer {JOB_A}")).job == "a"
+        assert list(callers._known) == [f"Bearer {SERVICE}"]
+        await client.hdel(keys.job_tokens(), hash_token(JOB_A))  # the rollout API revoked it
+        for header in (f"Bearer {JOB_A}", "Bearer nope", None):
+            with pytest.raises(PlatformError) as refused:
+                await callers.resolve(client, header)
+            assert refused.value.code == ErrorCode.UNAUTHORIZED
+        assert (await callers.resolve(None, f"Bearer {SERVICE}")).role == "service"  # from memory: no Redis
+        assert list(callers._known) == [f"Bearer {SERVICE}"]
+    finally:
+        await client.aclose()

@@ -1,106 +1,29 @@
 """The warm path's one Redis round trip, the lease cache that spares an exec its Redis read, and the
 orphan sweep that must not take a sandbox being handed out: brokers in-process over real Redis,
-with a backend that only records calls (no sandboxes needed)."""
+with a backend that only records calls (no sandboxes needed; ``recording.py``)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, cast
+from typing import cast
 
 import pytest
 import redis.asyncio as aioredis
 
 from services.protocol.errors import PlatformError
-from services.protocol.sandboxes import Lease, LeaseRequest, Resources
+from services.protocol.sandboxes import Lease, LeaseRequest
 from services.protocol.status import ErrorCode
-from services.sandbox_broker.backends.base import LABEL_BROKER, LABEL_POOL, Backend, Sandbox
-from services.sandbox_broker.broker import Broker
+from services.sandbox_broker.backends.base import LABEL_BROKER, LABEL_POOL, Sandbox
 from services.sandbox_broker.lease_cache import LeaseCache
-from services.sandbox_broker.leases import LeaseRecord, LeaseStore
-from services.sandbox_broker.metrics import BrokerMetrics
-from services.sandbox_broker.pools import Pool, PoolKey
+from services.sandbox_broker.leases import LeaseRecord
 from services.sandbox_broker.reaper import Reaper
-from services.sandbox_broker.settings import BrokerSettings
-from services.sandbox_broker.templates import Templates, default_template
-
-KEY = PoolKey.of("default", Resources())
+from tests.sandbox_broker.recording import KEY, InProcessFactory, RecordingBackend, count_commands, until
 
 
-class RecordingBackend:
-    name = "local"
-
-    def __init__(self) -> None:
-        self.destroyed: list[str] = []
-        self.present: list[Sandbox] = []
-
-    async def keepalive(self, sandbox_id: str, ttl_s: float) -> None:
-        return None
-
-    async def destroy(self, sandbox_id: str) -> None:
-        self.destroyed.append(sandbox_id)
-
-    async def close(self) -> None:
-        return None
-
-    async def list_sandboxes(self) -> list[Sandbox]:
-        return list(self.present)
-
-
-BrokerFactory = Callable[..., Awaitable[Broker]]
-
-
-@pytest.fixture
-async def make_broker(redis_url: str) -> AsyncIterator[BrokerFactory]:
-    made: list[Broker] = []
-
-    async def make(pooled: Sequence[str] = (), cache: bool = False, **settings: Any) -> Broker:
-        s = BrokerSettings(allow_anonymous=True, instance=f"b{len(made)}", **settings)
-        client = aioredis.Redis.from_url(redis_url)
-        store = LeaseStore(client, s.ttl_grace_s)
-        broker = Broker(s, cast(Backend, RecordingBackend()), store, Templates(client, default_template(s), "local"),
-                        BrokerMetrics())  # fmt: skip
-        pool = broker.pools._pools[KEY] = Pool(KEY, target=len(pooled))  # no refill task: the test's sandboxes only
-        pool.ready.extend(Sandbox(i, {}) for i in pooled)
-        await broker.templates.get("default")  # read once (then cached), so it is not counted below
-        if cache:
-            broker.cache.start()
-            await _until(lambda: broker.cache.subscribed)
-        made.append(broker)
-        return broker
-
-    yield make
-    for broker in made:
-        await broker.close()
-        await broker.store.client.aclose()
-
-
-async def _until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    """Wait for something another connection delivers (no assertion on how long it took)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never became true"
-        await asyncio.sleep(0.01)
-
-
-def _count_commands(client: aioredis.Redis) -> list[str]:
-    """The commands ``client`` sends from here on (each one round trip)."""
-    sent: list[str] = []
-    send: Callable[..., Awaitable[Any]] = client.execute_command
-
-    async def counted(*args: Any, **options: Any) -> Any:
-        sent.append(str(args[0]).lower())
-        return await send(*args, **options)
-
-    client.execute_command = counted  # type: ignore[method-assign]
-    return sent
-
-
-async def test_a_warm_lease_is_admitted_and_recorded_in_one_round_trip(make_broker: BrokerFactory) -> None:
+async def test_a_warm_lease_is_admitted_and_recorded_in_one_round_trip(make_broker: InProcessFactory) -> None:
     broker = await make_broker(["warm-0", "warm-1"])
     await broker.create_lease(LeaseRequest(job="j"))  # loads the script into Redis (a first call only)
-    sent = _count_commands(broker.store.client)
+    sent = count_commands(broker.store.client)
     lease = await broker.create_lease(LeaseRequest(job="j"))
     assert lease.warm and lease.sandbox_id == "warm-1"
     assert sent == ["evalsha"]
@@ -110,7 +33,7 @@ async def test_a_warm_lease_is_admitted_and_recorded_in_one_round_trip(make_brok
     assert broker.pools.owned() == set()  # settled: the leases' now, not the pool's
 
 
-async def test_a_warm_lease_the_limits_refuse_goes_back_to_its_pool(make_broker: BrokerFactory) -> None:
+async def test_a_warm_lease_the_limits_refuse_goes_back_to_its_pool(make_broker: InProcessFactory) -> None:
     broker = await make_broker(["warm-1", "warm-2"], job_quota=1)
     first = await broker.create_lease(LeaseRequest(job="j"))
     with pytest.raises(PlatformError) as refused:
@@ -124,14 +47,14 @@ async def test_a_warm_lease_the_limits_refuse_goes_back_to_its_pool(make_broker:
     assert hits == 2  # leases served from the pool, not takes
 
 
-async def test_a_lease_released_on_another_replica_is_refused_here(make_broker: BrokerFactory) -> None:
+async def test_a_lease_released_on_another_replica_is_refused_here(make_broker: InProcessFactory) -> None:
     here, there = await make_broker(["warm-1"], cache=True), await make_broker(cache=True)
     lease = await here.create_lease(LeaseRequest())
     assert (await there.live(lease.id)).lease == lease  # read from Redis, kept
     assert (await there.live(lease.id)).lease == lease  # from the cache
     assert there.metrics.lease_cache_hits._value.get() == 1
     assert await here.release(lease.id)
-    await _until(lambda: there.cache.get(lease.id, time.time()) is None)  # the claim's announcement arrived
+    await until(lambda: there.cache.get(lease.id, time.time()) is None)  # the claim's announcement arrived
     with pytest.raises(PlatformError) as gone:
         await there.live(lease.id)
     assert gone.value.code == ErrorCode.LEASE_NOT_FOUND
@@ -140,7 +63,7 @@ async def test_a_lease_released_on_another_replica_is_refused_here(make_broker: 
 
 
 async def test_the_orphan_sweep_spares_a_sandbox_handed_out_while_it_reads_the_leases(
-    make_broker: BrokerFactory,
+    make_broker: InProcessFactory,
 ) -> None:
     broker = await make_broker(["warm-1"])
     backend = cast(RecordingBackend, broker.backend)
@@ -159,7 +82,7 @@ async def test_the_orphan_sweep_spares_a_sandbox_handed_out_while_it_reads_the_l
     assert handed_out[0].sandbox_id == "warm-1" and backend.destroyed == []
 
 
-async def test_a_pool_create_slower_than_the_grace_is_not_an_orphan(make_broker: BrokerFactory) -> None:
+async def test_a_pool_create_slower_than_the_grace_is_not_an_orphan(make_broker: InProcessFactory) -> None:
     broker = await make_broker(create_timeout_s=120)
     backend = cast(RecordingBackend, broker.backend)
     labels = {LABEL_BROKER: broker.instance, LABEL_POOL: "1"}

@@ -103,7 +103,8 @@ class ExecAgent:
         assert self.proc.stdin is not None
         try:
             self.proc.stdin.write(request.frame(rid, sink is not None))
-            done = await asyncio.wait_for(self._collect(out, err, sink), request.timeout_s + GRACE_S)
+            async with asyncio.timeout(request.timeout_s + GRACE_S):  # no task of its own, as wait_for has
+                done = await self._collect(out, err, sink)
         except TimeoutError:
             log.warning("exec agent %d did not answer past a command's deadline: killed", self.proc.pid)
             done = {"exit_code": exec_agent.TIMEOUT_EXIT_CODE, "timed_out": True}

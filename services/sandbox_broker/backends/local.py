@@ -40,6 +40,7 @@ from services.sandbox_broker.backends.local_commands import (
 )
 from services.sandbox_broker.backends.local_files import extract_tar, pack_tar, read_host_file, write_host_file
 from services.sandbox_broker.backends.local_images import LocalImages, image_of, read_meta, workdir_of
+from services.sandbox_broker.backends.local_known import KnownSandboxes
 from services.sandbox_broker.backends.process import run_process, watch_children_with_pidfds
 from services.sandbox_broker.settings import BrokerSettings
 
@@ -70,6 +71,7 @@ class LocalBackend:
         self._bwrap: str | None = None
         self.agents = ExecAgents()
         self.use_agents = settings.exec_agents
+        self.known = KnownSandboxes()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -123,7 +125,8 @@ class LocalBackend:
         meta: dict[str, object] = {"labels": spec.labels, "network": spec.network, "created_at": time.time(),
                                    "image_prepare_s": unpack_s}  # fmt: skip
         try:
-            await asyncio.to_thread(self._prepare, paths, spec, meta)
+            text = await asyncio.to_thread(self._prepare, paths, spec, meta)
+            self.known.add(sandbox_id, paths, json.loads(text))  # as its commands would read it back
             await self._start_agent(sandbox_id, paths, meta)
             for command in spec.template.setup:
                 request = ExecRequest(shell=command, timeout_s=self.setup_timeout_s)
@@ -145,7 +148,8 @@ class LocalBackend:
     async def drop_snapshot(self, snapshot_id: str) -> None:
         await asyncio.to_thread(snapshots.drop, snapshot_id, self.root.parent)
 
-    def _prepare(self, paths: SandboxPaths, spec: SandboxSpec, meta: dict[str, object]) -> None:
+    def _prepare(self, paths: SandboxPaths, spec: SandboxSpec, meta: dict[str, object]) -> str:
+        """Lay the sandbox out on disk; its meta as written."""
         paths.root.mkdir(parents=True)
         if self.disk_quota:  # first: the workspace, /tmp and an image's upper layer all live on it
             disk.create(paths.root, paths.disk, spec.resources.disk_mb)
@@ -162,7 +166,9 @@ class LocalBackend:
         if self.cgroups.mode == "none":
             rlimits["v"] = spec.resources.memory_mb * 1024
         meta["rlimits"] = rlimits
-        paths.meta.write_text(json.dumps(meta))
+        text = json.dumps(meta)
+        paths.meta.write_text(text)
+        return text
 
     def _network(self, paths: SandboxPaths, spec: SandboxSpec) -> bool:
         """Give an egress sandbox its own namespace behind NAT and rules (netns.py); whether it has one."""
@@ -199,6 +205,7 @@ class LocalBackend:
     async def destroy(self, sandbox_id: str) -> None:
         paths = self._paths(sandbox_id)
         paths.meta.unlink(missing_ok=True)  # first: a command cut short now reports the sandbox gone
+        self.known.drop(sandbox_id)
         await self.agents.stop(sandbox_id)
         await asyncio.to_thread(self.cgroups.remove, sandbox_id)
         await asyncio.to_thread(teardown, paths)
@@ -233,11 +240,8 @@ class LocalBackend:
     # -- commands ------------------------------------------------------------------------------
 
     async def exec(self, sandbox_id: str, request: ExecRequest, sink: OutputSink | None = None) -> ExecResult:
-        paths = self._paths(sandbox_id)
-        try:
-            meta = json.loads(paths.meta.read_text())
-        except FileNotFoundError:
-            raise sandbox_gone(sandbox_id) from None
+        known = self.known.get(sandbox_id) or self.known.read(sandbox_id, self._paths(sandbox_id))
+        paths, meta = known.paths, known.meta
         if request.keep_background:
             why = "local commands run in their own pid namespace: their processes always end with them"
             raise PlatformError(ErrorCode.BAD_REQUEST, why, field="keep_background")
@@ -257,7 +261,8 @@ class LocalBackend:
         else:
             asked = AgentRequest(command, env, cwd, request.stdin, request.timeout_s, cap)
             result = await self.agents.run(agent, asked, sink, alone)
-        if not paths.meta.is_file():  # destroyed under the command (reaped, released): not a result
+        if not known.exists():  # destroyed under the command (reaped, released): not a result
+            self.known.drop(sandbox_id)
             raise sandbox_gone(sandbox_id)
         return result
 
