@@ -18,7 +18,7 @@ import orjson
 
 from services.protocol import ErrorCode, InfraStage, SamplingParams
 from services.protocol.llm import HEADER_DEADLINE, HEADER_JOB, HEADER_POOL, HEADER_SESSION, META_ENGINE
-from services.protocol.sandboxes import ExecRequest, ExecResult, Lease, LeaseRequest
+from services.protocol.sandboxes import MAX_RENEWALS, ExecRequest, ExecResult, Lease, LeaseRequest, RenewedLeases
 from services.rollout_api.worker.outages import BROKER, PROXY, Outages, Unreachable
 
 log = logging.getLogger(__name__)
@@ -251,6 +251,28 @@ class BrokerClient:
 
     async def renew(self, lease_id: str, ttl_s: float) -> None:
         await self._call(InfraStage.SANDBOX_EXEC, "POST", f"/leases/{lease_id}/renew", json={"ttl_s": ttl_s})
+
+    async def renew_many(self, lease_ids: list[str], ttl_s: float) -> list[str]:
+        """Renew many leases with one call per ``MAX_RENEWALS``; the ids that were not renewed (ended).
+        A broker without the route (405/404: one not upgraded yet) gets a call per lease."""
+        ended: list[str] = []
+        for start in range(0, len(lease_ids), MAX_RENEWALS):
+            ids = lease_ids[start : start + MAX_RENEWALS]
+            try:
+                body = await self._call(
+                    InfraStage.SANDBOX_EXEC, "POST", "/leases/renew", json={"ids": ids, "ttl_s": ttl_s}
+                )
+            except InfraError as exc:
+                if exc.code not in (ErrorCode.BAD_REQUEST, ErrorCode.NOT_FOUND):
+                    raise
+                ended += await self._renew_each(ids, ttl_s)
+                continue
+            ended += RenewedLeases.model_validate(body).ended
+        return ended
+
+    async def _renew_each(self, lease_ids: list[str], ttl_s: float) -> list[str]:
+        done = await asyncio.gather(*(self.renew(i, ttl_s) for i in lease_ids), return_exceptions=True)
+        return [i for i, outcome in zip(lease_ids, done, strict=True) if isinstance(outcome, Exception)]
 
     async def release(self, lease_id: str) -> None:
         await self._call(InfraStage.SANDBOX_EXEC, "DELETE", f"/leases/{lease_id}")

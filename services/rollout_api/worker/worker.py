@@ -225,20 +225,28 @@ class Worker:
         outages = self.deps.outages
         if outages is not None and not outages.breakers[BROKER].up.is_set():
             return  # renewals wait for the broker; the items' idle time above must not
-        for lease in list(self.deps.leases):  # in the background: a slow broker never holds the XCLAIM above
-            if lease not in self.renewing:
-                task = asyncio.create_task(self._renew(lease), name=f"renew {lease}")
-                self.renewing[lease] = task
-                task.add_done_callback(functools.partial(self._renewed, lease))
+        # every held lease not being renewed already, in one call to the broker; in the background:
+        # a slow broker never holds the XCLAIM above
+        due = [lease for lease in list(self.deps.leases) if lease not in self.renewing]
+        if due:
+            task = asyncio.create_task(self._renew(due), name=f"renew {len(due)} leases")
+            self.renewing.update(dict.fromkeys(due, task))
+            task.add_done_callback(functools.partial(self._renewed, due))
 
-    def _renewed(self, lease: str, _: asyncio.Task[None]) -> None:
-        self.renewing.pop(lease, None)
+    def _renewed(self, leases: list[str], task: asyncio.Task[None]) -> None:
+        for lease in leases:
+            if self.renewing.get(lease) is task:
+                del self.renewing[lease]
 
-    async def _renew(self, lease: str) -> None:
+    async def _renew(self, leases: list[str]) -> None:
         try:
-            await self.deps.broker.renew(lease, self.settings.lease_ttl_s)
+            ended = await self.deps.broker.renew_many(leases, self.settings.lease_ttl_s)
         except Exception as exc:
-            log.warning("renewal of lease %s failed: %s", lease, exc)
+            log.warning("renewal of %d leases failed: %s", len(leases), exc)
+            return
+        for lease in ended:
+            if lease in self.deps.leases:  # not one let go while the call was on its way
+                log.warning("renewal of lease %s failed: the broker holds no live lease of that id", lease)
 
     async def _reclaim_due(self) -> int:
         """Reclaim, at most every ``reclaim_interval_s``; how many items were taken over."""
