@@ -43,7 +43,7 @@ def test_probe_leftovers_of_a_killed_broker_are_removed_at_start(state_dir: Path
     pid = _dead_pid()
     disk_dir, overlay_dir = leftovers.probe_dir(state_dir, "disk", pid), leftovers.probe_dir(state_dir, "overlay", pid)
     disk_dir.mkdir()
-    disk.create(disk_dir, disk_dir / "disk", 8)
+    disk.DiskImages(state_dir / disk.TEMPLATES).create(disk_dir, disk_dir / "disk", 8)
     layers = [overlay_dir / d for d in ("lower", "upper", "work", "merged")]
     for d in layers:
         d.mkdir(parents=True)

@@ -2,11 +2,17 @@
 
 Each sandbox gets a sparse file ``<sandbox>/disk.img`` formatted as ext4 (no journal, no reserved
 blocks, inode tables initialised lazily and never in the background) and loop-mounted on
-``<sandbox>/disk``. The workspace, ``/tmp`` and the overlay's upper and work directories (a task
-image's private writable layer) are directories inside it, so everything the sandbox writes counts
-against ``disk_mb`` and writing past it fails with ENOSPC inside the sandbox, while the host's
-filesystem and the broker are untouched. The image is sparse: it costs only the blocks written
-(a fresh 10 GiB image holds about 4 MB), and it is deleted with the sandbox.
+``<sandbox>/rw`` (with the system calls: ``mounts.py``). The workspace, ``/tmp`` and the overlay's
+upper and work directories (a task image's private writable layer) are directories inside it, so
+everything the sandbox writes counts against ``disk_mb`` and writing past it fails with ENOSPC
+inside the sandbox, while the host's filesystem and the broker are untouched. The image is sparse:
+it costs only the blocks written (a fresh 10 GiB image holds about 4 MB), and it is deleted with
+the sandbox.
+
+The image is not formatted per sandbox: ``mkfs.ext4`` runs once per size and state directory, into
+a template (:class:`DiskImages`), and each sandbox gets a sparse copy of it (its data extents only:
+about a quarter of mkfs's CPU). The copies share the filesystem's UUID, which ext4, unlike XFS,
+does not mind; nothing on the host mounts by UUID.
 
 Project quotas (XFS, ext4) would do the same on one shared filesystem, but need a kernel built with
 quota support; a size-limited tmpfs is exact but RAM-backed. Without root (no loop mounts), ``disk``
@@ -15,39 +21,101 @@ is a plain directory and only the per-file size rlimit applies: ``/healthz`` sho
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import logging
+import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
-from services.sandbox_broker.backends.overlay import mounted
+from services.sandbox_broker.backends import mounts
 
 log = logging.getLogger(__name__)
 
 MKFS = ["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-m", "0", "-E", "lazy_itable_init=1,nodiscard"]
-MOUNT_OPTIONS = "loop,noinit_itable,nosuid,nodev"
+MOUNT_FLAGS = mounts.MS_NOSUID | mounts.MS_NODEV
+MOUNT_OPTIONS = "noinit_itable"
 KIND = "loop-ext4"
+FORMAT = hashlib.sha256(" ".join(MKFS).encode()).hexdigest()[:10]  # templates of other mkfs options are not used
+TEMPLATES = "disk-templates"  # under the state directory
 
 
 def image(root: Path) -> Path:
     return root / "disk.img"
 
 
-def create(root: Path, mountpoint: Path, size_mb: int) -> None:
-    """Make and mount the sandbox's filesystem of ``size_mb`` MiB on ``mountpoint``."""
-    img = image(root)
-    with img.open("wb") as f:
+class DiskImages:
+    """Empty formatted images, one per size, made once in ``directory`` (several brokers may share
+    it: each template appears by an atomic rename) and copied for each sandbox."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._lock = threading.Lock()  # one mkfs per size at a time in this process
+
+    def create(self, root: Path, mountpoint: Path, size_mb: int) -> None:
+        """Make and mount the sandbox's filesystem of ``size_mb`` MiB on ``mountpoint``."""
+        img = image(root)
+        copy_sparse(self.template(size_mb), img)
+        mountpoint.mkdir(exist_ok=True)
+        mounts.loop_mount(img, mountpoint, "ext4", MOUNT_FLAGS, MOUNT_OPTIONS)
+        (mountpoint / "lost+found").rmdir()
+
+    def template(self, size_mb: int) -> Path:
+        path = self.directory / f"ext4-{size_mb}mb-{FORMAT}.img"
+        if path.is_file():
+            return path
+        with self._lock:
+            if not path.is_file():
+                self.directory.mkdir(parents=True, exist_ok=True)
+                scratch = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+                try:
+                    _format(scratch, size_mb)
+                    os.replace(scratch, path)
+                finally:
+                    scratch.unlink(missing_ok=True)
+        return path
+
+    def clean_leftovers(self) -> None:
+        """Remove half-made templates of brokers that are gone."""
+        for scratch in self.directory.glob("*.tmp"):
+            pid = scratch.suffixes[-2].lstrip(".") if len(scratch.suffixes) > 1 else ""
+            if not (pid.isdigit() and Path(f"/proc/{pid}").exists()):
+                scratch.unlink(missing_ok=True)
+
+
+def _format(path: Path, size_mb: int) -> None:
+    with path.open("wb") as f:
         f.truncate(size_mb * 1024 * 1024)
-    _run([*MKFS, str(img)], "mkfs.ext4")
-    mountpoint.mkdir(exist_ok=True)
-    _run(["mount", "-t", "ext4", "-o", MOUNT_OPTIONS, str(img), str(mountpoint)], "mount")
-    (mountpoint / "lost+found").rmdir()
+    _run([*MKFS, str(path)], "mkfs.ext4")
+
+
+def copy_sparse(source: Path, dest: Path) -> None:
+    """Copy ``source`` into a new ``dest`` extent by extent: its holes stay holes."""
+    with source.open("rb") as src, dest.open("wb") as dst:
+        size = os.fstat(src.fileno()).st_size
+        position = 0
+        while position < size:
+            try:
+                start = os.lseek(src.fileno(), position, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:  # ENXIO: nothing but a hole after ``position``
+                    raise
+                break
+            end = os.lseek(src.fileno(), start, os.SEEK_HOLE)
+            while start < end:
+                copied = os.copy_file_range(src.fileno(), dst.fileno(), end - start, start, start)
+                if copied == 0:
+                    raise OSError(errno.EIO, f"{source} ended early while copying it")
+                start += copied
+            position = end
+        os.ftruncate(dst.fileno(), size)
 
 
 def release(root: Path, mountpoint: Path) -> None:
     """Unmount (lazily: a process still dying in it cannot block) and delete the image; idempotent."""
-    if mounted(mountpoint):
-        subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True, check=False)
+    mounts.detach(mountpoint)
     image(root).unlink(missing_ok=True)
 
 
@@ -58,7 +126,7 @@ def probe(scratch: Path) -> bool:
         return False
     try:
         scratch.mkdir(parents=True, exist_ok=True)
-        create(scratch, scratch / "disk", 8)
+        DiskImages(scratch / TEMPLATES).create(scratch, scratch / "disk", 8)
         return True
     except OSError as exc:
         log.info("no loop-mounted disk quota here (%s): only a file-size rlimit", exc)

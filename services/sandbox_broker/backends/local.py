@@ -67,6 +67,7 @@ class LocalBackend:
         self.probe = HostProbe(None, None, False, "none")
         self.overlay = False
         self.disk_quota = False  # each sandbox's writable state on a loop-mounted, size-limited ext4
+        self.disks = disk.DiskImages(state_dir / disk.TEMPLATES)
         self.egress_problem = "not probed"  # '' when egress sandboxes get their own isolated namespace
         self._bwrap: str | None = None
         self.agents = ExecAgents()
@@ -83,6 +84,7 @@ class LocalBackend:
         await asyncio.to_thread(leftovers.clean_probes, self.root.parent)
         await asyncio.to_thread(snapshots.clean, self.root.parent)
         await asyncio.to_thread(self.images.clean_leftovers)
+        await asyncio.to_thread(self.disks.clean_leftovers)
         self.cgroups = await asyncio.to_thread(Cgroups.probe, self.pids_max, Cgroups.scope_of(self.root))
         paths = SandboxPaths(self.root.parent / "probe")
         self._layout(paths)
@@ -152,7 +154,7 @@ class LocalBackend:
         """Lay the sandbox out on disk; its meta as written."""
         paths.root.mkdir(parents=True)
         if self.disk_quota:  # first: the workspace, /tmp and an image's upper layer all live on it
-            disk.create(paths.root, paths.disk, spec.resources.disk_mb)
+            self.disks.create(paths.root, paths.disk, spec.resources.disk_mb)
         if spec.clone_of is not None:  # before any overlay is mounted over the copied upper layer
             started = time.monotonic()
             snapshots.restore(spec.clone_of, self.root.parent, paths.disk)

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from services.sandbox_broker.backends import mounts
 from services.sandbox_broker.images.unpack import chown_tree
 
 __all__ = ["chown_tree", "mount", "mounted", "mounts_under", "probe", "unmount", "unmount_under"]
@@ -16,9 +17,7 @@ log = logging.getLogger(__name__)
 
 
 def mounted(path: Path) -> bool:
-    target = str(path.absolute())
-    with open("/proc/self/mountinfo") as mountinfo:
-        return any(line.split()[4] == target for line in mountinfo)
+    return str(path.absolute()) in mounts.mount_points()
 
 
 def mount(lower: Path | str, upper: Path, work: Path, merged: Path) -> None:
@@ -32,24 +31,19 @@ def mount(lower: Path | str, upper: Path, work: Path, merged: Path) -> None:
 
 def mounts_under(path: Path) -> list[Path]:
     """Mount points at or below ``path`` (absolute), deepest first."""
-    top = str(path.absolute())
-    with open("/proc/self/mountinfo") as mountinfo:
-        points = [line.split()[4].replace("\\040", " ") for line in mountinfo]
-    inside = {p for p in points if p == top or p.startswith(top + "/")}
-    return [Path(p) for p in sorted(inside, key=len, reverse=True)]
+    return mounts.points_under(path)
 
 
 def unmount_under(path: Path) -> int:
-    """Detach every mount at or below ``path``; how many there were."""
-    found = mounts_under(path)
+    """Detach every mount at or below ``path`` (one read of the mount table); how many there were."""
+    found = mounts.points_under(path)
     for point in found:
-        subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
+        mounts.detach(point)
     return len(found)
 
 
 def unmount(merged: Path) -> None:
-    if mounted(merged):
-        subprocess.run(["umount", "-l", str(merged)], capture_output=True, check=False)
+    mounts.detach(merged)
 
 
 def probe(scratch: Path) -> bool:

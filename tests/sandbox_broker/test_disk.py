@@ -1,0 +1,91 @@
+"""A sandbox's disk quota (``disk.py``, ``mounts.py``): a sparse copy of a template formatted once per
+size, loop-mounted and detached with the system calls; each copy a filesystem of its own (the
+shared UUID notwithstanding), the size enforced, no loop device left bound after the detach."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from services.sandbox_broker.backends import disk, mounts
+from services.sandbox_broker.backends.leftovers import probe_dir
+
+SIZE_MB = 64
+
+
+def _bound_loop_devices(image: Path) -> list[str]:
+    """Loop devices whose backing file is ``image`` (as the kernel reports them)."""
+    found = []
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        try:
+            if backing.read_text().strip().removesuffix(" (deleted)") == str(image):
+                found.append(backing.parent.parent.name)
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture
+def disks(state_dir: Path) -> disk.DiskImages:
+    if not disk.probe(probe_dir(state_dir, "disk", os.getpid())):
+        pytest.skip("no loop mounts here (not root, no loop devices or no mkfs.ext4)")
+    return disk.DiskImages(state_dir / disk.TEMPLATES)
+
+
+def test_a_sparse_copy_keeps_the_holes(tmp_path: Path) -> None:
+    source, dest = tmp_path / "a.img", tmp_path / "b.img"
+    with source.open("wb") as f:
+        f.truncate(1 << 30)
+        f.write(b"head")
+        f.seek(5 << 20)
+        f.write(b"middle" * 1000)
+    disk.copy_sparse(source, dest)
+    assert dest.stat().st_size == 1 << 30 and dest.read_bytes()[:4] == b"head"
+    with dest.open("rb") as f:
+        f.seek(5 << 20)
+        assert f.read(6000) == b"middle" * 1000
+    assert dest.stat().st_blocks * 512 < 1 << 20  # holes, not a gigabyte of zeros
+
+
+def test_each_sandbox_gets_its_own_filesystem_from_one_template(disks: disk.DiskImages, state_dir: Path) -> None:
+    roots = [state_dir / f"sbx-{i}" for i in range(2)]
+    try:
+        for root in roots:
+            root.mkdir()
+            disks.create(root, root / "rw", SIZE_MB)
+        assert len(list(disks.directory.iterdir())) == 1  # formatted once, copied twice
+        points = mounts.mount_points()
+        assert all(str(root / "rw") in points for root in roots)
+        assert all(not (root / "rw" / "lost+found").exists() for root in roots)
+        (roots[0] / "rw" / "mine").write_text("0")
+        assert not (roots[1] / "rw" / "mine").exists()  # two filesystems, although one UUID
+        with pytest.raises(OSError) as full, (roots[1] / "rw" / "big").open("wb") as big:
+            for _ in range(SIZE_MB + 1):
+                big.write(b"x" * (1 << 20))
+                big.flush()
+                os.fsync(big.fileno())
+        assert full.value.errno == errno.ENOSPC  # the quota, not the host's disk
+        assert all(_bound_loop_devices(disk.image(root)) for root in roots)
+    finally:
+        for root in roots:
+            disk.release(root, root / "rw")
+    assert not [p for p in mounts.mount_points() if p.startswith(str(state_dir))]
+    assert not any(_bound_loop_devices(disk.image(root)) for root in roots)  # autoclear freed them
+
+
+def test_detaching_what_is_not_mounted_does_nothing(tmp_path: Path) -> None:
+    assert mounts.detach(tmp_path) is False and mounts.detach(tmp_path / "absent") is False
+    assert tmp_path.is_dir()
+
+
+def test_a_half_made_template_of_a_gone_broker_is_removed(disks: disk.DiskImages) -> None:
+    disks.directory.mkdir(parents=True, exist_ok=True)
+    mine = disks.directory / f"ext4-8mb-{disk.FORMAT}.img.{os.getpid()}.tmp"
+    gone = disks.directory / f"ext4-8mb-{disk.FORMAT}.img.{2**22 + 12345}.tmp"
+    for scratch in (mine, gone):
+        scratch.write_bytes(b"")
+    disks.clean_leftovers()
+    assert mine.exists() and not gone.exists()
