@@ -95,6 +95,9 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
 
 
 def run(settings: WorkerSettings) -> int:
+    """On uvloop, as the proxy and the engines: a worker's CPU is HTTP client calls, hundreds in flight."""
+    import uvloop  # comes with uvicorn[standard]
+
     configure_logging(settings.log_level)
-    asyncio.run(serve(settings, settings.require_redis_url()))
+    uvloop.run(serve(settings, settings.require_redis_url()))
     return 0
