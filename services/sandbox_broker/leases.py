@@ -66,7 +66,8 @@ RENEW_CHUNK = 500  # leases per script run: Redis runs nothing else meanwhile (a
 
 # KEYS: index, record. ARGV: id, max score ("+inf" for a release), key prefixes of job/backend sets, the
 # channel of ended leases. Removes the lease from the index and its sets and announces its end (every
-# replica drops its cached record, ``lease_cache.py``); returns 1 only to the one caller that did.
+# replica drops its cached record, ``lease_cache.py``); returns 0, or only to the one caller that did,
+# "claimed" followed by the record's fields and values (empty if it never went live).
 _CLAIM = """
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score or tonumber(score) > tonumber(ARGV[2]) then return 0 end
@@ -77,7 +78,9 @@ if job then redis.call('SREM', ARGV[3] .. job, ARGV[1]) end
 if backend then redis.call('SREM', ARGV[4] .. backend, ARGV[1]) end
 redis.call('HSET', KEYS[2], 'state', 'closing')
 redis.call('PUBLISH', ARGV[5], ARGV[1])
-return 1
+local found = redis.call('HGETALL', KEYS[2])
+table.insert(found, 1, 'claimed')
+return found
 """
 
 
@@ -173,9 +176,9 @@ class LeaseStore:
         raw = await self._claim(
             keys=[keys.leases_index(), keys.lease(lease_id)], args=[lease_id, max_score, *self._prefixes]
         )
-        if not int(raw):
+        if not isinstance(raw, list):
             return False
-        return await self.get(lease_id)
+        return _record(dict(zip(raw[1::2], raw[2::2], strict=True)))  # the record, read in the same script
 
     async def forget(self, lease_id: str) -> None:
         await self.client.delete(keys.lease(lease_id))

@@ -120,6 +120,7 @@ async def test_a_workers_heartbeat_renews_its_leases_in_one_call(start_broker: B
         assert await client.renew_many([held[1].id, held[2].id], 900) == [held[2].id]
         for lease in held[:2]:
             await client.release(lease.id)
+        await client.close()
     await redis.aclose()
 
 
@@ -149,6 +150,7 @@ async def test_a_broker_without_the_route_gets_a_renewal_per_lease() -> None:
         async with aiohttp.ClientSession() as session:
             client = BrokerClient(session, f"http://127.0.0.1:{port}", 10.0)
             assert await client.renew_many(["a", "gone", "b"], 60) == ["gone"]
+            await client.close()
         assert sorted(renewed) == ["a", "b"]
     finally:
         await runner.cleanup()

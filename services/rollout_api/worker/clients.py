@@ -277,7 +277,7 @@ class BrokerClient:
             ids = lease_ids[start : start + MAX_RENEWALS]
             try:
                 body = await self._call(
-                    InfraStage.SANDBOX_EXEC, "POST", "/leases/renew", json={"ids": ids, "ttl_s": ttl_s}
+                    InfraStage.SANDBOX_EXEC, "POST", "/leases/renew", body={"ids": ids, "ttl_s": ttl_s}
                 )
             except InfraError as exc:
                 if exc.code not in (ErrorCode.BAD_REQUEST, ErrorCode.NOT_FOUND):

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import orjson
+
 from services.protocol.sandboxes import ExecResult
 from services.runtime.tasks import cancel_and_wait
 from services.sandbox_broker.backends import exec_agent
@@ -55,7 +57,10 @@ class AgentRequest:
     def frame(self, rid: int, stream: bool) -> bytes:
         body = {"argv": self.argv, "env": self.env, "cwd": self.cwd, "stdin": self.stdin,
                 "timeout_s": self.timeout_s, "max_output_bytes": self.max_output_bytes, "stream": stream}  # fmt: skip
-        payload = json.dumps(body).encode()
+        try:
+            payload = orjson.dumps(body)
+        except orjson.JSONEncodeError:  # a lone surrogate (a body parsed by the standard library): escaped
+            payload = json.dumps(body).encode()
         return exec_agent.HEADER.pack(len(payload), b"X", rid) + payload
 
 
@@ -116,7 +121,7 @@ class ExecAgent:
             raise
         if "duration_s" not in done:  # the agent is gone or hangs: its namespace must end with the command
             await self.stop()
-        return ExecResult(
+        return ExecResult.model_construct(  # every field given, each converted here: nothing to validate
             exit_code=int(done["exit_code"]), stdout=out.text(), stderr=err.text(),
             stdout_truncated=out.truncated or bool(done.get("stdout_truncated")),
             stderr_truncated=err.truncated or bool(done.get("stderr_truncated")),
@@ -128,7 +133,7 @@ class ExecAgent:
         while (frame := await self._frame()) is not None:
             kind, _, payload = frame
             if kind == b"D":
-                result: dict[str, float] = json.loads(payload)
+                result: dict[str, float] = orjson.loads(payload)
                 return result
             began = True
             if kind in (b"o", b"e"):
