@@ -218,8 +218,9 @@ class LocalBackend:
     def _scan(self) -> list[Sandbox]:
         found = []
         for meta_path in self.root.glob("*/meta.json"):
+            cached = self.known.peek(meta_path.parent.name)  # read at its create or first command here
             try:
-                meta = json.loads(meta_path.read_text())
+                meta = cached.meta if cached is not None else json.loads(meta_path.read_text())
             except (OSError, ValueError):
                 continue
             found.append(Sandbox(meta_path.parent.name, meta.get("labels", {}), workdir_of(meta),

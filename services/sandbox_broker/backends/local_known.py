@@ -54,6 +54,10 @@ class KnownSandboxes:
             raise sandbox_gone(sandbox_id)
         return known
 
+    def peek(self, sandbox_id: str) -> KnownSandbox | None:
+        """The sandbox if known here, without checking that it still exists."""
+        return self._known.get(sandbox_id)
+
     def read(self, sandbox_id: str, paths: SandboxPaths) -> KnownSandbox:
         """Read a sandbox's meta from disk (one created by another replica, or before a restart)."""
         try:
