@@ -6,15 +6,19 @@ concurrent command runs beside it."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from services.protocol.sandboxes import ExecRequest, Resources
-from services.sandbox_broker.backends import netns
+from services.sandbox_broker.backends import exec_agent, netns
 from services.sandbox_broker.backends.base import SandboxSpec
 from services.sandbox_broker.backends.local import LocalBackend
+from services.sandbox_broker.backends.local_commands import HOST_PYTHON
 from services.sandbox_broker.settings import BrokerSettings
 from services.sandbox_broker.templates import default_template
 from tests.sandbox_broker.conftest import needs_bwrap
@@ -73,3 +77,74 @@ def test_egress_namespaces_open_past_fd_1024(tmp_path: Path) -> None:
         netns.close_namespace(tmp_path)
         for fd in held:
             os.close(fd)
+
+
+# the agent's own spawn, compared with subprocess.Popen in the interpreter the sandboxes run it on
+_DRIVER = r"""
+import json, os, sys
+agent = {"__name__": "exec_agent"}
+exec(compile(open(sys.argv[1]).read(), "exec_agent", "exec"), agent)
+heavy = [m for m in ("json", "subprocess", "selectors", "signal", "typing", "re", "enum", "threading")
+         if m in agent_modules] if (agent_modules := set(json.loads(sys.argv[2]))) else []
+import subprocess
+
+def via_agent(argv, env, cwd, stdin):
+    child = agent["spawn"](argv, env, cwd, stdin is not None)
+    if stdin is not None:
+        os.write(child.stdin, stdin.encode()); os.close(child.stdin)
+    out = b"".join(iter(lambda: os.read(child.stdout, 65536), b""))
+    err = b"".join(iter(lambda: os.read(child.stderr, 65536), b""))
+    os.close(child.stdout); os.close(child.stderr)
+    return [child.wait(), out.decode(), err.decode()]
+
+def via_popen(argv, env, cwd, stdin):
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    out, err = proc.communicate(stdin.encode() if stdin is not None else None)
+    return [proc.returncode, out.decode(), err.decode()]
+
+def outcome(run, *call):
+    try:
+        return run(*call)
+    except OSError as exc:
+        return ["OSError", exc.errno]
+
+cases = json.loads(sys.argv[3])
+fast = [outcome(via_agent, *c) for c in cases]
+agent["_fork_exec"] = None  # the agent's Popen path (another interpreter version)
+print(json.dumps({"heavy": heavy, "agent": fast, "agent_popen": [outcome(via_agent, *c) for c in cases],
+                  "popen": [outcome(via_popen, *c) for c in cases]}))
+"""
+
+
+def test_the_agents_spawn_starts_commands_as_popen_does(tmp_path: Path) -> None:
+    load = f"exec(open({exec_agent.__file__!r}).read(), {{'__name__': 'agent'}}); import sys; m = sorted(sys.modules)"
+    loaded = subprocess.run([HOST_PYTHON, "-I", "-S", "-c", load + "; import json; print(json.dumps(m))"],
+                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "noexec").write_text("#!/bin/sh\necho never\n")  # not executable
+    env = {"PATH": f"/nonexistent:{tmp_path / 'bin'}:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    show = 'echo "$$ $(cut -d" " -f6 /proc/$$/stat) $(pwd)"; grep -E "^Sig(Ign|Blk)" /proc/$$/status; ls /proc/$$/fd'
+    cases = [
+        (["sh", "-c", show], env, str(tmp_path), None),  # session, signals, descriptors, cwd
+        (["sh", "-c", "cat; echo; cat </dev/stdin; exit 3"], env, "/", "piped in"),
+        (["sh", "-c", "cat; echo end"], env, "/", None),  # /dev/null
+        (["sh", "-c", "echo out; echo err >&2; kill -9 $$"], env, "/", None),
+        (["true"], {"PATH": "/nonexistent:/bin"}, "/", None),  # found on the env's PATH
+        (["no-such-command"], env, "/", None),
+        (["noexec"], env, "/", None),  # EACCES reported, although later directories say ENOENT
+        (["true"], env, str(tmp_path / "missing"), None),
+        ([str(tmp_path / "bin" / "noexec")], env, "/", None),
+    ]
+    done = subprocess.run([HOST_PYTHON, "-I", "-S", "-c", _DRIVER, exec_agent.__file__, loaded, json.dumps(cases)],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    found = json.loads(done.stdout)
+    assert found["heavy"] == []  # its start stays cheap (the module docstring)
+    runs = found["agent"], found["agent_popen"], found["popen"]
+    for run in runs:
+        pid_session = run[0][1].split()[:2]
+        assert pid_session[0] == pid_session[1]  # a session of its own
+        run[0][1] = run[0][1].split(" ", 2)[2]  # pids differ between the runs
+    agent, agent_popen, popen = runs
+    assert agent == popen and agent_popen == popen
+    assert agent[5] == ["OSError", errno.ENOENT] and agent[6] == ["OSError", errno.EACCES]

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
+import marshal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -57,10 +57,7 @@ class AgentRequest:
     def frame(self, rid: int, stream: bool) -> bytes:
         body = {"argv": self.argv, "env": self.env, "cwd": self.cwd, "stdin": self.stdin,
                 "timeout_s": self.timeout_s, "max_output_bytes": self.max_output_bytes, "stream": stream}  # fmt: skip
-        try:
-            payload = orjson.dumps(body)
-        except orjson.JSONEncodeError:  # a lone surrogate (a body parsed by the standard library): escaped
-            payload = json.dumps(body).encode()
+        payload = marshal.dumps(body, exec_agent.MARSHAL_VERSION)  # the agent trusts the broker (exec_agent.py)
         return exec_agent.HEADER.pack(len(payload), b"X", rid) + payload
 
 
