@@ -219,9 +219,7 @@ class Forwarder:
         )
 
     async def _forward(self, request: web.Request, call: Call, rt: EngineRuntime, payload: bytes) -> web.StreamResponse:
-        rt.in_flight += 1
-        series = self.metrics.engine(rt.engine_id)
-        series.in_flight.inc()
+        rt.in_flight += 1  # the in-flight gauge is set from this count (tally.py)
         sent = time.perf_counter()
         deadline_at = call.deadline_at
         try:
@@ -248,7 +246,6 @@ class Forwarder:
             return self._fail(call, rt, ErrorCode.ENGINE_UNAVAILABLE, f"engine connection failed: {exc}")
         finally:
             rt.in_flight -= 1
-            series.in_flight.dec()
             self.admission.released(call.pool)
 
     async def _send(self, rt: EngineRuntime, call: Call, payload: bytes) -> aiohttp.ClientResponse:
@@ -324,17 +321,17 @@ class Forwarder:
 
     def _observe(self, call: Call, rt: EngineRuntime, code: str, doc: Any) -> None:
         elapsed = time.perf_counter() - call.started
-        m = self.metrics
+        m, tally = self.metrics, self.metrics.tally
         series = m.engine(rt.engine_id)
-        m.call_done(rt.engine_id, call.route, code).inc()
-        series.latency.observe(elapsed)
+        tally.count(m.call_done(rt.engine_id, call.route, code))
+        tally.observe(series.latency, elapsed)
         if call.upstream_s:
-            m.overhead.observe(max(0.0, elapsed - call.upstream_s))
+            tally.observe(m.overhead, max(0.0, elapsed - call.upstream_s))
         prompt, completion = token_counts(doc)
         if prompt:
-            series.prompt_tokens.inc(prompt)
+            tally.count(series.prompt_tokens, prompt)
         if completion:
-            series.completion_tokens.inc(completion)
+            tally.count(series.completion_tokens, completion)
 
     async def _relay_stream(
         self,
