@@ -145,7 +145,7 @@ class Forwarder:
         check_shape(route, parsed)
         pool = self._pool_of(request, body, route)
         if route == GENERATE:
-            self.guard.guard_generate(body, parsed.prompt_len)
+            self.guard.guard_parsed(parsed)
         else:
             self.guard.guard_openai(body)
         body["rid"] = rid
@@ -196,11 +196,12 @@ class Forwarder:
         slow: set[str] = set()  # engines slow to connect: others first, then these again
 
         def untried() -> list[EngineRuntime]:
-            return [e for e in self.view.routable(call.pool) if e.url not in tried]
+            routable = self.view.routable(call.pool)
+            return [e for e in routable if e.url not in tried] if tried else routable
 
         while len(tried) <= self.settings.retries:
             free = await self.admission.engines(call.pool, untried, len(payload), call.deadline_at)
-            engines = [e for e in free if e.url not in slow] or free
+            engines = ([e for e in free if e.url not in slow] or free) if slow else free
             if not engines:
                 break
             rt = self.router.choose(engines, call.session, self.rng)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import socket
 from collections.abc import AsyncIterator, Iterator
 
-import aiohttp
 import aiohappyeyeballs
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -20,6 +20,7 @@ from services.llm_proxy.upstream import NOT_ANSWERED, EngineConnector, create_se
 @pytest.fixture
 async def engine_url() -> AsyncIterator[str]:
     async def answer(request: web.Request) -> web.Response:
+        assert request.transport is not None
         return web.json_response({"ok": True, "peer": request.transport.get_extra_info("peername")[1]})
 
     app = web.Application()
