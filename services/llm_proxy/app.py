@@ -90,9 +90,14 @@ def create_app(settings: ProxySettings, redis_url: str) -> web.Application:
             view, EngineClient(session, settings.health_timeout_s), session, proxy_metrics, pool_of(redis)
         )
         await checker.check_all()
+        proxy_metrics.tally.watch_in_flight(
+            lambda: {rt.engine_id: rt.in_flight for rt in view.runtime.values()},
+            lambda engine: proxy_metrics.engine(engine).in_flight,
+        )
         tasks = [
             asyncio.create_task(view.follow(redis), name="membership"),
             asyncio.create_task(checker.run(settings.health_interval_s), name="health"),
+            asyncio.create_task(proxy_metrics.tally.run(), name="metrics"),
         ]
         yield
         for task in tasks:

@@ -75,12 +75,12 @@ class ProxyAuth:
     async def _data_plane(self, request: web.Request) -> None:
         header = request.headers.get("Authorization")
         if header is None and not self.require_token:
-            self.metrics.job_calls.labels("anonymous").inc()
+            self.metrics.tally.count(self.metrics.job("anonymous"))
             return
         caller = await self._resolve(header)
         claimed = request.headers.get(HEADER_JOB, "")
         job = caller.job if caller.role == "job" else (claimed if JOB_NAME.match(claimed) else "unattributed")
-        self.metrics.job_calls.labels(job).inc()
+        self.metrics.tally.count(self.metrics.job(str(job)))
 
     async def _resolve(self, header: str | None) -> Principal:
         key = ("token", header or "")

@@ -11,7 +11,6 @@ back to a plain full decode, so the result is always the same as decoding everyt
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -21,22 +20,42 @@ _IDS_START = re.compile(rb'"input_ids"\s*:\s*\[')
 _NOT_FLAT = (b'"', b"[", b"{")  # an array of numbers holds none of these
 
 
-@dataclass(slots=True)
 class ParsedBody:
     """``doc`` is the body; when ``ids`` is set, ``doc`` lacks ``input_ids`` and ``ids`` holds the
-    array's raw bytes (between the brackets) with ``prompt_len`` elements."""
+    array's raw bytes (between the brackets), counted only when ``prompt_len`` is read: counting the
+    commas of a 2K-token prompt costs more CPU than the rest of parsing it, and the guard needs
+    the count only near the context cap (``prompt_len_at_most`` tells it when)."""
 
-    doc: dict[str, Any]
-    ids: bytes | None = None
-    prompt_len: int | None = None
+    __slots__ = ("_prompt_len", "doc", "ids")
+
+    def __init__(self, doc: dict[str, Any], ids: bytes | None = None, prompt_len: int | None = None) -> None:
+        self.doc = doc
+        self.ids = ids
+        self._prompt_len = prompt_len
+
+    @property
+    def prompt_len(self) -> int | None:
+        if self._prompt_len is None and self.ids is not None:
+            stripped = self.ids.strip()
+            self._prompt_len = stripped.count(b",") + 1 if stripped else 0
+        return self._prompt_len
+
+    @property
+    def prompt_len_at_most(self) -> int | None:
+        """An upper bound on ``prompt_len`` without counting: every element takes a digit and a comma
+        but the last."""
+        if self._prompt_len is None and self.ids is not None:
+            return (len(self.ids) + 1) // 2
+        return self._prompt_len
 
     def encode(self) -> bytes:
         """The body for the engine: ``doc`` with the original ``input_ids`` bytes put back."""
         rest = orjson.dumps(self.doc)
         if self.ids is None:
             return rest
-        head = b'{"input_ids":[' + self.ids + b"]"
-        return head + b"}" if rest == b"{}" else head + b"," + rest[1:]
+        if rest == b"{}":
+            return b"".join((b'{"input_ids":[', self.ids, b"]}"))
+        return b"".join((b'{"input_ids":[', self.ids, b"],", memoryview(rest)[1:]))
 
 
 def parse_body(raw: bytes, *, whole: bool = False) -> ParsedBody:
@@ -54,8 +73,7 @@ def parse_body(raw: bytes, *, whole: bool = False) -> ParsedBody:
             doc = None
         if isinstance(doc, dict) and doc.get(IDS_KEY) == []:
             del doc[IDS_KEY]
-            stripped = ids.strip()
-            return ParsedBody(doc, ids, stripped.count(b",") + 1 if stripped else 0)
+            return ParsedBody(doc, ids)
     doc = orjson.loads(raw)
     if not isinstance(doc, dict):
         raise TypeError("the body must be a JSON object")

@@ -145,7 +145,7 @@ class Forwarder:
         check_shape(route, parsed)
         pool = self._pool_of(request, body, route)
         if route == GENERATE:
-            self.guard.guard_generate(body, parsed.prompt_len)
+            self.guard.guard_parsed(parsed)
         else:
             self.guard.guard_openai(body)
         body["rid"] = rid
@@ -196,11 +196,12 @@ class Forwarder:
         slow: set[str] = set()  # engines slow to connect: others first, then these again
 
         def untried() -> list[EngineRuntime]:
-            return [e for e in self.view.routable(call.pool) if e.url not in tried]
+            routable = self.view.routable(call.pool)
+            return [e for e in routable if e.url not in tried] if tried else routable
 
         while len(tried) <= self.settings.retries:
             free = await self.admission.engines(call.pool, untried, len(payload), call.deadline_at)
-            engines = [e for e in free if e.url not in slow] or free
+            engines = ([e for e in free if e.url not in slow] or free) if slow else free
             if not engines:
                 break
             rt = self.router.choose(engines, call.session, self.rng)
@@ -219,9 +220,7 @@ class Forwarder:
         )
 
     async def _forward(self, request: web.Request, call: Call, rt: EngineRuntime, payload: bytes) -> web.StreamResponse:
-        rt.in_flight += 1
-        series = self.metrics.engine(rt.engine_id)
-        series.in_flight.inc()
+        rt.in_flight += 1  # the in-flight gauge is set from this count (tally.py)
         sent = time.perf_counter()
         deadline_at = call.deadline_at
         try:
@@ -248,7 +247,6 @@ class Forwarder:
             return self._fail(call, rt, ErrorCode.ENGINE_UNAVAILABLE, f"engine connection failed: {exc}")
         finally:
             rt.in_flight -= 1
-            series.in_flight.dec()
             self.admission.released(call.pool)
 
     async def _send(self, rt: EngineRuntime, call: Call, payload: bytes) -> aiohttp.ClientResponse:
@@ -324,17 +322,17 @@ class Forwarder:
 
     def _observe(self, call: Call, rt: EngineRuntime, code: str, doc: Any) -> None:
         elapsed = time.perf_counter() - call.started
-        m = self.metrics
+        m, tally = self.metrics, self.metrics.tally
         series = m.engine(rt.engine_id)
-        m.call_done(rt.engine_id, call.route, code).inc()
-        series.latency.observe(elapsed)
+        tally.count(m.call_done(rt.engine_id, call.route, code))
+        tally.observe(series.latency, elapsed)
         if call.upstream_s:
-            m.overhead.observe(max(0.0, elapsed - call.upstream_s))
+            tally.observe(m.overhead, max(0.0, elapsed - call.upstream_s))
         prompt, completion = token_counts(doc)
         if prompt:
-            series.prompt_tokens.inc(prompt)
+            tally.count(series.prompt_tokens, prompt)
         if completion:
-            series.completion_tokens.inc(completion)
+            tally.count(series.completion_tokens, completion)
 
     async def _relay_stream(
         self,

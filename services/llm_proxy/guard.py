@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from services.llm_proxy.body import ParsedBody
 from services.protocol import ErrorCode, PlatformError
 
 ENGINE_LENGTH_MARKERS = ("context length", "maximum context length", "longer than the model")
@@ -38,6 +39,15 @@ class ContextGuard:
             prompt_len = len(ids) if isinstance(ids, list) else None
         sampling["max_new_tokens"] = self._clamp(sampling.get("max_new_tokens"), prompt_len)
         return prompt_len
+
+    def guard_parsed(self, parsed: ParsedBody) -> None:
+        """``guard_generate`` for a body whose ``input_ids`` may not be counted yet: a prompt whose
+        upper bound leaves room for ``max_new_tokens_cap`` gets the same clamp without the count."""
+        at_most = parsed.prompt_len_at_most
+        if parsed.ids is not None and at_most is not None and at_most + self.max_new_tokens_cap + 1 <= self.context_cap:
+            self.guard_generate(parsed.doc)
+        else:
+            self.guard_generate(parsed.doc, parsed.prompt_len)
 
     def guard_openai(self, body: dict[str, Any]) -> None:
         """Clamp an OpenAI body: ``max_tokens`` / ``max_completion_tokens``; a token-id prompt is counted."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
+from services.llm_proxy.tally import Tally
 from services.runtime.limits import fd_usage
 from services.runtime.redis_pool import Observed
 
@@ -29,9 +30,14 @@ class EngineSeries:
 
 
 class ProxyMetrics:
+    """Every series of one process. The call path writes through ``tally`` (``tally.py``): calls,
+    tokens, latency, overhead, per-job calls and calls in flight reach ``/metrics`` in bulk."""
+
     def __init__(self) -> None:
         self._engines: dict[str, EngineSeries] = {}
         self._calls: dict[tuple[str, str, str], Counter] = {}
+        self._jobs: dict[str, Counter] = {}
+        self.tally = Tally()
         r = self.registry = CollectorRegistry()
         self.in_flight = Gauge(
             "rollout_proxy_calls_in_flight", "Calls in flight per engine", ["engine"], registry=r,
@@ -155,7 +161,15 @@ class ProxyMetrics:
             child = self._calls[key] = self.calls.labels(engine_id, route, code)
         return child
 
+    def job(self, job: str) -> Counter:
+        """The ``job_calls`` child for one job, bound once."""
+        child = self._jobs.get(job)
+        if child is None:
+            child = self._jobs[job] = self.job_calls.labels(job)
+        return child
+
     def render(self) -> bytes:
+        self.tally.flush()  # this process's own calls are in what it answers
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             merged = CollectorRegistry()
             multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]

@@ -31,9 +31,12 @@ class Router:
         """Pick from a non-empty sequence."""
         if session:
             return self._sticky(engines, session)
-        if len(engines) == 1:
+        n = len(engines)
+        if n == 1:
             return engines[0]
-        a, b = rng.sample(list(engines), 2)
+        i = rng.randrange(n)  # two distinct engines, every pair equally likely (as random.sample)
+        j = rng.randrange(n - 1)
+        a, b = engines[i], engines[j + (j >= i)]
         return a if a.load <= b.load else b
 
     def _sticky(self, engines: Sequence[EngineRuntime], session: str) -> EngineRuntime:

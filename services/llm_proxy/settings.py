@@ -43,6 +43,9 @@ class ProxySettings(UsesRedis, UsesAdminToken, UsesServiceToken):
     # server: explicit limits that the kernel or aiohttp would otherwise set silently
     listen_backlog: int = Field(16_384, ge=1)  # accept queue per process (the kernel caps it at somaxconn)
     max_body_bytes: int = Field(1024**3, ge=1)  # larger request bodies get 413
+    # cyclic GC of a worker, set once it has started (docs/llm_proxy.md): net new container objects before a
+    # young collection (Python's default is 700); 0 turns automatic collection off
+    gc_young_threshold: int = Field(100_000, ge=0)
     # health and load
     health_interval_s: float = Field(1.0, gt=0)
     health_timeout_s: float = Field(2.0, gt=0)

@@ -7,6 +7,8 @@ import orjson
 import pytest
 
 from services.llm_proxy.body import parse_body
+from services.llm_proxy.guard import ContextGuard
+from services.protocol import ErrorCode, PlatformError
 
 
 @pytest.mark.parametrize(
@@ -59,3 +61,32 @@ def test_a_64k_prompt_is_not_decoded() -> None:
 def test_bad_bodies_raise(raw: bytes) -> None:
     with pytest.raises((orjson.JSONDecodeError, TypeError)):
         parse_body(raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b'{"input_ids":[]}', b'{"input_ids":[7]}', b'{"input_ids": [ 1 , 2 ,3 ]}', b'{"input_ids":[123456,7,8,9]}'],
+)
+def test_the_uncounted_bound_is_never_below_the_count(raw: bytes) -> None:
+    parsed = parse_body(raw)
+    bound = parsed.prompt_len_at_most
+    assert bound is not None and parsed.prompt_len is not None and bound >= parsed.prompt_len
+    assert parsed.prompt_len == len(orjson.loads(raw)["input_ids"])
+
+
+@pytest.mark.parametrize("prompt", [0, 1, 30, 39, 40, 41, 60, 79, 80, 99, 100])
+@pytest.mark.parametrize("requested", [None, 0, 5, 20, 50])
+def test_the_guard_clamps_the_same_with_or_without_counting(prompt: int, requested: int | None) -> None:
+    guard = ContextGuard(context_cap=100, max_new_tokens_cap=20)
+    sampling = {} if requested is None else {"max_new_tokens": requested}
+    raw = orjson.dumps({"input_ids": [1] * prompt, "sampling_params": sampling})
+    fast, exact = parse_body(raw), parse_body(raw, whole=True)
+    outcomes = []
+    for parsed, guarded in ((fast, guard.guard_parsed), (exact, lambda p: guard.guard_generate(p.doc))):
+        try:
+            guarded(parsed)
+            outcomes.append(parsed.doc["sampling_params"]["max_new_tokens"])
+        except PlatformError as exc:
+            outcomes.append(exc.code)
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0] == ErrorCode.CONTEXT_LENGTH_EXCEEDED or outcomes[0] <= min(20, 100 - prompt - 1)
