@@ -328,4 +328,5 @@ async def _record_elsewhere(
                            finish_reason="stop", merged=merged)  # fmt: skip
         assert (await store.record(session, call, context, mismatch=False)).outcome == "recorded"
     finally:
+        store.close()
         await store.redis.aclose(close_connection_pool=True)

@@ -81,7 +81,9 @@ async def test_a_copy_is_trusted_for_the_next_call_and_the_record_checks_it(redi
         assert [(c.index, c.segment, c.merged) for c in map(decode_call, raw)] == [(0, 0, False), (1, 0, True),
                                                                                   (2, 1, False)]  # fmt: skip
     finally:
+        here.close()
         await here.redis.aclose(close_connection_pool=True)
+        there.close()
         await there.redis.aclose(close_connection_pool=True)
 
 
@@ -103,6 +105,7 @@ async def test_a_closed_session_and_the_turn_cap_refuse_the_record(redis_url: st
         assert refused_closed.value.status == 404
         assert await store.redis.llen(keys.gateway_calls(closed.session)) == 0
     finally:
+        store.close()
         await store.redis.aclose(close_connection_pool=True)
 
 

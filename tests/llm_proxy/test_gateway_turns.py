@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import pytest
@@ -90,11 +91,16 @@ async def test_the_answer_is_built_while_recording_and_returned_once_recorded(
     events: list[str] = []
     recorded = store.record
 
-    async def record(*args: Any, **kwargs: Any) -> Recorded:
+    def record(*args: Any, **kwargs: Any) -> Awaitable[Recorded]:
+        sent = recorded(*args, **kwargs)
         events.append("record sent")
-        done = await recorded(*args, **kwargs)
-        events.append("recorded")
-        return done
+
+        async def done() -> Recorded:
+            outcome = await sent
+            events.append("recorded")
+            return outcome
+
+        return done()
 
     def answer(result: TurnResult) -> str:
         events.append("answer built")
@@ -106,8 +112,11 @@ async def test_the_answer_is_built_while_recording_and_returned_once_recorded(
         assert events == ["record sent", "answer built", "recorded"]
         assert await store.redis.llen(keys.gateway_calls(session.session)) == 1
 
-        async def failing(*args: Any, **kwargs: Any) -> None:
-            raise ResponseError("the record failed")
+        def failing(*args: Any, **kwargs: Any) -> Awaitable[Recorded]:
+            async def fail() -> Recorded:
+                raise ResponseError("the record failed")
+
+            return fail()
 
         monkeypatch.setattr(store, "record", failing)
         events.clear()
@@ -115,6 +124,7 @@ async def test_the_answer_is_built_while_recording_and_returned_once_recorded(
             await turns.run(None, session, _turn(HI), answer)  # type: ignore[arg-type]
         assert events == ["answer built"]  # built, but the call fails: the agent never gets it
     finally:
+        store.close()
         await store.redis.aclose(close_connection_pool=True)
 
 
@@ -146,7 +156,9 @@ async def test_a_call_the_log_moved_past_is_a_new_segment_with_its_answer_built_
         calls, _ = await close_session(other.redis, session.session)
         assert [(c.index, c.segment, c.merged) for c in calls] == [(0, 0, False), (1, 1, False), (2, 2, False)]
     finally:
+        turns.store.close()
         await turns.store.redis.aclose(close_connection_pool=True)
+        other.close()
         await other.redis.aclose(close_connection_pool=True)
 
 
@@ -173,4 +185,5 @@ async def test_a_call_in_flight_when_the_worker_reads_the_log_is_refused_not_ans
         assert refused.value.status == 404  # the agent never gets the answer
         assert await turns.store.redis.llen(keys.gateway_calls(session.session)) == 1  # nothing written after
     finally:
+        turns.store.close()
         await turns.store.redis.aclose(close_connection_pool=True)

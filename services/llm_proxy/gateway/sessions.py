@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import hmac
 import time
-from dataclasses import dataclass
+from collections.abc import Awaitable
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import orjson
@@ -31,7 +32,8 @@ from services.llm_proxy.gateway.known import Known, KnownSessions
 from services.llm_proxy.gateway.tokens import Context
 from services.protocol import ErrorCode, PlatformError, keys
 from services.protocol.gateway import GatewayCall, GatewaySession, decode_call, encode_call, token_digest
-from services.runtime.lua import LuaScript
+from services.runtime.lua import LuaScript, Script
+from services.runtime.redis_pipeline import pipelined
 
 READ = LuaScript(  # the context and last call are sent only when the log's length is not the caller's copy's
     keys=("state", "calls", "context"),
@@ -112,9 +114,14 @@ class SessionStore:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
         self._cache: dict[str, GatewaySession] = {}
-        self._read = READ.register(redis)
-        self._record = RECORD.register(redis)
+        self.link = pipelined(redis)  # the per-call scripts' connection (None: they use ``redis``)
+        self._read: Script = READ.register(redis) if self.link is None else READ.pipelined(self.link)
+        self._record: Script = RECORD.register(redis) if self.link is None else RECORD.pipelined(self.link)
         self.known = KnownSessions()
+
+    def close(self) -> None:
+        if self.link is not None:
+            self.link.close()
 
     async def authorize(self, sid: str, token: str | None) -> GatewaySession:
         session = self._cache.get(sid)
@@ -165,20 +172,31 @@ class SessionStore:
     async def mark_truncated(self, session: GatewaySession, cap: str) -> None:
         await self.redis.hsetnx(keys.gateway_state(session.session), "truncated", cap)
 
-    async def record(
+    def record(
         self, session: GatewaySession, call: GatewayCall, context: Context, *, mismatch: bool,
         assistants: int | None = None, connection: int = 0,
-    ) -> Recorded:  # fmt: skip
-        """One command: the call at index ``call.index`` if the log still has that many calls (see the
-        module's docstring); the keys' expiry (which never moves) is set by each call that opens a
-        segment. This process keeps a copy of a recorded call for the session's next call."""
+    ) -> Awaitable[Recorded]:  # fmt: skip
+        """Send the one command that records ``call`` at index ``call.index`` if the log still has that
+        many calls (see the module's docstring); await the result for the outcome. The keys' expiry
+        (which never moves) is set by each call that opens a segment. This process keeps a copy of
+        a recorded call for the session's next call."""
         sid = session.session
         ttl = max(1, int(session.expires_at - time.time()) + 60)
         doc = orjson.dumps(context.to_json())
         flags = {"mismatch": int(mismatch), "merged": int(call.merged), "max_turns": session.max_turns}
         args = {"call": encode_call(call), "index": call.index, "doc": doc, "ttl": ttl, **flags}
         try:
-            reply = await self._record(_keys(sid), args)
+            sent = self._record.send(_keys(sid), args)
+        except BaseException:
+            self.known.drop(sid)
+            raise
+        kept = Known(call.index + 1, 0, context, call, session.expires_at, assistants, connection, len(doc))
+        return self._recorded(session, sent, kept)
+
+    async def _recorded(self, session: GatewaySession, sent: Awaitable[Any], kept: Known) -> Recorded:
+        sid = session.session
+        try:
+            reply = await sent
         except BaseException:
             self.known.drop(sid)
             raise
@@ -192,8 +210,7 @@ class SessionStore:
         if outcome == MOVED:
             self.known.drop(sid)  # the copy is not the last call any more
             return Recorded("moved", length, segments)
-        kept = Known(length, segments, context, call, session.expires_at, assistants, connection, len(doc))
-        self.known.put(sid, kept)
+        self.known.put(sid, replace(kept, recorded=length, segments=segments))
         return Recorded("recorded", length, segments)
 
 

@@ -16,7 +16,6 @@ index (counted in ``rollout_gateway_replanned``). The engine is never called twi
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -106,8 +105,7 @@ class Turns:
         reply = await self._answered(self._engine(request, session, plan, max_new, turn), session, plan)
         result = self._result(view, plan, reply, turn, session)
         for _ in range(MAX_MOVES):
-            recording = asyncio.ensure_future(self._record(session, result, turn, started, connection))
-            await asyncio.sleep(0)  # the record's command goes out before the answer is built
+            recording = self._record(session, result, turn, started, connection)  # sent: Redis runs it now
             try:
                 built = answer(result)
             finally:
@@ -184,9 +182,9 @@ class Turns:
             parsed = ParsedReply(content=text)
         return TurnResult(view, plan, answer, text, parsed)
 
-    async def _record(
+    def _record(
         self, session: GatewaySession, result: TurnResult, turn: TurnRequest, started: float, connection: int
-    ) -> Recorded:
+    ) -> Awaitable[Recorded]:
         answer, plan = result.answer, result.plan
         total = time.perf_counter() - started
         call = GatewayCall(
@@ -218,7 +216,7 @@ class Turns:
             ended_with_eos=answer.output_ids[-1:] == [chat.eos_id],
         )
         assistants = None if turn.assistants is None else turn.assistants + 1  # and the reply
-        return await self.store.record(
+        return self.store.record(
             session, call, context, mismatch=plan.mismatch, assistants=assistants, connection=connection
         )
 
