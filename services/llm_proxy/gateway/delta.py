@@ -54,18 +54,27 @@ def delta_text(
 def extend(
     chat: ChatTemplate, messages: Messages, reply: dict[str, Any], new: Messages, output_ids: list[int], tools: Tools
 ) -> tuple[list[int], bool] | None:
-    """``(ids to append to the recorded ids, exact)`` or None when the template cannot delta-render them."""
+    """``(ids to append to the recorded ids, exact)`` or None when the template cannot delta-render them.
+
+    One render when the reply re-renders as sampled (the usual case): the new messages after the
+    stand-in history and the reply start with the stand-in prompt and the sampled text, and what
+    follows the reply's end of turn is the delta (for a local template ``render(base + reply)`` is a
+    prefix of that render, so this is the same text as its closing plus the new messages' own).
+    Otherwise the reply is rendered alone too, to find where it ends."""
     base = stand_in(messages)
     asked = _asked(chat, base, tools)
+    sampled = chat.decode(output_ids, skip_special=False)
+    after = chat.render([*base, reply, *new], True, tools)
+    head = asked + sampled
+    if sampled.endswith(chat.eos_text) and after.startswith(head):
+        return chat.encode(after[len(head) :]), chat.encode(sampled) == output_ids
     replied = chat.render([*base, reply], False, tools)
     cut = replied.rfind(chat.eos_text)
-    tail = delta_text(chat, [*base, reply], new, tools, before=replied)
-    if cut < 0 or tail is None or not replied.startswith(asked):
+    if cut < 0 or not after.startswith(replied) or not replied.startswith(asked):
         return None
     closing = replied[cut + len(chat.eos_text) :]  # what the template puts after the reply's end of turn
-    sampled = chat.decode(output_ids, skip_special=False)
-    exact = replied[: cut + len(chat.eos_text)] == asked + sampled and chat.encode(sampled) == output_ids
-    return chat.encode(closing + tail), exact
+    exact = replied[: cut + len(chat.eos_text)] == head and chat.encode(sampled) == output_ids
+    return chat.encode(closing + after[len(replied) :]), exact
 
 
 def _asked(chat: ChatTemplate, base: Messages, tools: Tools) -> str:

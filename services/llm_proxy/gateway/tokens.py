@@ -107,7 +107,10 @@ def _continues(messages: Messages, tools: list[dict[str, Any]] | None, last: Con
         return False
     before = [*last.messages, last.reply]
     n = len(before)
-    return len(messages) > n and [normal(m) for m in messages[:n]] == [normal(m) for m in before]
+    if len(messages) <= n:
+        return False
+    head = messages[:n]
+    return head == before or [normal(m) for m in head] == [normal(m) for m in before]  # equal dicts: no normalising
 
 
 def _delta(

@@ -97,7 +97,8 @@ class Turns:
         record fails the call, so an answer the agent gets is always in the session log)."""
         started = time.perf_counter()
         connection = id(getattr(request, "transport", None))
-        view = self.store.trusted(session, turn.assistants, connection)
+        assistants = turn.assistants
+        view = self.store.trusted(session, assistants, connection)
         if view is None:
             view = await self.store.read(session)
         plan = self._plan(session, turn, view.last, view.segments)
@@ -105,7 +106,7 @@ class Turns:
         reply = await self._answered(self._engine(request, session, plan, max_new, turn), session, plan)
         result = self._result(view, plan, reply, turn, session)
         for _ in range(MAX_MOVES):
-            recording = self._record(session, result, turn, started, connection)  # sent: Redis runs it now
+            recording = self._record(session, result, turn, started, (assistants, connection))  # sent: Redis runs it
             try:
                 built = answer(result)
             finally:
@@ -183,8 +184,10 @@ class Turns:
         return TurnResult(view, plan, answer, text, parsed)
 
     def _record(
-        self, session: GatewaySession, result: TurnResult, turn: TurnRequest, started: float, connection: int
-    ) -> Awaitable[Recorded]:
+        self, session: GatewaySession, result: TurnResult, turn: TurnRequest, started: float,
+        request: tuple[int | None, int],
+    ) -> Awaitable[Recorded]:  # fmt: skip
+        """Send the call's record (``request``: its assistant turns and connection, kept with the copy)."""
         answer, plan = result.answer, result.plan
         total = time.perf_counter() - started
         call = GatewayCall(
@@ -215,7 +218,8 @@ class Turns:
             held=[],
             ended_with_eos=answer.output_ids[-1:] == [chat.eos_id],
         )
-        assistants = None if turn.assistants is None else turn.assistants + 1  # and the reply
+        assistants, connection = request
+        assistants = None if assistants is None else assistants + 1  # and the reply
         return self.store.record(
             session, call, context, mismatch=plan.mismatch, assistants=assistants, connection=connection
         )
