@@ -57,7 +57,8 @@ class WorkerSettings(UsesRedis, UsesServiceToken):
     jobs: list[str] | None = None  # serve only these jobs (dedicated workers); None: every job
     host: str = "127.0.0.1"
     port: int = 0  # /healthz and /metrics; 0: a free port (logged)
-    poll_interval_s: float = 0.05  # idle wait when no job has work
+    poll_interval_s: float = Field(0.05, gt=0)  # first idle wait when no job has work (or all are at quota)
+    poll_max_s: float = Field(0.25, gt=0)  # the idle wait doubles up to this while rounds find nothing
     jobs_refresh_s: float = 2.0  # how often the job list (weights, quotas) is re-read
     heartbeat_s: float = 10.0  # XCLAIM own items (resets their idle time) and renew sandbox leases
     reclaim_idle_s: float = 60.0  # items idle this long belong to a dead worker and are reclaimed

@@ -96,10 +96,17 @@ class ChatTemplate:
         return str(self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables))
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        return encode_ids(self.tokenizer, text)
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special))
+
+
+def encode_ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    """``text``'s token ids, without special tokens. ``encode_batch_fast`` skips the character
+    offsets that ``encode`` computes and nobody here reads: the same ids (checked on random text)
+    in about 55% of the CPU (0.22 against 0.40 ms for a 1.3 KB observation)."""
+    return list(tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids)
 
 
 def bundled_chat_template() -> ChatTemplate:

@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 
 from services.protocol import ErrorBody, ErrorCode, InfraStage, RewardSpec
+from services.protocol.llm import HEADER_JOB
 from services.protocol.sandboxes import ExecResult
 from services.protocol.swebench import SweBenchRolloutRequest, SweInstance
 from services.rollout_api.figures import percentile, rate_per_hour, tail_share
@@ -181,9 +182,10 @@ async def test_the_worker_waits_out_the_proxys_retry_after_and_sends_again() -> 
 
     async def generate(request: web.Request) -> web.Response:
         answers.append(len(answers))
-        if request.headers.get("X-Test") or len(answers) <= 2:
+        case = request.headers.get(HEADER_JOB)  # which case the call plays
+        if case or len(answers) <= 2:
             body = ErrorBody.of(ErrorCode.CAPACITY_EXHAUSTED, "queue full").model_dump(mode="json")
-            retry = {} if request.headers.get("X-Test") == "bare" else {"Retry-After": "0.05"}
+            retry = {} if case == "bare" else {"Retry-After": "0.05"}
             return web.json_response(body, status=503, headers=retry)
         return web.json_response(
             {"output_ids": [7], "meta_info": {"finish_reason": {"type": "stop"}, "output_token_logprobs": [[-0.5, 7]]}}
@@ -192,9 +194,9 @@ async def test_the_worker_waits_out_the_proxys_retry_after_and_sends_again() -> 
     waits: list[float] = []
     async with serving(web.post("/generate", generate)) as url:
         for case in ("", "bare", "never"):
-            async with aiohttp.ClientSession(headers={"X-Test": case}) as session:
+            async with aiohttp.ClientSession() as session:
                 proxy = ProxyClient(session, url, timeout_s=1.0, on_wait=waits.append)
-                call = proxy.generate([1, 2], {"temperature": 1.0}, 4, pool="default", session_id="s")
+                call = proxy.generate([1, 2], {"temperature": 1.0}, 4, pool="default", session_id="s", job=case)
                 if not case:
                     assert (await call).output_ids == [7] and len(answers) == 3 and waits == [0.05, 0.05]
                     continue

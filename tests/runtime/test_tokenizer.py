@@ -34,3 +34,18 @@ def test_transformers_loads_it_with_the_chat_template(tmp_path: Path) -> None:
     ids = tok(text, add_special_tokens=False)["input_ids"]
     assert ids[0] == 257 and tok.decode(ids) == text
     assert tok.eos_token_id == 258
+
+
+def test_encode_ids_gives_the_ids_of_encode(tmp_path: Path) -> None:
+    """The offset-free fast path gives exactly ``encode``'s ids, special tokens in the text included."""
+    import random
+
+    from services.runtime.chat import encode_ids
+
+    tok = Tokenizer.from_file(str(write_tokenizer_dir(tmp_path) / "tokenizer.json"))
+    rng = random.Random(0)
+    for _ in range(300):
+        text = "".join(chr(rng.choice([rng.randrange(32, 127), rng.randrange(0x80, 0x3000), 10])) for _ in range(80))
+        text += rng.choice(["", "<|im_end|>\n", "<|im_start|>user\n", TEXT])
+        assert encode_ids(tok, text) == tok.encode(text, add_special_tokens=False).ids
+    assert encode_ids(tok, "<|im_end|>") == [258]

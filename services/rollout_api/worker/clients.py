@@ -1,4 +1,6 @@
-"""HTTP clients of the LLM proxy (SGLang ``/generate``) and the sandbox broker, over aiohttp.
+"""HTTP clients of the LLM proxy (SGLang ``/generate``) and the sandbox broker, over the lean
+keep-alive client of ``services.runtime.http_client`` (two calls per agent turn; aiohttp's client
+cost four to eight times its CPU per call).
 
 Every failure becomes a typed exception: :class:`ContextExceeded` is the policy's (a cap),
 :class:`InfraError` the platform's (retried in a fresh sandbox, never scored).
@@ -9,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 import aiohttp
 import orjson
@@ -20,9 +23,11 @@ from services.protocol import ErrorCode, InfraStage, SamplingParams
 from services.protocol.llm import HEADER_DEADLINE, HEADER_JOB, HEADER_POOL, HEADER_SESSION, META_ENGINE
 from services.protocol.sandboxes import ExecRequest, ExecResult, Lease, LeaseRequest
 from services.rollout_api.worker.outages import BROKER, PROXY, Outages, Unreachable
+from services.runtime.http_client import Answer, ConnectFailed, Disconnected, HttpClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class InfraError(Exception):
@@ -68,7 +73,7 @@ def _error_code(body: Any, otherwise: ErrorCode) -> ErrorCode:
 MAX_RETRY_AFTER_S = 30.0  # one wait at most this long, whatever the answer asks
 
 
-def retry_after_s(code: ErrorCode, body: Any, headers: dict[str, str]) -> float | None:
+def retry_after_s(code: ErrorCode, body: Any, headers: Mapping[str, str]) -> float | None:
     """How long to wait before sending a refused call again: only for the proxy's overload answers
     (``capacity_exhausted``, ``rate_limited``) that say when (``Retry-After`` or ``retry_after_s``)."""
     if code not in (ErrorCode.CAPACITY_EXHAUSTED, ErrorCode.RATE_LIMITED):
@@ -85,8 +90,7 @@ def retry_after_s(code: ErrorCode, body: Any, headers: dict[str, str]) -> float 
     return min(wait, MAX_RETRY_AFTER_S)
 
 
-async def _json_body(response: aiohttp.ClientResponse) -> Any:
-    raw = await response.read()
+def _json(raw: bytes) -> Any:
     try:
         return orjson.loads(raw) if raw else None
     except orjson.JSONDecodeError:
@@ -100,8 +104,9 @@ def _finish_reason(meta: dict[str, Any]) -> str:
     return str(reason or "stop")
 
 
-def parse_generation(body: dict[str, Any], headers: dict[str, str]) -> Generation:
+def parse_generation(body: dict[str, Any], headers: Mapping[str, str]) -> Generation:
     meta = body.get("meta_info") or {}
+    headers = {k.lower(): v for k, v in headers.items()}
     output_ids = [int(t) for t in body.get("output_ids") or []]
     logprobs = [float(entry[0]) for entry in meta.get("output_token_logprobs") or []]
     if len(logprobs) != len(output_ids):
@@ -110,8 +115,8 @@ def parse_generation(body: dict[str, Any], headers: dict[str, str]) -> Generatio
         output_ids=output_ids,
         logprobs=logprobs,
         finish_reason=_finish_reason(meta),
-        weight_version=str(meta.get("weight_version") or headers.get("X-Weight-Version") or ""),
-        engine_id=str(meta.get(META_ENGINE) or headers.get("X-Engine-Id") or ""),
+        weight_version=str(meta.get("weight_version") or headers.get("x-weight-version") or ""),
+        engine_id=str(meta.get(META_ENGINE) or headers.get("x-engine-id") or ""),
         prompt_tokens=int(meta.get("prompt_tokens") or 0),
         cached_tokens=int(meta.get("cached_tokens") or 0),
     )
@@ -127,13 +132,20 @@ def sampling_params(sampling: SamplingParams) -> dict[str, Any]:
 
 @dataclass
 class ProxyClient:
-    session: aiohttp.ClientSession
+    session: aiohttp.ClientSession  # the gateway agents' calls; ``/generate`` goes over ``http``
     url: str
     timeout_s: float
     outages: Outages | None = None  # None: an unreachable proxy is an infra error at once
     token: str = ""  # the proxy's service token
     on_wait: Callable[[float], None] | None = None  # told each Retry-After wait (metrics)
     capacity_waits: int = 0  # calls sent again after a 503 capacity_exhausted / 429 with Retry-After
+    http: HttpClient = field(init=False)  # the lean client of the hot call
+
+    def __post_init__(self) -> None:
+        self.http = HttpClient(self.url)
+
+    async def close(self) -> None:
+        await self.http.close()
 
     async def generate(
         self,
@@ -181,38 +193,46 @@ class ProxyClient:
     async def _post(self, data: bytes, headers: dict[str, str]) -> tuple[int, Any, dict[str, str]]:
         """One ``/generate``; a call the proxy never answered (refused, or the proxy died) is
         :class:`Unreachable`: generating is free of side effects, so it is sent again."""
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s + 5.0)
         try:
-            async with self.session.post(f"{self.url}/generate", data=data, headers=headers, timeout=timeout) as resp:
-                return resp.status, await _json_body(resp), dict(resp.headers)
+            answer = await self.http.request("POST", "/generate", data, headers, self.timeout_s + 5.0)
         except TimeoutError as exc:
             raise InfraError(InfraStage.LLM_TIMEOUT, ErrorCode.UPSTREAM_TIMEOUT, "LLM call timed out") from exc
-        except aiohttp.ClientError as exc:
+        except (ConnectFailed, Disconnected) as exc:
             raise Unreachable(f"proxy: {exc!r}") from exc
+        return answer.status, _json(answer.body), answer.headers
 
 
 @dataclass
 class BrokerClient:
-    session: aiohttp.ClientSession
+    session: aiohttp.ClientSession  # kept for callers that share it; the broker's calls go over ``http``
     url: str
     overhead_s: float  # HTTP time allowed beyond a command's own timeout
     outages: Outages | None = None  # None: an unreachable broker is an infra error at once
     releasing: set[asyncio.Future[None]] = field(default_factory=set)  # releases in flight (kept referenced)
     token: str = ""  # the broker's service token
-    _timeout: aiohttp.ClientTimeout = field(init=False)
+    http: HttpClient = field(init=False)
     _headers: dict[str, str] = field(init=False)
 
     def __post_init__(self) -> None:
-        self._timeout = aiohttp.ClientTimeout(total=self.overhead_s)
+        self.http = HttpClient(self.url)
         self._headers = _bearer(self.token)
 
+    async def close(self) -> None:
+        await self.http.close()
+
     async def _call(
-        self, stage: InfraStage, method: str, path: str, *, timeout_s: float | None = None, **kwargs: Any
-    ) -> Any:
-        timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else self._timeout
+        self, stage: InfraStage, method: str, path: str, *, timeout_s: float | None = None, body: Any = None,
+        data: bytes | None = None,
+    ) -> Any:  # fmt: skip
+        """``body`` is sent as JSON, ``data`` as it is; the answer's JSON comes back."""
+        payload, headers = data or b"", self._headers
+        if body is not None:
+            payload, headers = orjson.dumps(body), {**self._headers, **JSON_HEADERS}
+        limit = timeout_s or self.overhead_s
 
         async def send() -> tuple[int, Any]:
-            return await self._send(stage, method, path, timeout, kwargs)
+            answer = await self._send(stage, method, path, limit, payload, headers)
+            return answer.status, _json(answer.body)
 
         status, body = await held(self.outages, BROKER, InfraStage.BROKER, send)
         if status < 300:
@@ -223,34 +243,31 @@ class BrokerClient:
         raise InfraError(stage, code, message, retryable=code.infra or code is ErrorCode.LEASE_NOT_FOUND)
 
     async def _send(
-        self, stage: InfraStage, method: str, path: str, limit: aiohttp.ClientTimeout, kwargs: dict[str, Any]
-    ) -> tuple[int, Any]:
+        self, stage: InfraStage, method: str, path: str, limit_s: float, payload: bytes, headers: dict[str, str]
+    ) -> Answer:
         """A request that never reached the broker is :class:`Unreachable` (sent again after the
         outage); one cut off after it was sent trips the breaker and fails this attempt (a command
         may have run), which the runner then repeats without spending an attempt."""
         try:
-            async with self.session.request(
-                method, f"{self.url}{path}", timeout=limit, headers=self._headers, **kwargs
-            ) as response:
-                return response.status, await _json_body(response)
+            return await self.http.request(method, path, payload, headers, limit_s)
         except TimeoutError as exc:
             raise InfraError(stage, ErrorCode.UPSTREAM_TIMEOUT, f"broker {method} {path} timed out") from exc
-        except aiohttp.ClientConnectorError as exc:
+        except ConnectFailed as exc:
             raise Unreachable(f"broker: {exc!r}") from exc
-        except aiohttp.ClientError as exc:
+        except Disconnected as exc:
             if self.outages is not None:
                 self.outages.breakers[BROKER].trip(repr(exc))
             raise InfraError(InfraStage.BROKER, ErrorCode.TRANSPORT_ERROR, f"broker connection lost: {exc!r}") from exc
 
     async def lease(self, request: LeaseRequest) -> Lease:
         body = await self._call(
-            InfraStage.SANDBOX_CREATE, "POST", "/leases", json=request.model_dump(mode="json"),
+            InfraStage.SANDBOX_CREATE, "POST", "/leases", body=request.model_dump(mode="json"),
             timeout_s=request.wait_s + self.overhead_s + _setup_budget_s(request),
         )  # fmt: skip
         return Lease.model_validate(body)
 
     async def renew(self, lease_id: str, ttl_s: float) -> None:
-        await self._call(InfraStage.SANDBOX_EXEC, "POST", f"/leases/{lease_id}/renew", json={"ttl_s": ttl_s})
+        await self._call(InfraStage.SANDBOX_EXEC, "POST", f"/leases/{lease_id}/renew", body={"ttl_s": ttl_s})
 
     async def release(self, lease_id: str) -> None:
         await self._call(InfraStage.SANDBOX_EXEC, "DELETE", f"/leases/{lease_id}")
@@ -259,30 +276,30 @@ class BrokerClient:
         self, lease_id: str, request: ExecRequest, stage: InfraStage = InfraStage.SANDBOX_EXEC
     ) -> ExecResult:
         body = await self._call(
-            stage, "POST", f"/leases/{lease_id}/exec", json=request.model_dump(mode="json", exclude_none=True),
+            stage, "POST", f"/leases/{lease_id}/exec", body=request.model_dump(mode="json", exclude_none=True),
             timeout_s=request.timeout_s + self.overhead_s,
         )  # fmt: skip
         return ExecResult.model_validate(body)
 
     async def write_file(self, lease_id: str, path: str, content: str | bytes) -> None:
         data = content.encode() if isinstance(content, str) else content
-        await self._call(InfraStage.SANDBOX_EXEC, "PUT", f"/leases/{lease_id}/files", params={"path": path}, data=data)
+        await self._call(InfraStage.SANDBOX_EXEC, "PUT", _files(lease_id, path), data=data)
 
     async def read_file(self, lease_id: str, path: str) -> bytes | None:
         """The file's bytes; None when there is no such file (or it is a directory)."""
-        url = f"{self.url}/leases/{lease_id}/files"
         try:
-            async with self.session.get(
-                url, params={"path": path}, timeout=self._timeout, headers=self._headers
-            ) as response:
-                raw = await response.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
+            answer = await self.http.request("GET", _files(lease_id, path), b"", self._headers, self.overhead_s)
+        except (TimeoutError, ConnectionError) as exc:
             raise InfraError(InfraStage.BROKER, ErrorCode.TRANSPORT_ERROR, f"broker unreachable: {exc!r}") from exc
-        if response.status == 200:
-            return raw
-        if response.status in (400, 404):
+        if answer.status == 200:
+            return answer.body
+        if answer.status in (400, 404):
             return None
-        raise InfraError(InfraStage.SANDBOX_EXEC, ErrorCode.INTERNAL_ERROR, f"reading {path}: {raw[:300]!r}")
+        raise InfraError(InfraStage.SANDBOX_EXEC, ErrorCode.INTERNAL_ERROR, f"reading {path}: {answer.body[:300]!r}")
+
+
+def _files(lease_id: str, path: str) -> str:
+    return f"/leases/{lease_id}/files?{urlencode({'path': path})}"
 
 
 def _bearer(token: str) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -19,6 +20,7 @@ from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.outages import BROKER, PROXY, Breaker, Outages
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.worker import Worker
+from services.runtime.http_client import HttpClient
 from services.runtime.limits import raise_fd_limit
 from services.runtime.logs import configure_logging
 from services.runtime.net import free_port
@@ -77,6 +79,8 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
             redis=redis, outages=outages,
         )  # fmt: skip
         worker = Worker(redis, deps, metrics)
+        for name, client in ((PROXY, deps.proxy.http), (BROKER, deps.broker.http)):
+            metrics.http_connections.labels(name).set_function(functools.partial(_connections, client))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
@@ -89,12 +93,21 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
             await worker.run()
         finally:
             await outages.close()
+            await deps.proxy.close()
+            await deps.broker.close()
             await runner.cleanup()
             await redis.aclose()
     log.info("worker %s stopped", worker_id)
 
 
+def _connections(client: HttpClient) -> float:
+    return float(client.connections)
+
+
 def run(settings: WorkerSettings) -> int:
+    """On uvloop, as the proxy and the engines: a worker's CPU is HTTP client calls, hundreds in flight."""
+    import uvloop  # comes with uvicorn[standard]
+
     configure_logging(settings.log_level)
-    asyncio.run(serve(settings, settings.require_redis_url()))
+    uvloop.run(serve(settings, settings.require_redis_url()))
     return 0

@@ -49,3 +49,7 @@ class WorkerMetrics:
             "rollout_worker_attempts_kept_total", "attempts failed by an outage and run again without spending one",
             registry=r,
         )  # fmt: skip
+        self.http_connections = Gauge(
+            "rollout_worker_http_connections", "open keep-alive connections (in use + idle; no cap), by service",
+            ["service"], registry=r,
+        )  # fmt: skip

@@ -13,7 +13,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from services.runtime.chat import ChatTemplate
+from services.runtime.chat import ChatTemplate, encode_ids
 
 _DUMMY = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
 _DUMMY_REPLY = "\x00A\x00"  # a reply that cannot occur in the template's own text
@@ -50,7 +50,7 @@ class ChatTokenizer:
         return _render(self.template, self.special, messages, add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        return encode_ids(self.tokenizer, text)
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))

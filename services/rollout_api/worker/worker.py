@@ -103,6 +103,7 @@ class Worker:
         self.max_in_flight = {r.job: r.quotas.max_in_flight for r in records}
 
     async def _fill(self) -> None:
+        idle_s = self.settings.poll_interval_s  # doubles while rounds find nothing, back on a take
         while not self.stopping.is_set():
             outages = self.deps.outages
             if outages is not None and not outages.all_up:  # a dependency is down: take nothing new
@@ -121,9 +122,12 @@ class Worker:
             except Exception:
                 log.exception("taking work failed")
                 took = 0
-            if not took:  # nothing to take (or every job at its quota): wait for a poll tick or a free slot
+            if took:
+                idle_s = self.settings.poll_interval_s
+            else:  # nothing to take (or every job at its quota): wait for a poll tick or a free slot
                 self.slot_freed.clear()
-                await self._wait(self.slot_freed, self.settings.poll_interval_s)
+                await self._wait(self.slot_freed, idle_s)
+                idle_s = min(2 * idle_s, self.settings.poll_max_s)
 
     async def _wait(self, event: asyncio.Event, timeout_s: float) -> None:
         waiters = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self.stopping.wait())]
