@@ -22,7 +22,7 @@ a tokenizer splits its input at special tokens and encodes the pieces independen
 some treat the start of the whole input differently (SentencePiece-style Metaspace with
 ``prepend_scheme: first`` puts a word boundary there). Encoded alone, the delta would get that
 boundary, which the full render, where it follows the end of turn, does not have; so the delta is
-encoded behind the end-of-turn token and that token dropped.
+encoded behind the end-of-turn token and that token dropped (and so is the reply, for its check).
 """
 
 from __future__ import annotations
@@ -74,13 +74,13 @@ def extend(
     after = chat.render([*base, reply, *new], True, tools)
     head = asked + sampled
     if sampled.endswith(chat.eos_text) and after.startswith(head):
-        return encode_after(chat, after[len(head) :]), chat.encode(sampled) == output_ids
+        return encode_after(chat, after[len(head) :]), encode_after(chat, sampled) == output_ids
     replied = chat.render([*base, reply], False, tools)
     cut = replied.rfind(chat.eos_text)
     if cut < 0 or not after.startswith(replied) or not replied.startswith(asked):
         return None
     closing = replied[cut + len(chat.eos_text) :]  # what the template puts after the reply's end of turn
-    exact = replied[: cut + len(chat.eos_text)] == head and chat.encode(sampled) == output_ids
+    exact = replied[: cut + len(chat.eos_text)] == head and encode_after(chat, sampled) == output_ids
     return encode_after(chat, closing + after[len(replied) :]), exact
 
 
