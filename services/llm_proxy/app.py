@@ -82,7 +82,8 @@ def create_app(settings: ProxySettings, redis_url: str) -> web.Application:
         forwarder = Forwarder(settings, view, store, session, proxy_metrics, background, admission)
         for path in ("/generate", "/v1/chat/completions", "/v1/completions"):
             app.router.add_post(path, forwarder.handle)
-        Gateway(settings, forwarder, redis, view, gateway_metrics).add_routes(app)
+        gateway = Gateway(settings, forwarder, redis, view, gateway_metrics)
+        gateway.add_routes(app)
         control = EngineClient(session, settings.engine_call_timeout_s)
         transaction = WeightTransaction(redis, store, control, settings.lock_ttl_s, settings.update_settle_s)
         Admin(view, store, control, transaction, proxy_metrics).add_routes(app)
@@ -105,6 +106,7 @@ def create_app(settings: ProxySettings, redis_url: str) -> web.Application:
         await asyncio.gather(*tasks, return_exceptions=True)
         await background.drain()
         await session.close()
+        gateway.close()
         await redis.aclose()
 
     app.cleanup_ctx.append(lifecycle)

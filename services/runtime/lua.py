@@ -8,18 +8,24 @@ entry's field/value pairs) start at the Lua local ``REST``.
 
 A bound script runs by EVALSHA and loads itself again after a NOSCRIPT (a restarted or flushed
 Redis), like redis-py's ``Script``, without its per-call ``isinstance`` against a Protocol class
-(measurable on the proxy's hot path).
+(measurable on the proxy's hot path). A :class:`PipelinedScript` does the same over a
+:class:`~services.runtime.redis_pipeline.PipelinedRedis` (the gateway's per-call record). Either
+kind's ``send`` starts the script at once and returns its reply as an awaitable, so a caller can
+work while Redis runs it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from hashlib import sha1
-from typing import Any
+from typing import Any, Protocol
 
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
+
+from services.runtime.redis_pipeline import PipelinedRedis
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +42,23 @@ class LuaScript:
 
     def register(self, client: Redis) -> BoundScript:
         return BoundScript(self, client, sha1(self.source.encode()).hexdigest())
+
+    def pipelined(self, link: PipelinedRedis) -> PipelinedScript:
+        return PipelinedScript(self, link, sha1(self.source.encode()).hexdigest())
+
+    def ordered(self, keys: Mapping[str, str], args: Mapping[str, Any], rest: Sequence[Any]) -> list[Any]:
+        """``numkeys, *keys, *args, *rest`` as EVALSHA takes them, from the names."""
+        _check(self.keys, keys, "keys")
+        _check(self.args, args, "args")
+        return [len(self.keys), *(keys[name] for name in self.keys), *(args[name] for name in self.args), *rest]
+
+
+class Script(Protocol):
+    """A script bound to a Redis client of either kind."""
+
+    def send(self, keys: Mapping[str, str], args: Mapping[str, Any], rest: Sequence[Any] = ()) -> Awaitable[Any]: ...
+
+    async def __call__(self, keys: Mapping[str, str], args: Mapping[str, Any], rest: Sequence[Any] = ()) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +80,33 @@ class BoundScript:
         except NoScriptError:
             await self.client.script_load(self.script.source)
             return await self.client.evalsha(self.sha, len(ordered_keys), *ordered_keys, *ordered_args)
+
+    def send(self, keys: Mapping[str, str], args: Mapping[str, Any], rest: Sequence[Any] = ()) -> Awaitable[Any]:
+        """Start the script (a task: its command goes out at the loop's next turn); its reply."""
+        return asyncio.ensure_future(self(keys, args, rest))
+
+
+@dataclass(frozen=True, slots=True)
+class PipelinedScript:
+    """A :class:`LuaScript` on a pipelined connection: ``send`` writes its EVALSHA before returning."""
+
+    script: LuaScript
+    link: PipelinedRedis
+    sha: str  # of ``script.source``
+
+    def send(self, keys: Mapping[str, str], args: Mapping[str, Any], rest: Sequence[Any] = ()) -> Awaitable[Any]:
+        command = ["EVALSHA", self.sha, *self.script.ordered(keys, args, rest)]
+        return self._reply(self.link.send(*command), command)
+
+    async def __call__(self, keys: Mapping[str, str], args: Mapping[str, Any], rest: Sequence[Any] = ()) -> Any:
+        return await self.send(keys, args, rest)
+
+    async def _reply(self, sent: Awaitable[Any], command: list[Any]) -> Any:
+        try:
+            return await sent
+        except NoScriptError:
+            await self.link.execute("SCRIPT", "LOAD", self.script.source)
+            return await self.link.send(*command)
 
 
 def _locals(names: tuple[str, ...], array: str) -> str:

@@ -254,26 +254,61 @@ def test_completions_route_takes_token_ids_and_merges(fleet: GatewayFleet) -> No
     assert list(call.prompt_ids) == prompt
 
 
-def test_a_call_another_process_recorded_is_planned_from_redis(
+def test_a_call_after_one_another_process_answered_is_planned_from_redis(
     fleet: GatewayFleet, redis_server: EmbeddedRedis
 ) -> None:
-    """The proxy plans a session's next call from its own copy of the last call and starts the engine
-    call early; when another process recorded a call meanwhile, Redis says so and the call is planned
-    again from what Redis holds (here: a new segment, not a merge into the proxy's stale copy)."""
+    """The proxy's copy of the session's last call is stale when another process answered a call of
+    the session since; the agent's history then holds that reply, so the proxy reads the session
+    from Redis first and the call merges into the other process's token sequence."""
+    sid, token = fleet.session()
+    client = fleet.openai(sid, token)
+    ask: list[Any] = [{"role": "user", "content": "plain question"}]
+    reply = client.chat.completions.create(model="policy", messages=ask).choices[0].message.content
+    (first,) = fleet.calls(sid)
+    session = GatewaySession.model_validate_json(fleet.redis.get(keys.gateway_session(sid)))  # type: ignore[arg-type]
+    second: list[Any] = [*ask, {"role": "assistant", "content": reply}, {"role": "user", "content": "plain question"}]
+    prompt = fleet.chat.encode(fleet.chat.render(second, True))
+    output = [*fleet.chat.encode("elsewhere"), fleet.chat.eos_id]
+    assert prompt[: len(first.prompt_ids) + len(first.output_ids)] == [*first.prompt_ids, *first.output_ids]
+    context = Context(messages=second, reply={"role": "assistant", "content": "elsewhere"}, tools=None, segment=0,
+                      held=[], ended_with_eos=True)  # fmt: skip
+    asyncio.run(_record_elsewhere(redis_server.url, session, prompt, output, context, merged=True))
+    replanned = _replanned(fleet)
+    third = [*second, {"role": "assistant", "content": "elsewhere"}, {"role": "user", "content": "plain question"}]
+    client.chat.completions.create(model="policy", messages=third)
+    _, other, last = fleet.calls(sid)
+    assert (other.index, last.index) == (1, 2) and (last.merged, last.segment) == (True, 0)
+    assert list(last.prompt_ids) == fleet.chat.encode(fleet.chat.render(third, True))
+    assert _replanned(fleet) == replanned
+    (segment,) = segments_from_calls(fleet.calls(sid))
+    assert segment.calls == [0, 1, 2]
+
+
+def test_a_call_planned_from_a_stale_copy_is_recorded_as_a_new_segment(
+    fleet: GatewayFleet, redis_server: EmbeddedRedis
+) -> None:
+    """When the copy looks current but another process recorded a call meanwhile (one whose answer
+    never reached the agent), the record finds the log moved on: the call is recorded at its end as
+    a new segment, with the ids it was generated from, and counted."""
     sid, token = fleet.session()
     client = fleet.openai(sid, token)
     ask: list[Any] = [{"role": "user", "content": "plain question"}]
     reply = client.chat.completions.create(model="policy", messages=ask).choices[0].message.content
     session = GatewaySession.model_validate_json(fleet.redis.get(keys.gateway_session(sid)))  # type: ignore[arg-type]
-    asyncio.run(_record_elsewhere(redis_server.url, session))
+    context = Context(messages=[{"role": "user", "content": "other"}], reply={"role": "assistant", "content": "x"},
+                      tools=None, segment=1, held=[], ended_with_eos=True)  # fmt: skip
+    asyncio.run(_record_elsewhere(redis_server.url, session, [5, 6], [7], context, merged=False))
     replanned = _replanned(fleet)
     follow: list[Any] = [*ask, {"role": "assistant", "content": reply}, {"role": "user", "content": "plain question"}]
-    client.chat.completions.create(model="policy", messages=follow)
+    answer = client.chat.completions.create(model="policy", messages=follow)
     first, other, last = fleet.calls(sid)
     assert (first.index, other.index, last.index) == (0, 1, 2) and first.segment == 0
-    assert (last.merged, last.segment) == (False, 2)  # planned from the other process's record
+    assert (last.merged, last.segment) == (False, 2)  # the log moved past the proxy's copy
     assert list(last.prompt_ids) == fleet.chat.encode(fleet.chat.render(follow, True))
+    metadata: Any = answer.metadata  # the answer is built again with the index it was recorded at
+    assert answer.id.endswith("-2") and (metadata["call_index"], metadata["segment"]) == (2, 2)
     assert _replanned(fleet) == replanned + 1
+    assert [s.calls for s in segments_from_calls([first, other, last])] == [[0], [1], [2]]
 
 
 def _replanned(fleet: GatewayFleet) -> float:
@@ -282,14 +317,16 @@ def _replanned(fleet: GatewayFleet) -> float:
     return float(found[0]) if found else 0.0
 
 
-async def _record_elsewhere(url: str, session: GatewaySession) -> None:
+async def _record_elsewhere(
+    url: str, session: GatewaySession, prompt: list[int], output: list[int], context: Context, *, merged: bool
+) -> None:
     store = SessionStore(open_redis(url))
     try:
-        view = await store.open_call(session, None)
-        call = GatewayCall(index=view.index, segment=1, prompt_ids=token_ids([5, 6]), output_ids=token_ids([7]),
-                           output_logprobs=logprobs([0.0]), finish_reason="stop")  # fmt: skip
-        context = Context(messages=[{"role": "user", "content": "other"}], reply={"role": "assistant", "content": "x"},
-                          tools=None, segment=1, held=[], ended_with_eos=True)  # fmt: skip
-        await store.record(session, call, context, mismatch=False)
+        view = await store.read(session)
+        call = GatewayCall(index=view.index, segment=context.segment, prompt_ids=token_ids(prompt),
+                           output_ids=token_ids(output), output_logprobs=logprobs([0.0] * len(output)),
+                           finish_reason="stop", merged=merged)  # fmt: skip
+        assert (await store.record(session, call, context, mismatch=False)).outcome == "recorded"
     finally:
+        store.close()
         await store.redis.aclose(close_connection_pool=True)

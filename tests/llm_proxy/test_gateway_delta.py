@@ -3,8 +3,11 @@ counted when the reply does not re-render as sampled, and non-local templates re
 
 from __future__ import annotations
 
+import string
 from dataclasses import replace
 from typing import Any
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from services.llm_proxy.gateway.delta import extend, is_local
 from services.llm_proxy.gateway.tokens import Context, plan_chat
@@ -46,6 +49,34 @@ def test_delta_rendering_gives_the_full_render_ids() -> None:
     chat = bundled_chat_template()
     assert is_local(chat)
     replies = ["look", "<think>\nhm\n</think>\n\nrun ls", "done"]
+    for delta, full in zip(_episode(chat, True, replies), _episode(chat, False, replies), strict=True):
+        assert delta == full
+    assert [p.merged for p in _episode(chat, True, replies)] == [False, True, True]
+
+
+def _metaspace_chat() -> ChatTemplate:
+    """A SentencePiece-style tokenizer that puts a word boundary at the start of its input only
+    (``prepend_scheme: first``, as Llama 2 and Mistral tokenizers do) and the bundled template."""
+    vocab = {"<unk>": 0}
+    for ch in "▁\n-:.<>|_" + string.ascii_letters + string.digits:
+        vocab.setdefault(ch, len(vocab))
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    specials = ["<|im_start|>", "<|im_end|>"]
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    eos = tokenizer.token_to_id("<|im_end|>")
+    assert eos is not None
+    return ChatTemplate(tokenizer, compile_template(CHAT_TEMPLATE), eos, "<|im_end|>", {"bos_token": "",
+                        "eos_token": "<|im_end|>"})  # fmt: skip
+
+
+def test_the_delta_is_tokenised_where_it_stands_in_the_full_render() -> None:
+    """Encoded alone, the delta would start with the word boundary such a tokenizer puts at the start
+    of an input; in the full render it follows the end of turn and has none."""
+    chat = _metaspace_chat()
+    assert is_local(chat)
+    replies = ["look", "run ls", "done"]
     for delta, full in zip(_episode(chat, True, replies), _episode(chat, False, replies), strict=True):
         assert delta == full
     assert [p.merged for p in _episode(chat, True, replies)] == [False, True, True]

@@ -16,6 +16,13 @@ Token-exactness: the call's ids are the recorded ids (the last prompt + output) 
 delta's ids, which is what the full render gives when the reply re-renders as it was sampled and
 the sampled ids are the tokenizer's own encoding of that text. Both are checked per call, on the
 reply alone; when either fails the call still merges (recorded ids win) and is counted as a mismatch.
+
+The delta is tokenised where it stands, after the reply's end-of-turn token (:func:`encode_after`):
+a tokenizer splits its input at special tokens and encodes the pieces independently, except that
+some treat the start of the whole input differently (SentencePiece-style Metaspace with
+``prepend_scheme: first`` puts a word boundary there). Encoded alone, the delta would get that
+boundary, which the full render, where it follows the end of turn, does not have; so the delta is
+encoded behind the end-of-turn token and that token dropped (and so is the reply, for its check).
 """
 
 from __future__ import annotations
@@ -54,18 +61,35 @@ def delta_text(
 def extend(
     chat: ChatTemplate, messages: Messages, reply: dict[str, Any], new: Messages, output_ids: list[int], tools: Tools
 ) -> tuple[list[int], bool] | None:
-    """``(ids to append to the recorded ids, exact)`` or None when the template cannot delta-render them."""
+    """``(ids to append to the recorded ids, exact)`` or None when the template cannot delta-render them.
+
+    One render when the reply re-renders as sampled (the usual case): the new messages after the
+    stand-in history and the reply start with the stand-in prompt and the sampled text, and what
+    follows the reply's end of turn is the delta (for a local template ``render(base + reply)`` is a
+    prefix of that render, so this is the same text as its closing plus the new messages' own).
+    Otherwise the reply is rendered alone too, to find where it ends."""
     base = stand_in(messages)
     asked = _asked(chat, base, tools)
+    sampled = chat.decode(output_ids, skip_special=False)
+    after = chat.render([*base, reply, *new], True, tools)
+    head = asked + sampled
+    if sampled.endswith(chat.eos_text) and after.startswith(head):
+        return encode_after(chat, after[len(head) :]), encode_after(chat, sampled) == output_ids
     replied = chat.render([*base, reply], False, tools)
     cut = replied.rfind(chat.eos_text)
-    tail = delta_text(chat, [*base, reply], new, tools, before=replied)
-    if cut < 0 or tail is None or not replied.startswith(asked):
+    if cut < 0 or not after.startswith(replied) or not replied.startswith(asked):
         return None
     closing = replied[cut + len(chat.eos_text) :]  # what the template puts after the reply's end of turn
-    sampled = chat.decode(output_ids, skip_special=False)
-    exact = replied[: cut + len(chat.eos_text)] == asked + sampled and chat.encode(sampled) == output_ids
-    return chat.encode(closing + tail), exact
+    exact = replied[: cut + len(chat.eos_text)] == head and encode_after(chat, sampled) == output_ids
+    return encode_after(chat, closing + after[len(replied) :]), exact
+
+
+def encode_after(chat: ChatTemplate, text: str) -> list[int]:
+    """``text``'s ids as they are in a longer input, right after an end-of-turn token."""
+    ids = chat.encode(chat.eos_text + text)
+    if ids[:1] != [chat.eos_id]:  # the end of turn is not a token of its own: no piece boundary to rely on
+        return chat.encode(text)
+    return ids[1:]
 
 
 def _asked(chat: ChatTemplate, base: Messages, tools: Tools) -> str:

@@ -25,6 +25,7 @@ class PoolConfigs:
                 raise ValueError(f"gateway_tool_parsers: {pool}={name} is not one of {', '.join(PARSERS)}")
         self.experts = {p: _shape(v) for p, v in settings.gateway_map("gateway_routed_experts").items()}
         self._loaded: dict[str, ChatTemplate] = {}
+        self._has_tokenizer: dict[str, bool] = {}  # weights directory -> it holds a tokenizer (a stat, once)
         self._local: dict[int, bool] = {}  # id(template) -> delta rendering is exact for it
 
     def template(self, pool: str) -> ChatTemplate:
@@ -34,7 +35,7 @@ class PoolConfigs:
         if directory is None:
             record = self.view.pool(pool)
             location = record.location if record else None
-            if location and has_tokenizer(Path(location)):
+            if location and self._tokenizer_in(location):
                 directory = location
         key = directory or ""
         found = self._loaded.get(key)
@@ -45,6 +46,12 @@ class PoolConfigs:
                 log.warning("pool %s has no tokenizer configured: the gateway renders with the bundled one", pool)
                 found = bundled_chat_template()
             self._loaded[key] = found
+        return found
+
+    def _tokenizer_in(self, location: str) -> bool:
+        found = self._has_tokenizer.get(location)
+        if found is None:
+            found = self._has_tokenizer[location] = has_tokenizer(Path(location))
         return found
 
     def local(self, pool: str) -> bool:

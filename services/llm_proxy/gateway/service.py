@@ -52,6 +52,9 @@ class Gateway:
         self.metrics = metrics
         self.turns = Turns(forwarder, self.store, self.pools, metrics)
 
+    def close(self) -> None:
+        self.store.close()
+
     def add_routes(self, app: web.Application) -> None:
         openai, anthropic = openai_wire.error_doc, anthropic_wire.error_doc
         app.router.add_post("/e/{session}/v1/chat/completions", self._serve(self.chat, openai))

@@ -2,72 +2,103 @@
 
 The worker writes the session record (``keys.gateway_session``) with the episode's expiry; every
 proxy process reads it (cached until it expires) and checks the token against its digest.
-Per call: one script to read (counters, context, last call) and one to write (call record,
-counters, context), each a single command (EVALSHA, loaded again after a NOSCRIPT). The read
-sends the context and last call only when the process's own copy of them (``known.py``) is not
-the session's last recorded call. Calls of one session are expected one at a time (agents wait for each answer);
-concurrent calls each get their own index and may start their own segments.
+
+Per call, one command records it (``RECORD``, a script run by EVALSHA, loaded again after a
+NOSCRIPT): the call, the context its successor is planned from, the counters. A call's index is
+its place in the log, claimed by the record: the record is written only when the log still has
+the length the call was planned at (so a merged call extends the session's last call, and no two
+calls share an index or a new segment's number); otherwise nothing is written and the caller
+records it again at the log's end as a new segment (``Turns``). The record also refuses a closed
+session (the worker closes it in one transaction with reading the log, so a call recorded after
+that read is never answered: the worker misses no answered call) and a call past the turn cap.
+
+The session is read (``READ``: counters, context, last call) before a call is planned only when
+this process has no trusted copy of its last call (``known.py``): a prefix-extending agent whose
+calls come to one process costs one command per call.
 """
 
 from __future__ import annotations
 
 import hmac
 import time
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import orjson
 from redis.asyncio import Redis
 
-from services.llm_proxy.gateway.known import Guess, Known, KnownSessions
+from services.llm_proxy.gateway.known import Known, KnownSessions
 from services.llm_proxy.gateway.tokens import Context
 from services.protocol import ErrorCode, PlatformError, keys
 from services.protocol.gateway import GatewayCall, GatewaySession, decode_call, encode_call, token_digest
-from services.runtime.lua import LuaScript
+from services.runtime.lua import LuaScript, Script
+from services.runtime.redis_pipeline import pipelined
 
-OPEN = LuaScript(  # the context and last call are sent only when the caller's guess is not the last call
+READ = LuaScript(  # the context and last call are sent only when the log's length is not the caller's copy's
     keys=("state", "calls", "context"),
     args=("expect",),
     body="""
-local index = redis.call('HINCRBY', state, 'next', 1)
-local s = redis.call('HMGET', state, 'segments', 'truncated', 'closed', 'last')
+local s = redis.call('HMGET', state, 'segments', 'closed')
 local recorded = redis.call('LLEN', calls)
-if expect ~= '-' and (s[4] or '') == expect then
-  return {index, s[1], s[2], s[3], recorded, false, false, 1}
+if tostring(recorded) == expect then
+  return {recorded, s[1], s[2], false, false}
 end
-return {index, s[1], s[2], s[3], recorded, redis.call('GET', context), redis.call('LINDEX', calls, -1), 0}
+return {recorded, s[1], s[2], redis.call('GET', context), redis.call('LINDEX', calls, -1)}
 """,
 )
 
+RECORDED, MOVED, CLOSED, TURN_CAP = 0, 1, 2, 3  # RECORD's outcomes
+
 RECORD = LuaScript(  # no MULTI/EXEC needed, but a script is one command: all of it or none
     keys=("state", "calls", "context"),
-    args=("call", "index", "doc", "ttl", "mismatch", "merged"),
+    args=("call", "index", "doc", "ttl", "mismatch", "merged", "max_turns"),
     body="""
+local s = redis.call('HMGET', state, 'segments', 'closed')
+if s[2] then return {2} end
+local recorded = redis.call('LLEN', calls)
+if recorded >= tonumber(max_turns) then
+  redis.call('HSETNX', state, 'truncated', 'turns')
+  return {3, recorded}
+end
+local segments = tonumber(s[1] or '0')
+if recorded ~= tonumber(index) then return {1, recorded, segments} end
 redis.call('RPUSH', calls, call)
-redis.call('HSET', state, 'last', index)
 redis.call('SET', context, doc, 'EX', ttl)
 if mismatch == '1' then redis.call('HINCRBY', state, 'mismatches', 1) end
 if merged == '0' then
-  redis.call('HINCRBY', state, 'segments', 1)
+  segments = redis.call('HINCRBY', state, 'segments', 1)
   redis.call('EXPIRE', calls, ttl)
   redis.call('EXPIRE', state, ttl)
 end
-return redis.call('HGET', state, 'segments')
+return {0, recorded + 1, segments}
 """,
 )
 
 
 @dataclass(slots=True)
 class SessionView:
-    """What one call reads: the session, its counters and the last call's context."""
+    """What a call is planned from: the session's log length and segments, the last call's context."""
 
     session: GatewaySession
-    index: int  # this call's index
-    recorded: int  # calls recorded before it
-    segments: int  # segments opened so far
-    truncated: str | None
+    recorded: int  # calls in the log: the index this call is recorded at unless the log moves on
+    segments: int  # segments opened so far (a new segment gets this number)
     last: Context | None
-    guessed: bool = False  # Redis confirmed the caller's guess: ``last`` is the process's own copy
+
+    @property
+    def index(self) -> int:
+        return self.recorded
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What ``record`` did: ``recorded`` the call (the log now has ``length`` calls), or found the log
+    ``moved`` on to ``length`` calls and ``segments`` segments (nothing written), or refused it at the
+    turn cap (``length`` calls recorded; the session is marked truncated)."""
+
+    outcome: Literal["recorded", "moved", "turn_cap"]
+    length: int
+    segments: int = 0
 
 
 def request_token(headers: Any) -> str | None:
@@ -83,9 +114,14 @@ class SessionStore:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
         self._cache: dict[str, GatewaySession] = {}
-        self._open = OPEN.register(redis)
-        self._record = RECORD.register(redis)
+        self.link = pipelined(redis)  # the per-call scripts' connection (None: they use ``redis``)
+        self._read: Script = READ.register(redis) if self.link is None else READ.pipelined(self.link)
+        self._record: Script = RECORD.register(redis) if self.link is None else RECORD.pipelined(self.link)
         self.known = KnownSessions()
+
+    def close(self) -> None:
+        if self.link is not None:
+            self.link.close()
 
     async def authorize(self, sid: str, token: str | None) -> GatewaySession:
         session = self._cache.get(sid)
@@ -103,50 +139,79 @@ class SessionStore:
             raise PlatformError(ErrorCode.UNAUTHORIZED, "a valid session key is required (Bearer or x-api-key)")
         return session
 
-    def guess(self, session: GatewaySession) -> tuple[Guess, Context | None] | None:
-        """What this process expects ``open_call`` to find (None: no guess), with the last call's
-        context built from its copy exactly as from what Redis would send."""
-        guess = self.known.guess(session.session)
-        if guess is None:
-            return None
-        known = guess.known
-        return guess, None if known is None else _context(orjson.loads(known.context), known.call)
-
-    async def open_call(self, session: GatewaySession, guess: tuple[Guess, Context | None] | None) -> SessionView:
-        """The call's index and the session's state; the last call's context is read from Redis
-        unless Redis confirms ``guess`` (its last recorded call is the guessed one)."""
+    def trusted(self, session: GatewaySession, assistants: int | None, connection: int) -> SessionView | None:
+        """The view from this process's copy when the call looks like the session's next call after
+        it (``Known.is_next``), or like its first when the session was just authorised here; else None
+        (read it). The record checks the guess."""
         sid = session.session
-        reply = await self._open(_keys(sid), {"expect": "-" if guess is None else guess[0].expect})
-        index, segments, truncated, closed, recorded, context, last_raw, guessed = reply
+        known = self.known.get(sid)
+        if known is not None:
+            if not known.is_next(assistants, connection):
+                return None
+            return SessionView(session, known.recorded, known.segments, known.last())
+        if self.known.fresh(sid) and not assistants:
+            return SessionView(session, 0, 0, None)
+        return None
+
+    async def read(self, session: GatewaySession) -> SessionView:
+        """The session's log length, segments and last call's context, from Redis (the context from
+        this process's copy when that is still the last call)."""
+        sid = session.session
+        known = self.known.get(sid)
+        reply = await self._read(_keys(sid), {"expect": "-" if known is None else str(known.recorded)})
+        recorded, segments, closed, context, last_raw = reply
         if closed:
             raise PlatformError(ErrorCode.NOT_FOUND, f"gateway session {sid!r} has ended")
         last = None
-        if guess is not None and guessed:
-            last = guess[1]
+        if known is not None and int(recorded) == known.recorded:
+            last = known.last()
         elif context is not None and last_raw is not None:
             last = _context(orjson.loads(context), decode_call(last_raw))
-        trunc = truncated.decode() if truncated else None
-        view = SessionView(session, int(index) - 1, int(recorded), int(segments or 0), trunc, last, bool(guessed))
-        return view
+        return SessionView(session, int(recorded), int(segments or 0), last)
 
     async def mark_truncated(self, session: GatewaySession, cap: str) -> None:
         await self.redis.hsetnx(keys.gateway_state(session.session), "truncated", cap)
 
-    async def record(self, session: GatewaySession, call: GatewayCall, context: Context, *, mismatch: bool) -> None:
-        """One command: the call's index is already taken, so the write cannot clash with another call;
-        the keys' expiry (which never moves) is set by each call that opens a segment (a merged call
-        follows a recorded one, which set it). This process keeps a copy for the session's next call."""
+    def record(
+        self, session: GatewaySession, call: GatewayCall, context: Context, *, mismatch: bool,
+        assistants: int | None = None, connection: int = 0,
+    ) -> Awaitable[Recorded]:  # fmt: skip
+        """Send the one command that records ``call`` at index ``call.index`` if the log still has that
+        many calls (see the module's docstring); await the result for the outcome. The keys' expiry
+        (which never moves) is set by each call that opens a segment. This process keeps a copy of
+        a recorded call for the session's next call."""
         sid = session.session
         ttl = max(1, int(session.expires_at - time.time()) + 60)
         doc = orjson.dumps(context.to_json())
-        flags = {"mismatch": int(mismatch), "merged": int(call.merged)}
+        flags = {"mismatch": int(mismatch), "merged": int(call.merged), "max_turns": session.max_turns}
         args = {"call": encode_call(call), "index": call.index, "doc": doc, "ttl": ttl, **flags}
         try:
-            segments = await self._record(_keys(sid), args)
+            sent = self._record.send(_keys(sid), args)
         except BaseException:
             self.known.drop(sid)
             raise
-        self.known.put(sid, Known(call.index, int(segments or 0), doc, call, session.expires_at))
+        kept = Known(call.index + 1, 0, context, call, session.expires_at, assistants, connection, len(doc))
+        return self._recorded(session, sent, kept)
+
+    async def _recorded(self, session: GatewaySession, sent: Awaitable[Any], kept: Known) -> Recorded:
+        sid = session.session
+        try:
+            reply = await sent
+        except BaseException:
+            self.known.drop(sid)
+            raise
+        outcome = int(reply[0])
+        if outcome == CLOSED:
+            self.known.drop(sid)
+            raise PlatformError(ErrorCode.NOT_FOUND, f"gateway session {sid!r} has ended")
+        if outcome == TURN_CAP:
+            return Recorded("turn_cap", int(reply[1]))
+        length, segments = int(reply[1]), int(reply[2])
+        if outcome == MOVED:
+            self.known.drop(sid)  # the copy is not the last call any more
+            return Recorded("moved", length, segments)
+        self.known.put(sid, replace(kept, recorded=length, segments=segments))
+        return Recorded("recorded", length, segments)
 
 
 def _keys(sid: str) -> dict[str, str]:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.llm_proxy.gateway.delta import extend
+from services.llm_proxy.gateway.delta import encode_after, extend
 from services.runtime.chat import ChatTemplate
 
 Messages = list[dict[str, Any]]
@@ -107,7 +107,10 @@ def _continues(messages: Messages, tools: list[dict[str, Any]] | None, last: Con
         return False
     before = [*last.messages, last.reply]
     n = len(before)
-    return len(messages) > n and [normal(m) for m in messages[:n]] == [normal(m) for m in before]
+    if len(messages) <= n:
+        return False
+    head = messages[:n]
+    return head == before or [normal(m) for m in head] == [normal(m) for m in before]  # equal dicts: no normalising
 
 
 def _delta(
@@ -129,4 +132,4 @@ def _token_in(
     if not full.startswith(base) or cut < 0:
         return None
     closing = base[cut + len(chat.eos_text) :]  # what the template puts after the reply's end of turn
-    return [*last.held, *chat.encode(closing + full[len(base) :])]
+    return [*last.held, *encode_after(chat, closing + full[len(base) :])]

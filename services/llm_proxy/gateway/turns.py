@@ -4,28 +4,32 @@ the record in the session log.
 Caps (the episode's ``AgentLimits``): a call past the turn cap is refused with 403, a prompt at or
 past the trajectory-token cap or the engine context with 400 ``context_length_exceeded`` (the
 message litellm maps to ``ContextWindowExceededError``, so agents stop instead of retrying);
-either way the session is marked truncated with that cap. New tokens per call are clamped to
+either way the session is marked truncated with that cap (the turn cap is checked again by the
+record itself, so concurrent calls cannot pass it). New tokens per call are clamped to
 ``max_tokens_per_turn`` and to the room left in the trajectory.
+
+A call is recorded at the index it was planned at only when no other call was recorded meanwhile
+(``sessions.RECORD``); otherwise it is recorded at the log's end as the start of a new segment,
+with the same ids (it was generated from exactly those), and its answer is built again with its
+index (counted in ``rollout_gateway_replanned``). The engine is never called twice for a call.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar
 
 from aiohttp import web
 
-from services.llm_proxy.calls import DISCONNECT, DROPPED, REPLANNED, Forwarder
+from services.llm_proxy.calls import Forwarder
 from services.llm_proxy.gateway.engine import EngineAnswer, EngineRequest, generate
-from services.llm_proxy.gateway.known import Guess
 from services.llm_proxy.gateway.metrics import GatewayMetrics
 from services.llm_proxy.gateway.parsers import ParsedReply, parse_tool_calls
 from services.llm_proxy.gateway.pools import PoolConfigs
 from services.llm_proxy.gateway.requests import template_call
-from services.llm_proxy.gateway.sessions import SessionStore, SessionView
+from services.llm_proxy.gateway.sessions import Recorded, SessionStore, SessionView
 from services.llm_proxy.gateway.tokens import Context, Messages, Plan, plan_chat, plan_ids
 from services.protocol import Cap, ErrorCode, PlatformError
 from services.protocol.gateway import GatewayCall, GatewaySession
@@ -33,6 +37,7 @@ from services.protocol.trajectory import logprobs, token_ids
 
 Route = Literal["chat", "completions", "messages"]
 T = TypeVar("T")
+MAX_MOVES = 16  # records tried per call when other calls of the session keep being recorded first
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +49,13 @@ class TurnRequest:
     max_tokens: int | None  # the client's cap (a cap only: sampling is the platform's)
     top_logprobs: int = 0
     stop: list[str] | None = None
+
+    @property
+    def assistants(self) -> int | None:
+        """Assistant turns in the messages (None: a raw prompt)."""
+        if self.messages is None:
+            return None
+        return sum(1 for m in self.messages if m.get("role") == "assistant")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +74,12 @@ class TurnResult:
     def truncated(self) -> bool:
         return self.answer.finish_reason == "length"
 
+    def moved(self, length: int, segments: int) -> TurnResult:
+        """The same call recorded at the end of a log of ``length`` calls, as the start of segment
+        ``segments``."""
+        view = replace(self.view, recorded=length, segments=segments)
+        return replace(self, view=view, plan=replace(self.plan, segment=segments, merged=False))
+
 
 class Turns:
     def __init__(self, forwarder: Forwarder, store: SessionStore, pools: PoolConfigs, metrics: GatewayMetrics) -> None:
@@ -73,43 +91,39 @@ class Turns:
     async def run(
         self, request: web.Request, session: GatewaySession, turn: TurnRequest, answer: Callable[[TurnResult], T]
     ) -> T:
-        """Open the call, plan its prompt ids, check the caps, generate, record, and return ``answer``
-        of the result: built while the record is in flight, returned only once it is recorded (a
-        failed record fails the call, so an answer the agent gets is always in the session log).
-
-        When this process recorded the session's last call, the plan is made from that and the engine
-        call starts while Redis confirms the guess (``known.py``); one Redis does not confirm is
-        planned again."""
+        """Plan the call's prompt ids (from this process's copy of the session's last call when it is
+        trusted, else from Redis), check the caps, generate, record, and return ``answer`` of the
+        result: built while the record is in flight, returned only once it is recorded (a failed
+        record fails the call, so an answer the agent gets is always in the session log)."""
         started = time.perf_counter()
-        guess = self.store.guess(session)
-        early = None if guess is None else self._early(request, session, turn, guess)
-        try:
-            view = await self.store.open_call(session, guess)
-            if early is not None and view.guessed and view.segments == early[0]:
-                _, plan, engine = early
-            else:
-                if early is not None:
-                    self.metrics.replanned.inc()
-                    _discard(early[2], REPLANNED)
-                plan, engine = self._plan(session, turn, view.last, view.segments), None
-            max_new = await self._caps(session, view, plan, turn.max_tokens)
-            reply = await self._answered(engine or self._engine(request, session, plan, max_new, turn), session, plan)
-        except asyncio.CancelledError:  # the client went away
-            if early is not None:
-                _discard(early[2], DISCONNECT)
-            raise
-        except BaseException:  # refused or failed before the early engine call was used
-            if early is not None:
-                _discard(early[2], DROPPED)
-            raise
+        connection = id(getattr(request, "transport", None))
+        assistants = turn.assistants
+        view = self.store.trusted(session, assistants, connection)
+        if view is None:
+            view = await self.store.read(session)
+        plan = self._plan(session, turn, view.last, view.segments)
+        max_new = await self._caps(session, view, plan, turn.max_tokens)
+        reply = await self._answered(self._engine(request, session, plan, max_new, turn), session, plan)
         result = self._result(view, plan, reply, turn, session)
-        recording = asyncio.ensure_future(self._record(session, result, turn, started))
-        await asyncio.sleep(0)  # the record's command goes out before the answer is built
-        try:
-            built = answer(result)
-        finally:
-            await recording
-        return built
+        for _ in range(MAX_MOVES):
+            recording = self._record(session, result, turn, started, (assistants, connection))  # sent: Redis runs it
+            try:
+                built = answer(result)
+            finally:
+                recorded = await recording
+            if recorded.outcome == "recorded":
+                added_s = time.perf_counter() - started - reply.llm_s
+                self.metrics.observe(turn.route, result.plan, result.parsed, added_s)
+                return built
+            if recorded.outcome == "turn_cap":
+                self.metrics.caps.labels(Cap.TURNS.value).inc()
+                raise _turn_cap(session)
+            # another call was recorded since the plan: this one starts a new segment at the log's end
+            self.metrics.replanned.inc()
+            result = result.moved(recorded.length, recorded.segments)
+        raise PlatformError(
+            ErrorCode.ENGINE_UNAVAILABLE, "the session's log kept moving (concurrent calls)", retry_after_s=1
+        )
 
     def _plan(self, session: GatewaySession, turn: TurnRequest, last: Context | None, segments: int) -> Plan:
         chat = self.pools.template(session.pool)
@@ -119,26 +133,10 @@ class Turns:
         ids = turn.prompt if isinstance(turn.prompt, list) else chat.encode(turn.prompt or "")
         return plan_ids(ids, last, segments)
 
-    def _early(
-        self, request: web.Request, session: GatewaySession, turn: TurnRequest, guess: tuple[Guess, Context | None]
-    ) -> tuple[int, Plan, asyncio.Task[EngineAnswer]] | None:
-        """``(segments guessed, plan, engine call started)``; None when planning fails or the plan is
-        past a cap: the error or refusal then comes where it does without a guess, after ``open_call``."""
-        known = guess[0].known
-        segments = known.segments if known is not None else 0
-        try:
-            plan = self._plan(session, turn, guess[1], segments)
-        except Exception:
-            return None
-        if len(plan.prompt_ids) >= session.max_trajectory_tokens:
-            return None
-        max_new = _max_new(session, plan, turn.max_tokens)
-        return segments, plan, asyncio.ensure_future(self._engine(request, session, plan, max_new, turn))
-
     async def _caps(self, session: GatewaySession, view: SessionView, plan: Plan, client_max: int | None) -> int:
         if view.recorded >= session.max_turns:
             await self._truncate(session, Cap.TURNS)
-            raise PlatformError(ErrorCode.FORBIDDEN, f"the episode's turn cap ({session.max_turns} calls) is reached")
+            raise _turn_cap(session)
         if len(plan.prompt_ids) >= session.max_trajectory_tokens:
             await self._truncate(session, Cap.TRAJECTORY_TOKENS)
             raise context_error(session.max_trajectory_tokens, len(plan.prompt_ids))
@@ -185,7 +183,11 @@ class Turns:
             parsed = ParsedReply(content=text)
         return TurnResult(view, plan, answer, text, parsed)
 
-    async def _record(self, session: GatewaySession, result: TurnResult, turn: TurnRequest, started: float) -> None:
+    def _record(
+        self, session: GatewaySession, result: TurnResult, turn: TurnRequest, started: float,
+        request: tuple[int | None, int],
+    ) -> Awaitable[Recorded]:  # fmt: skip
+        """Send the call's record (``request``: its assistant turns and connection, kept with the copy)."""
         answer, plan = result.answer, result.plan
         total = time.perf_counter() - started
         call = GatewayCall(
@@ -216,8 +218,11 @@ class Turns:
             held=[],
             ended_with_eos=answer.output_ids[-1:] == [chat.eos_id],
         )
-        await self.store.record(session, call, context, mismatch=plan.mismatch)
-        self.metrics.observe(turn.route, plan, result.parsed, total - answer.llm_s)
+        assistants, connection = request
+        assistants = None if assistants is None else assistants + 1  # and the reply
+        return self.store.record(
+            session, call, context, mismatch=plan.mismatch, assistants=assistants, connection=connection
+        )
 
 
 def _max_new(session: GatewaySession, plan: Plan, client_max: int | None) -> int:
@@ -226,12 +231,8 @@ def _max_new(session: GatewaySession, plan: Plan, client_max: int | None) -> int
     return min(client_max or session.max_tokens_per_turn, session.max_tokens_per_turn, room)
 
 
-def _discard(task: asyncio.Task[EngineAnswer], reason: str) -> None:
-    """Cancel an early engine call that is not used (the forwarder aborts it at the engine, counted
-    with ``reason``) and retrieve its outcome, so that its failure is not reported as unhandled."""
-    if not task.done():
-        task.cancel(reason)
-    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+def _turn_cap(session: GatewaySession) -> PlatformError:
+    return PlatformError(ErrorCode.FORBIDDEN, f"the episode's turn cap ({session.max_turns} calls) is reached")
 
 
 def _reply(result: TurnResult) -> dict[str, Any]:
