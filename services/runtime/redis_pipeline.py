@@ -156,7 +156,11 @@ class PipelinedRedis:
                 replies = [loop.create_future() for _ in setup]
                 for command, reply in zip(setup, replies, strict=True):
                     link.write(hiredis.pack_command(command), reply)
-                await asyncio.gather(*replies)
+                try:
+                    await asyncio.gather(*replies)
+                except BaseException:  # refused AUTH or SELECT, or the timeout: this link is not used
+                    link.fail(RedisConnectionError("connection setup failed"))
+                    raise
         except (OSError, TimeoutError) as exc:
             raise RedisConnectionError(f"cannot connect to Redis at {self.host}:{self.port}: {exc}") from exc
         self._link = link

@@ -96,3 +96,20 @@ def test_a_cluster_tls_or_unix_socket_keeps_the_redis_py_client() -> None:
     assert pipelined(open_redis("redis+cluster://127.0.0.1:6390")) is None
     link = pipelined(open_redis("redis://:pw@127.0.0.1:6390/3"))
     assert link is not None and (link.port, link.db, link.password) == (6390, 3, "pw")
+
+
+async def test_a_refused_auth_fails_the_caller_and_leaves_no_connection_open(redis_url: str) -> None:
+    client = open_redis(redis_url)
+    base = pipelined(client)
+    assert base is not None
+    link = PipelinedRedis(base.host, base.port, password="not-the-password")
+    try:
+        before = len(await client.client_list())
+        for _ in range(5):
+            with pytest.raises(ResponseError):
+                await link.execute("PING")
+        await asyncio.sleep(0.1)
+        assert len(await client.client_list()) == before
+    finally:
+        link.close()
+        await client.aclose(close_connection_pool=True)
