@@ -98,6 +98,9 @@ class ChatTemplate:
     def encode(self, text: str) -> list[int]:
         return encode_ids(self.tokenizer, text)
 
+    def encode_after_eos(self, text: str) -> list[int]:
+        return encode_after(self.tokenizer, self.eos_text, self.eos_id, text)
+
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special))
 
@@ -107,6 +110,19 @@ def encode_ids(tokenizer: Tokenizer, text: str) -> list[int]:
     offsets that ``encode`` computes and nobody here reads: the same ids (checked on random text)
     in about 55% of the CPU (0.22 against 0.40 ms for a 1.3 KB observation)."""
     return list(tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids)
+
+
+def encode_after(tokenizer: Tokenizer, eos_text: str, eos_id: int, text: str) -> list[int]:
+    """``text``'s ids as they are inside a longer input, right after an end-of-turn token. A
+    tokenizer splits its input at special tokens and encodes the pieces apart, except that some
+    treat the start of the whole input differently (SentencePiece-style Metaspace with
+    ``prepend_scheme: first``, as Llama 2 and Mistral have, puts a word boundary there): encoded
+    alone, a delta would get a boundary the full render does not have. So ``text`` is encoded
+    behind the end of turn and that token dropped."""
+    ids = encode_ids(tokenizer, eos_text + text)
+    if ids[:1] != [eos_id]:  # the end of turn is not a token of its own: no piece boundary to rely on
+        return encode_ids(tokenizer, text)
+    return ids[1:]
 
 
 def bundled_chat_template() -> ChatTemplate:

@@ -3,16 +3,14 @@ counted when the reply does not re-render as sampled, and non-local templates re
 
 from __future__ import annotations
 
-import string
 from dataclasses import replace
 from typing import Any
-
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from services.llm_proxy.gateway.delta import extend, is_local
 from services.llm_proxy.gateway.tokens import Context, plan_chat
 from services.runtime.chat import ChatTemplate, bundled_chat_template, compile_template
 from services.runtime.tokenizer import CHAT_TEMPLATE
+from tests.support.tokenizers import metaspace_tokenizer
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run", "parameters": {}}}]
 # Qwen3's rule, reduced: reasoning is dropped from assistant turns before the last user message
@@ -55,16 +53,7 @@ def test_delta_rendering_gives_the_full_render_ids() -> None:
 
 
 def _metaspace_chat() -> ChatTemplate:
-    """A SentencePiece-style tokenizer that puts a word boundary at the start of its input only
-    (``prepend_scheme: first``, as Llama 2 and Mistral tokenizers do) and the bundled template."""
-    vocab = {"<unk>": 0}
-    for ch in "▁\n-:.<>|_" + string.ascii_letters + string.digits:
-        vocab.setdefault(ch, len(vocab))
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
-    specials = ["<|im_start|>", "<|im_end|>"]
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    tokenizer = metaspace_tokenizer()
     eos = tokenizer.token_to_id("<|im_end|>")
     assert eos is not None
     return ChatTemplate(tokenizer, compile_template(CHAT_TEMPLATE), eos, "<|im_end|>", {"bos_token": "",

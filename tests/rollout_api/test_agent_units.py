@@ -29,6 +29,7 @@ from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.tokens import TokenBuffer
 from services.runtime.tokenizer import write_tokenizer_dir
 from tests.support.http import serving
+from tests.support.tokenizers import write_metaspace_dir
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +47,20 @@ def test_deltas_equal_the_whole_conversation_tokenized(tokenizer: ChatTokenizer)
         ids += tokenizer.message_ids(messages[-1], reply_ended_with_eos=True)
     assert ids == tokenizer.encode(tokenizer.render(messages, True))
     assert tokenizer.eos_id == 258
+
+
+def test_deltas_match_the_full_render_with_a_tokenizer_that_marks_an_inputs_start(tmp_path: Path) -> None:
+    """Metaspace with ``prepend_scheme: first`` puts a word boundary at the start of an input: a
+    delta encoded alone would get one, where the full render has none after the end of turn."""
+    chat = ChatTokenizer.from_dir(write_metaspace_dir(tmp_path))
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]
+    ids = chat.prompt_ids(messages)
+    for reply, obs in [("run\n```bash\nls\n```", "out 0"), ("done", "out 1")]:
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": obs}]
+        full = chat.encode(chat.render(messages[:-1], False))
+        ids = full[: full.index(chat.eos_id, len(ids)) + 1]  # the reply as the full render has it, then eos
+        ids += chat.message_ids(messages[-1], reply_ended_with_eos=True)
+    assert ids == chat.encode(chat.render(messages, True))
 
 
 def test_delta_after_a_reply_without_eos(tokenizer: ChatTokenizer) -> None:

@@ -17,12 +17,8 @@ delta's ids, which is what the full render gives when the reply re-renders as it
 the sampled ids are the tokenizer's own encoding of that text. Both are checked per call, on the
 reply alone; when either fails the call still merges (recorded ids win) and is counted as a mismatch.
 
-The delta is tokenised where it stands, after the reply's end-of-turn token (:func:`encode_after`):
-a tokenizer splits its input at special tokens and encodes the pieces independently, except that
-some treat the start of the whole input differently (SentencePiece-style Metaspace with
-``prepend_scheme: first`` puts a word boundary there). Encoded alone, the delta would get that
-boundary, which the full render, where it follows the end of turn, does not have; so the delta is
-encoded behind the end-of-turn token and that token dropped (and so is the reply, for its check).
+The delta, and the reply for its check, are tokenised where they stand, after an end-of-turn token
+(``services.runtime.chat.encode_after``: some tokenizers mark the start of an input).
 """
 
 from __future__ import annotations
@@ -74,22 +70,14 @@ def extend(
     after = chat.render([*base, reply, *new], True, tools)
     head = asked + sampled
     if sampled.endswith(chat.eos_text) and after.startswith(head):
-        return encode_after(chat, after[len(head) :]), encode_after(chat, sampled) == output_ids
+        return chat.encode_after_eos(after[len(head) :]), chat.encode_after_eos(sampled) == output_ids
     replied = chat.render([*base, reply], False, tools)
     cut = replied.rfind(chat.eos_text)
     if cut < 0 or not after.startswith(replied) or not replied.startswith(asked):
         return None
     closing = replied[cut + len(chat.eos_text) :]  # what the template puts after the reply's end of turn
-    exact = replied[: cut + len(chat.eos_text)] == head and encode_after(chat, sampled) == output_ids
-    return encode_after(chat, closing + after[len(replied) :]), exact
-
-
-def encode_after(chat: ChatTemplate, text: str) -> list[int]:
-    """``text``'s ids as they are in a longer input, right after an end-of-turn token."""
-    ids = chat.encode(chat.eos_text + text)
-    if ids[:1] != [chat.eos_id]:  # the end of turn is not a token of its own: no piece boundary to rely on
-        return chat.encode(text)
-    return ids[1:]
+    exact = replied[: cut + len(chat.eos_text)] == head and chat.encode_after_eos(sampled) == output_ids
+    return chat.encode_after_eos(closing + after[len(replied) :]), exact
 
 
 def _asked(chat: ChatTemplate, base: Messages, tools: Tools) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.llm_proxy.gateway.delta import encode_after, extend
+from services.llm_proxy.gateway.delta import extend
 from services.runtime.chat import ChatTemplate
 
 Messages = list[dict[str, Any]]
@@ -132,4 +132,4 @@ def _token_in(
     if not full.startswith(base) or cut < 0:
         return None
     closing = base[cut + len(chat.eos_text) :]  # what the template puts after the reply's end of turn
-    return [*last.held, *encode_after(chat, closing + full[len(base) :])]
+    return [*last.held, *chat.encode_after_eos(closing + full[len(base) :])]

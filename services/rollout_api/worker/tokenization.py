@@ -13,7 +13,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from services.runtime.chat import ChatTemplate, encode_ids
+from services.runtime.chat import ChatTemplate, encode_after, encode_ids
 
 _DUMMY = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
 _DUMMY_REPLY = "\x00A\x00"  # a reply that cannot occur in the template's own text
@@ -28,6 +28,7 @@ class ChatTokenizer:
     special: dict[str, Any]  # bos_token / eos_token for templates that use them
     after_eos: str  # what the template puts after the assistant's eos (ChatML: "\n")
     after_content: str  # what the template puts after an assistant message's content (eos text included)
+    eos_text: str = ""  # the end-of-turn token's text (deltas are encoded behind it: runtime.chat.encode_after)
     _cache: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -37,7 +38,7 @@ class ChatTokenizer:
         with_reply = _render(template, special, [*_DUMMY, {"role": "assistant", "content": _DUMMY_REPLY}], False)
         after_content = with_reply[with_reply.index(_DUMMY_REPLY) + len(_DUMMY_REPLY) :]
         after_eos = after_content[len(eos_text) :] if after_content.startswith(eos_text) else after_content
-        return cls(chat.tokenizer, template, chat.eos_id, special, after_eos, after_content)
+        return cls(chat.tokenizer, template, chat.eos_id, special, after_eos, after_content, eos_text)
 
     def _base(self) -> str:
         """The dummy conversation rendered once (the prefix every delta is cut from)."""
@@ -67,6 +68,8 @@ class ChatTokenizer:
         if not full.startswith(base):
             raise ValueError("the chat template rewrites earlier messages; cannot tokenize a delta")
         closing = self.after_eos if reply_ended_with_eos else self.after_content
+        if reply_ended_with_eos and self.eos_text:  # the delta follows the reply's end of turn
+            return encode_after(self.tokenizer, self.eos_text, self.eos_id, closing + full[len(base) :])
         return self.encode(closing + full[len(base) :])
 
 
