@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,3 +59,23 @@ def redis_cluster_url(redis_cluster: EmbeddedRedisCluster) -> str:
     """The cluster's URL, every node flushed before the test."""
     redis_cluster.flush()
     return redis_cluster.url
+
+
+@pytest.fixture
+def tarpit() -> Iterator[str]:
+    """A listening socket whose accept queue is full: the kernel drops every new SYN, so a connect
+    neither succeeds nor is refused (what an engine's port looks like under a connection storm)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    fillers = []
+    for _ in range(2):
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(server.getsockname())
+        fillers.append(filler)
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        for sock in (*fillers, server):
+            sock.close()

@@ -88,8 +88,9 @@ def create_app(settings: ProxySettings, redis_url: str) -> web.Application:
         transaction = WeightTransaction(redis, store, control, settings.lock_ttl_s, settings.update_settle_s)
         Admin(view, store, control, transaction, proxy_metrics).add_routes(app)
         checker = HealthChecker(
-            view, EngineClient(session, settings.health_timeout_s), session, proxy_metrics, pool_of(redis)
-        )
+            view, EngineClient(session, settings.health_timeout_s), session, proxy_metrics, pool_of(redis),
+            lean_connections=lambda: forwarder.links.connections,
+        )  # fmt: skip
         await checker.check_all()
         proxy_metrics.tally.watch_in_flight(
             lambda: {rt.engine_id: rt.in_flight for rt in view.runtime.values()},
@@ -106,6 +107,7 @@ def create_app(settings: ProxySettings, redis_url: str) -> web.Application:
         await asyncio.gather(*tasks, return_exceptions=True)
         await background.drain()
         await session.close()
+        await forwarder.links.close()
         gateway.close()
         await redis.aclose()
 

@@ -35,12 +35,14 @@ from services.llm_proxy.upstream import (
     NOT_ANSWERED,
     BackgroundTasks,
     EngineClient,
+    EngineLinks,
     engine_message,
     token_counts,
 )
 from services.protocol import ErrorCode, PlatformError
 from services.protocol import llm as h
 from services.protocol.status import request_error_code
+from services.runtime.http_client import ClosedBeforeAnswer, ConnectFailed, ConnectTimeout, Disconnected
 
 GENERATE = "/generate"
 # a native call's answer (``Forwarder.native_call``) carries the engine's decoded document here, not
@@ -96,6 +98,7 @@ class Forwarder:
         self.metrics = metrics
         self.background = background
         self.engines = EngineClient(session, settings.health_timeout_s)
+        self.links = EngineLinks(settings)  # the non-streaming calls' transport
         self.guard = ContextGuard(settings.context_cap, settings.max_new_tokens_cap)
         self.router = Router(settings.affinity_overload_factor, settings.affinity_overload_slack)
         self.rng = random.Random()
@@ -224,6 +227,12 @@ class Forwarder:
         sent = time.perf_counter()
         deadline_at = call.deadline_at
         try:
+            if not call.stream:
+                async with asyncio.timeout_at(deadline_at):
+                    status, raw = await self._post(rt, call, payload)
+                call.upstream_s = time.perf_counter() - sent
+                self.view.mark_ok(rt)
+                return self._answer(call, rt, status, raw)
             async with asyncio.timeout_at(deadline_at):
                 resp = await self._send(rt, call, payload)
                 if call.stream and resp.status == 200:
@@ -241,13 +250,23 @@ class Forwarder:
             reason = exc.args[0] if exc.args and exc.args[0] in (REPLANNED, DROPPED) else DISCONNECT
             self._abort(rt, call, reason)
             raise
-        except aiohttp.ClientError as exc:  # the answer broke off after the request was sent
+        except (aiohttp.ClientError, Disconnected) as exc:  # the answer broke off after the request was sent
             self.view.mark_failed(rt, str(exc))
             self._abort(rt, call, "upstream_error")
             return self._fail(call, rt, ErrorCode.ENGINE_UNAVAILABLE, f"engine connection failed: {exc}")
         finally:
             rt.in_flight -= 1
             self.admission.released(call.pool)
+
+    async def _post(self, rt: EngineRuntime, call: Call, payload: bytes) -> tuple[int, bytes]:
+        """A non-streaming call over the engine's lean client; the same failure split as ``_send``."""
+        try:
+            answer = await self.links.to(rt.url).request("POST", call.route, payload, JSON_HEADERS)
+        except ConnectTimeout as exc:
+            raise SlowConnect(str(exc)) from exc
+        except (ConnectFailed, ClosedBeforeAnswer) as exc:
+            raise NotAnswered(f"{type(exc).__name__}: {exc}") from exc
+        return answer.status, answer.body
 
     async def _send(self, rt: EngineRuntime, call: Call, payload: bytes) -> aiohttp.ClientResponse:
         try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -42,8 +43,10 @@ class HealthChecker:
         session: aiohttp.ClientSession,
         metrics: ProxyMetrics,
         redis_pool: Observed | None = None,
+        lean_connections: Callable[[], int] = lambda: 0,
     ) -> None:
         self.view = view
+        self.lean_connections = lean_connections  # the forwarder's own clients (upstream.EngineLinks)
         self.client = client
         self.session = session
         self.metrics = metrics
@@ -62,7 +65,7 @@ class HealthChecker:
             if now - rt.answered_at >= interval_s or now - rt.probed_at >= LOAD_REFRESH_INTERVALS * interval_s
         ]
         await asyncio.gather(*(self.check(rt) for rt in due))
-        self.metrics.upstream_connections.set(open_connections(self.session))
+        self.metrics.upstream_connections.set(open_connections(self.session) + self.lean_connections())
         self.metrics.saturation(self.redis_pool)
 
     async def check(self, rt: EngineRuntime) -> None:

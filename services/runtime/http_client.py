@@ -11,9 +11,13 @@ as many connections are open as requests are in flight. Idle ones are closed aft
 below the servers' own keep-alive, so a request never goes out on a socket the server is closing.
 
 Failures keep aiohttp's split, which the callers rely on: :class:`ConnectFailed` means the request
-never left (safe to send again); :class:`Disconnected` means the connection ended after it was
-sent and before the whole answer came (the server may have acted on it); a deadline is
-``TimeoutError``. A connection is reused only after a complete answer that allows keep-alive.
+never left (safe to send again), :class:`ConnectTimeout` when opening the connection took longer
+than ``connect_timeout_s`` (a busy server, not a down one); :class:`Disconnected` means the
+connection ended after it was sent and before the whole answer came (the server may have acted on
+it), :class:`ClosedBeforeAnswer` when not one byte of the answer had come (aiohttp's
+``ServerDisconnectedError``: a server closing a keep-alive socket, or a process that died); a
+deadline is ``TimeoutError``. A connection is reused only after a complete answer that allows
+keep-alive.
 """
 
 from __future__ import annotations
@@ -35,8 +39,16 @@ class ConnectFailed(ConnectionError):
     """No connection to the origin: the request was not sent."""
 
 
+class ConnectTimeout(ConnectFailed):
+    """Opening the connection took longer than the client's ``connect_timeout_s``."""
+
+
 class Disconnected(ConnectionError):
     """The connection ended (or the answer was malformed) after the request was sent."""
+
+
+class ClosedBeforeAnswer(Disconnected):
+    """The connection ended after the request was sent and before any byte of the answer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +68,7 @@ class _Connection(asyncio.Protocol):
         self.headers: dict[str, str] = {}
         self.chunks: list[bytes] = []
         self.open = False
+        self.answering = False  # a byte of the current exchange's answer has come
         self.last_used = 0.0
 
     # -- asyncio.Protocol --------------------------------------------------------------------
@@ -65,6 +78,7 @@ class _Connection(asyncio.Protocol):
         self.open = True
 
     def data_received(self, data: bytes) -> None:
+        self.answering = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -73,7 +87,10 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.open = False
-        self._fail(Disconnected(f"connection closed before the whole answer came ({exc!r})"))
+        if self.answering:
+            self._fail(Disconnected(f"connection closed before the whole answer came ({exc!r})"))
+        else:
+            self._fail(ClosedBeforeAnswer(f"connection closed before the answer ({exc!r})"))
 
     # -- httptools callbacks -----------------------------------------------------------------
 
@@ -97,6 +114,7 @@ class _Connection(asyncio.Protocol):
     def send(self, request: bytes) -> asyncio.Future[Answer]:
         assert self.transport is not None
         self.waiter = asyncio.get_running_loop().create_future()
+        self.answering = False
         self.transport.write(request)
         return self.waiter
 
@@ -114,7 +132,7 @@ class _Connection(asyncio.Protocol):
 class HttpClient:
     """Keep-alive connections to one origin (``http://host:port`` or ``https://...``)."""
 
-    def __init__(self, url: str, *, idle_s: float = IDLE_S) -> None:
+    def __init__(self, url: str, *, idle_s: float = IDLE_S, connect_timeout_s: float | None = None) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) origin: {url!r}")
@@ -123,6 +141,7 @@ class HttpClient:
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.ssl = ssl.create_default_context() if parts.scheme == "https" else None
         self.idle_s = idle_s
+        self.connect_timeout_s = connect_timeout_s
         self._host_header = parts.netloc.encode("latin-1")
         self._idle: list[_Connection] = []  # oldest first
         self._busy: set[_Connection] = set()
@@ -169,9 +188,14 @@ class HttpClient:
             connection.close()
         loop = asyncio.get_running_loop()
         try:
-            _, connection = await loop.create_connection(
-                _Connection, self.host, self.port, ssl=self.ssl, server_hostname=self.host if self.ssl else None
-            )
+            async with asyncio.timeout(self.connect_timeout_s) as connecting:
+                _, connection = await loop.create_connection(
+                    _Connection, self.host, self.port, ssl=self.ssl, server_hostname=self.host if self.ssl else None
+                )
+        except TimeoutError as exc:
+            if connecting.expired():  # this timeout, not the caller's deadline around the request
+                raise ConnectTimeout(f"{self.url}: no connection within {self.connect_timeout_s:g} s") from exc
+            raise
         except OSError as exc:  # refused, unreachable, no such host, TLS handshake failed
             raise ConnectFailed(f"{self.url}: {exc!r}") from exc
         self._busy.add(connection)

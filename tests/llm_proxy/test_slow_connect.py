@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -14,27 +12,6 @@ from tests.llm_proxy.fleet import generate, start_engines, start_proxy
 from tests.llm_proxy.test_failures import _session_for
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def tarpit() -> Iterator[str]:
-    """A listening socket whose accept queue is full: the kernel drops every new SYN, so a connect
-    neither succeeds nor is refused (what an engine's port looks like under a connection storm)."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(0)
-    url = f"http://127.0.0.1:{server.getsockname()[1]}"
-    fillers = []
-    for _ in range(2):
-        filler = socket.socket()
-        filler.setblocking(False)
-        filler.connect_ex(server.getsockname())
-        fillers.append(filler)
-    try:
-        yield url
-    finally:
-        for sock in (*fillers, server):
-            sock.close()
 
 
 def test_a_slow_connect_is_retried_not_a_deadline(tmp_path: Path, redis_url: str, tarpit: str) -> None:

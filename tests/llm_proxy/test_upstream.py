@@ -1,12 +1,13 @@
 """The upstream connector against real sockets on loopback: a single address connects without
 happy eyeballs, a refused connect is "not answered" (retried elsewhere), a connect that hangs is
 aiohttp's ConnectionTimeoutError (the proxy's slow connect, never a deadline), and connections are
-reused while they are kept alive."""
+reused while they are kept alive; the non-streaming calls' lean clients (``EngineLinks``) likewise."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import aiohappyeyeballs
 import aiohttp
@@ -14,7 +15,15 @@ import pytest
 from aiohttp import web
 
 from services.llm_proxy.settings import ProxySettings
-from services.llm_proxy.upstream import NOT_ANSWERED, EngineConnector, create_session, open_connections
+from services.llm_proxy.upstream import (
+    JSON_HEADERS,
+    NOT_ANSWERED,
+    EngineConnector,
+    EngineLinks,
+    create_session,
+    open_connections,
+)
+from services.runtime.http_client import ConnectTimeout
 
 
 @pytest.fixture
@@ -47,25 +56,6 @@ def no_happy_eyeballs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(aiohappyeyeballs, "start_connection", refuse)
 
 
-@pytest.fixture
-def tarpit() -> Iterator[str]:
-    """A port whose accept queue is full: the kernel drops new SYNs (see test_slow_connect.py)."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(0)
-    fillers = []
-    for _ in range(2):
-        filler = socket.socket()
-        filler.setblocking(False)
-        filler.connect_ex(server.getsockname())
-        fillers.append(filler)
-    try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    finally:
-        for sock in (*fillers, server):
-            sock.close()
-
-
 async def test_calls_connect_without_happy_eyeballs_and_reuse_the_connection(
     engine_url: str, session_settings: ProxySettings, no_happy_eyeballs: None
 ) -> None:
@@ -94,3 +84,18 @@ async def test_a_hanging_connect_is_a_connection_timeout(session_settings: Proxy
     async with create_session(session_settings) as session:
         with pytest.raises(aiohttp.ConnectionTimeoutError):
             await session.post(tarpit + "/generate", data=b"{}")
+
+
+async def test_engine_links_keep_one_client_per_engine_and_count_its_connections(
+    engine_url: str, session_settings: ProxySettings, tarpit: str
+) -> None:
+    links = EngineLinks(session_settings)
+    client = links.to(engine_url)
+    assert links.to(engine_url) is client
+    answers = await asyncio.gather(*(client.request("POST", "/generate", b"{}", JSON_HEADERS) for _ in range(3)))
+    assert [a.status for a in answers] == [200] * 3
+    assert links.connections == 3  # one per call in flight, kept alive: no cap
+    with pytest.raises(ConnectTimeout):  # the proxy's slow connect (connect_timeout_s), not a deadline
+        await links.to(tarpit).request("POST", "/generate", b"{}")
+    await links.close()
+    assert links.connections == 0

@@ -1,6 +1,7 @@
 """The lean keep-alive client (``services.runtime.http_client``) against real servers on loopback:
 reuse, answers of every framing our servers send, and the split between a request that never left
-(``ConnectFailed``), one cut off after it was sent (``Disconnected``) and a deadline."""
+(``ConnectFailed``; ``ConnectTimeout`` for one that did not connect in time), one cut off after it
+was sent (``Disconnected``; ``ClosedBeforeAnswer`` when no byte of the answer came) and a deadline."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from services.runtime.http_client import ConnectFailed, Disconnected, HttpClient
+from services.runtime.http_client import (
+    ClosedBeforeAnswer,
+    ConnectFailed,
+    ConnectTimeout,
+    Disconnected,
+    HttpClient,
+)
 from services.runtime.net import free_port
 from tests.support.http import serving
 
@@ -112,9 +119,20 @@ async def raw_server(reply: bytes | None) -> AsyncIterator[str]:
 async def test_a_connection_cut_after_the_request_is_disconnected(reply: bytes | None) -> None:
     async with raw_server(reply) as url:
         client = HttpClient(url)
-        with pytest.raises(Disconnected):
+        with pytest.raises(Disconnected) as raised:
             await client.request("POST", "/exec", b"{}")
+        assert isinstance(raised.value, ClosedBeforeAnswer) == (reply is None)  # no byte came: before the answer
         assert client.connections == 0
+
+
+async def test_a_connect_that_hangs_is_a_connect_timeout_not_the_deadline(tarpit: str) -> None:
+    client = HttpClient(tarpit, connect_timeout_s=0.2)
+    with pytest.raises(ConnectTimeout):
+        await client.request("GET", "/", timeout_s=5)
+    with pytest.raises(TimeoutError) as raised:  # the request's own deadline first: a deadline
+        await client.request("GET", "/", timeout_s=0.1)
+    assert not isinstance(raised.value, ConnectFailed)
+    assert client.connections == 0
 
 
 async def test_connection_close_answers_are_not_reused() -> None:
