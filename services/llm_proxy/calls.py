@@ -31,18 +31,20 @@ from services.llm_proxy.routing import Router
 from services.llm_proxy.settings import ProxySettings
 from services.llm_proxy.shapes import check_shape, deadline_of, session_of
 from services.llm_proxy.upstream import (
-    JSON_HEADERS,
-    NOT_ANSWERED,
     BackgroundTasks,
     EngineClient,
     EngineLinks,
+    NotAnswered,
+    SlowConnect,
     engine_message,
+    post,
+    post_streaming,
     token_counts,
 )
 from services.protocol import ErrorCode, PlatformError
 from services.protocol import llm as h
 from services.protocol.status import request_error_code
-from services.runtime.http_client import ClosedBeforeAnswer, ConnectFailed, ConnectTimeout, Disconnected
+from services.runtime.http_client import Disconnected
 
 GENERATE = "/generate"
 # a native call's answer (``Forwarder.native_call``) carries the engine's decoded document here, not
@@ -51,15 +53,6 @@ NATIVE_DOC = web.ResponseKey("native_doc", dict)
 # why a call was cancelled (the abort's reason): the gateway cancels an engine call it started early
 # with REPLANNED (its guess was not confirmed) or DROPPED (the call was refused or failed first)
 DISCONNECT, REPLANNED, DROPPED = "disconnect", "replanned", "dropped"
-
-
-class NotAnswered(Exception):
-    """The engine gave no answer (refused, reset, disconnected): the call may go elsewhere."""
-
-
-class SlowConnect(Exception):
-    """Opening the connection took longer than ``connect_timeout_s``: the engine is busy, not down.
-    The call is tried again (another engine or the same) within its own deadline, never failed."""
 
 
 @dataclass(slots=True)
@@ -229,12 +222,12 @@ class Forwarder:
         try:
             if not call.stream:
                 async with asyncio.timeout_at(deadline_at):
-                    status, raw = await self._post(rt, call, payload)
+                    status, raw = await post(self.links.to(rt.url), call.route, payload)
                 call.upstream_s = time.perf_counter() - sent
                 self.view.mark_ok(rt)
                 return self._answer(call, rt, status, raw)
             async with asyncio.timeout_at(deadline_at):
-                resp = await self._send(rt, call, payload)
+                resp = await post_streaming(self.session, rt.endpoint(call.route), payload)
                 if call.stream and resp.status == 200:
                     async with resp:
                         return await self._relay_stream(request, call, rt, resp, sent, deadline_at)
@@ -257,24 +250,6 @@ class Forwarder:
         finally:
             rt.in_flight -= 1
             self.admission.released(call.pool)
-
-    async def _post(self, rt: EngineRuntime, call: Call, payload: bytes) -> tuple[int, bytes]:
-        """A non-streaming call over the engine's lean client; the same failure split as ``_send``."""
-        try:
-            answer = await self.links.to(rt.url).request("POST", call.route, payload, JSON_HEADERS)
-        except ConnectTimeout as exc:
-            raise SlowConnect(str(exc)) from exc
-        except (ConnectFailed, ClosedBeforeAnswer) as exc:
-            raise NotAnswered(f"{type(exc).__name__}: {exc}") from exc
-        return answer.status, answer.body
-
-    async def _send(self, rt: EngineRuntime, call: Call, payload: bytes) -> aiohttp.ClientResponse:
-        try:
-            return await self.session.post(rt.endpoint(call.route), data=payload, headers=JSON_HEADERS)
-        except aiohttp.ConnectionTimeoutError as exc:  # a TimeoutError too: must not look like the deadline
-            raise SlowConnect(str(exc)) from exc
-        except NOT_ANSWERED as exc:
-            raise NotAnswered(f"{type(exc).__name__}: {exc}") from exc
 
     def _abort(self, rt: EngineRuntime, call: Call, reason: str) -> None:
         self.metrics.aborts.labels(reason).inc()

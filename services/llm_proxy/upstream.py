@@ -20,9 +20,10 @@ from aiohttp.client_exceptions import ClientConnectorError
 from aiohttp.client_proto import ResponseHandler
 from aiohttp.client_reqrep import ClientRequest
 from aiohttp.helpers import ceil_timeout
+from yarl import URL
 
 from services.llm_proxy.settings import ProxySettings
-from services.runtime.http_client import HttpClient
+from services.runtime.http_client import ClosedBeforeAnswer, ConnectFailed, ConnectTimeout, HttpClient
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,37 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 
 # raised before a response arrived: the call may be retried on another engine
 NOT_ANSWERED = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
+
+class NotAnswered(Exception):
+    """The engine gave no answer (refused, reset, disconnected): the call may go elsewhere."""
+
+
+class SlowConnect(Exception):
+    """Opening the connection took longer than ``connect_timeout_s``: the engine is busy, not down.
+    The call is tried again (another engine or the same) within its own deadline, never failed."""
+
+
+async def post(client: HttpClient, route: str, payload: bytes) -> tuple[int, bytes]:
+    """A non-streaming call over an engine's lean client: ``(status, body)``; the same failure split
+    as :func:`post_streaming`."""
+    try:
+        answer = await client.request("POST", route, payload, JSON_HEADERS)
+    except ConnectTimeout as exc:
+        raise SlowConnect(str(exc)) from exc
+    except (ConnectFailed, ClosedBeforeAnswer) as exc:
+        raise NotAnswered(f"{type(exc).__name__}: {exc}") from exc
+    return answer.status, answer.body
+
+
+async def post_streaming(session: aiohttp.ClientSession, url: URL, payload: bytes) -> aiohttp.ClientResponse:
+    """A call whose answer is read as it comes (a stream), over the aiohttp session."""
+    try:
+        return await session.post(url, data=payload, headers=JSON_HEADERS)
+    except aiohttp.ConnectionTimeoutError as exc:  # a TimeoutError too: must not look like the deadline
+        raise SlowConnect(str(exc)) from exc
+    except NOT_ANSWERED as exc:
+        raise NotAnswered(f"{type(exc).__name__}: {exc}") from exc
 
 
 class EngineConnector(aiohttp.TCPConnector):

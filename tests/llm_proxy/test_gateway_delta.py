@@ -3,14 +3,18 @@ counted when the reply does not re-render as sampled, and non-local templates re
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from services.llm_proxy.gateway.delta import extend, is_local
 from services.llm_proxy.gateway.tokens import Context, plan_chat
 from services.runtime.chat import ChatTemplate, bundled_chat_template, compile_template
 from services.runtime.tokenizer import CHAT_TEMPLATE
-from tests.support.tokenizers import metaspace_tokenizer
+from tests.support.tokenizers import write_metaspace_dir
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run", "parameters": {}}}]
 # Qwen3's rule, reduced: reasoning is dropped from assistant turns before the last user message
@@ -43,29 +47,26 @@ def _episode(chat: ChatTemplate, local: bool, replies: list[str]) -> list[Any]:
     return plans
 
 
-def test_delta_rendering_gives_the_full_render_ids() -> None:
-    chat = bundled_chat_template()
+def _metaspace_chat(directory: Path) -> ChatTemplate:
+    """A SentencePiece-style tokenizer that marks the start of an input, with the bundled template."""
+    return ChatTemplate.from_dir(write_metaspace_dir(directory))
+
+
+@pytest.mark.parametrize(
+    ("chat_of", "replies"),
+    [
+        (lambda _: bundled_chat_template(), ["look", "<think>\nhm\n</think>\n\nrun ls", "done"]),
+        # encoded alone, the delta would start with the word boundary such a tokenizer puts at the
+        # start of an input; in the full render it follows the end of turn and has none
+        (_metaspace_chat, ["look", "run ls", "done"]),
+    ],
+    ids=["bundled", "metaspace"],
+)
+def test_delta_rendering_gives_the_full_render_ids(
+    chat_of: Callable[[Path], ChatTemplate], replies: list[str], tmp_path: Path
+) -> None:
+    chat = chat_of(tmp_path)
     assert is_local(chat)
-    replies = ["look", "<think>\nhm\n</think>\n\nrun ls", "done"]
-    for delta, full in zip(_episode(chat, True, replies), _episode(chat, False, replies), strict=True):
-        assert delta == full
-    assert [p.merged for p in _episode(chat, True, replies)] == [False, True, True]
-
-
-def _metaspace_chat() -> ChatTemplate:
-    tokenizer = metaspace_tokenizer()
-    eos = tokenizer.token_to_id("<|im_end|>")
-    assert eos is not None
-    return ChatTemplate(tokenizer, compile_template(CHAT_TEMPLATE), eos, "<|im_end|>", {"bos_token": "",
-                        "eos_token": "<|im_end|>"})  # fmt: skip
-
-
-def test_the_delta_is_tokenised_where_it_stands_in_the_full_render() -> None:
-    """Encoded alone, the delta would start with the word boundary such a tokenizer puts at the start
-    of an input; in the full render it follows the end of turn and has none."""
-    chat = _metaspace_chat()
-    assert is_local(chat)
-    replies = ["look", "run ls", "done"]
     for delta, full in zip(_episode(chat, True, replies), _episode(chat, False, replies), strict=True):
         assert delta == full
     assert [p.merged for p in _episode(chat, True, replies)] == [False, True, True]

@@ -28,7 +28,7 @@ class ChatTokenizer:
     special: dict[str, Any]  # bos_token / eos_token for templates that use them
     after_eos: str  # what the template puts after the assistant's eos (ChatML: "\n")
     after_content: str  # what the template puts after an assistant message's content (eos text included)
-    eos_text: str = ""  # the end-of-turn token's text (deltas are encoded behind it: runtime.chat.encode_after)
+    eos_text: str  # the end-of-turn token's text (deltas are encoded behind it: runtime.chat.encode_after)
     _cache: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -68,7 +68,7 @@ class ChatTokenizer:
         if not full.startswith(base):
             raise ValueError("the chat template rewrites earlier messages; cannot tokenize a delta")
         closing = self.after_eos if reply_ended_with_eos else self.after_content
-        if reply_ended_with_eos and self.eos_text:  # the delta follows the reply's end of turn
+        if reply_ended_with_eos:  # the delta follows the reply's end of turn
             return encode_after(self.tokenizer, self.eos_text, self.eos_id, closing + full[len(base) :])
         return self.encode(closing + full[len(base) :])
 
