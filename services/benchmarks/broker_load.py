@@ -10,14 +10,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
+import orjson
 
 from services.protocol.sandboxes import ExecRequest, Resources
+from services.runtime.http_client import Answer, HttpClient
 from services.runtime.secrets import FleetSecrets
 from services.sandbox_broker.backends import make_backend
 from services.sandbox_broker.backends.base import LABEL_LEASE, SandboxSpec
 from services.sandbox_broker.settings import BrokerSettings
 from services.sandbox_broker.templates import default_template
+
+TIMEOUT_S = 600.0  # per request: a cold lease on a loaded machine takes tens of seconds
 
 
 @dataclass
@@ -35,62 +38,64 @@ class Outcome:
 
 
 class Load:
+    """The broker's client as a worker is (``runtime.http_client``: keep-alive HTTP/1.1, the
+    service token), so a figure is what an episode of the rollout API sees."""
+
     def __init__(self, url: str, commands: int, secrets: FleetSecrets) -> None:
         self.url = url
         self.commands = commands
         self.secrets = secrets
-        self.http = self._session()
-
-    def _session(self) -> aiohttp.ClientSession:
-        """Authenticated as the workers are (the service token); templates take the admin token."""
-        return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=600),
-            headers={"Authorization": f"Bearer {self.secrets.service_token}"},
-        )  # fmt: skip
+        self.http = HttpClient(url)
+        self._auth = {"Authorization": f"Bearer {secrets.service_token}"}
+        self._json = {**self._auth, "Content-Type": "application/json"}
 
     async def reconnect(self) -> None:
-        await self.http.close()
-        self.http = self._session()
+        await self.http.close()  # pooled connections died with the old process
+        self.http = HttpClient(self.url)
 
     async def close(self) -> None:
         await self.http.close()
 
+    async def _send(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Answer:
+        data = b"" if body is None else orjson.dumps(body)
+        return await self.http.request(method, path, data, headers or (self._json if body is not None else self._auth),
+                                       TIMEOUT_S)  # fmt: skip
+
     async def register(self, template: dict[str, Any], timeout_s: float) -> None:
-        admin = {"Authorization": f"Bearer {self.secrets.admin_token}"}
-        async with self.http.post(self.url + "/templates", json=template, headers=admin) as response:
-            assert response.status == 201, await response.text()
+        admin = {"Authorization": f"Bearer {self.secrets.admin_token}", "Content-Type": "application/json"}
+        answer = await self._send("POST", "/templates", template, admin)
+        assert answer.status == 201, answer.body.decode(errors="replace")
         if template["warm_pool"]:
             await self.wait_pool(template["warm_pool"], timeout_s)
 
     async def create(self, body: dict[str, Any], outcome: Outcome | None = None) -> dict[str, Any] | None:
-        async with self.http.post(self.url + "/leases", json={"wait_s": 300, "ttl_s": 600, **body}) as response:
-            if response.status == 201:
-                lease: dict[str, Any] = await response.json()
-                return lease
-            if outcome is not None:
-                outcome.error(f"lease {response.status}: {(await response.text())[:300]}")
-            return None
+        answer = await self._send("POST", "/leases", {"wait_s": 300, "ttl_s": 600, **body})
+        if answer.status == 201:
+            lease: dict[str, Any] = orjson.loads(answer.body)
+            return lease
+        if outcome is not None:
+            outcome.error(f"lease {answer.status}: {answer.body[:300].decode(errors='replace')}")
+        return None
 
     async def exec(self, lease_id: str, shell: str, outcome: Outcome | None = None) -> float | None:
         """Client-side latency in ms, None on an error or a non-zero exit (recorded in ``outcome``)."""
         started = time.monotonic()
-        async with self.http.post(f"{self.url}/leases/{lease_id}/exec", json={"shell": shell, "timeout_s": 60}) as r:
-            body = await r.json()
-        if r.status == 200 and body["exit_code"] == 0:
+        answer = await self._send("POST", f"/leases/{lease_id}/exec", {"shell": shell, "timeout_s": 60})
+        body = orjson.loads(answer.body)
+        if answer.status == 200 and body["exit_code"] == 0:
             return (time.monotonic() - started) * 1000
         if outcome is not None:
-            detail = body if r.status != 200 else {k: body[k] for k in ("exit_code", "stderr", "timed_out")}
-            outcome.error(f"exec {r.status}: {str(detail)[:300]}")
+            detail = body if answer.status != 200 else {k: body[k] for k in ("exit_code", "stderr", "timed_out")}
+            outcome.error(f"exec {answer.status}: {str(detail)[:300]}")
         return None
 
     async def release(self, lease_id: str) -> bool:
-        async with self.http.delete(f"{self.url}/leases/{lease_id}") as response:
-            return response.status == 204
+        return (await self._send("DELETE", f"/leases/{lease_id}")).status == 204
 
     async def episode(self, body: dict[str, Any], outcome: Outcome) -> None:
         try:
             await self._episode(body, outcome)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (ConnectionError, TimeoutError, orjson.JSONDecodeError) as exc:
             outcome.error(f"{type(exc).__name__}: {exc}")
 
     async def _episode(self, body: dict[str, Any], outcome: Outcome) -> None:
@@ -134,9 +139,9 @@ class Load:
     async def wait_pool(self, target: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            async with self.http.get(self.url + "/healthz") as response:
-                if sum((await response.json())["pools"].values()) >= target:
-                    return
+            answer = await self._send("GET", "/healthz")
+            if sum(orjson.loads(answer.body)["pools"].values()) >= target:
+                return
             await asyncio.sleep(0.2)
         raise TimeoutError(f"the warm pool did not reach {target} within {timeout_s}s")
 

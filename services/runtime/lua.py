@@ -95,18 +95,10 @@ class PipelinedScript:
     sha: str  # of ``script.source``
 
     def send(self, keys: Mapping[str, str], args: Mapping[str, Any], rest: Sequence[Any] = ()) -> Awaitable[Any]:
-        command = ["EVALSHA", self.sha, *self.script.ordered(keys, args, rest)]
-        return self._reply(self.link.send(*command), command)
+        return self.link.evalsha(self.sha, self.script.source, self.script.ordered(keys, args, rest))
 
     async def __call__(self, keys: Mapping[str, str], args: Mapping[str, Any], rest: Sequence[Any] = ()) -> Any:
         return await self.send(keys, args, rest)
-
-    async def _reply(self, sent: Awaitable[Any], command: list[Any]) -> Any:
-        try:
-            return await sent
-        except NoScriptError:
-            await self.link.execute("SCRIPT", "LOAD", self.script.source)
-            return await self.link.send(*command)
 
 
 def _locals(names: tuple[str, ...], array: str) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Awaitable, Sequence
 from typing import Any, cast
 
 import hiredis
@@ -126,6 +127,19 @@ class PipelinedRedis:
     async def execute(self, *args: Any) -> Any:
         """``send`` and wait for the reply."""
         return await self.send(*args)
+
+    def evalsha(self, sha: str, source: str, ordered: Sequence[Any]) -> Awaitable[Any]:
+        """Write ``EVALSHA sha *ordered`` now (``ordered``: numkeys, keys, args); its reply, the
+        script loaded from ``source`` and run again after a NOSCRIPT (a restarted or flushed Redis)."""
+        command = ("EVALSHA", sha, *ordered)
+        return self._loaded(self.send(*command), command, source)
+
+    async def _loaded(self, sent: Awaitable[Any], command: tuple[Any, ...], source: str) -> Any:
+        try:
+            return await sent
+        except NoScriptError:
+            await self.execute("SCRIPT", "LOAD", source)
+            return await self.send(*command)
 
     def _queue(self, packed: bytes, future: asyncio.Future[Any]) -> None:
         if self._opening is None or self._opening.done():

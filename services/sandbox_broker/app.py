@@ -59,6 +59,7 @@ def create_app(settings: BrokerSettings, redis_url: str) -> FastAPI:
             await reaper.stop()
             await broker.close()
             await reaper.retire()
+            store.close()
             await client.aclose(close_connection_pool=True)
 
     app = FastAPI(title="rollout sandbox broker", lifespan=lifespan)

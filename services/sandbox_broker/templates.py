@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import redis.asyncio as aioredis
@@ -28,14 +29,14 @@ class Templates:
         self.default = default
         self.backend = backend
         self._cache: dict[str, tuple[float, Template | None]] = {}
+        self._loading: dict[str, asyncio.Future[Template | None]] = {}
 
     async def get(self, name: str) -> Template:
         cached = self._cache.get(name)
         if cached is not None and time.monotonic() - cached[0] < CACHE_S:
             stored = cached[1]
         else:
-            stored = await self._load(name)
-            self._cache[name] = (time.monotonic(), stored)
+            stored = await self._reload(name)
         if name == "default":
             return stored or self.default
         if stored is None:
@@ -57,6 +58,20 @@ class Templates:
         """Refuse templates this backend cannot run (a request error)."""
         if self.backend in ("docker", "e2b") and not template.image:
             raise PlatformError(ErrorCode.BAD_REQUEST, f"the {self.backend} backend needs an image", field="image")
+
+    def _reload(self, name: str) -> asyncio.Future[Template | None]:
+        """The template read again, once for all the requests that found it stale at the same time (a
+        burst of leases after a quiet spell: one read, not one per request, each on a pooled connection)."""
+        loading = self._loading.get(name)
+        if loading is None:
+            loading = self._loading[name] = asyncio.ensure_future(self._load(name))
+            loading.add_done_callback(lambda done: self._loaded(name, done))
+        return asyncio.shield(loading)  # a request that gives up does not cancel the others' read
+
+    def _loaded(self, name: str, done: asyncio.Future[Template | None]) -> None:
+        del self._loading[name]
+        if not done.cancelled() and done.exception() is None:
+            self._cache[name] = (time.monotonic(), done.result())
 
     async def _load(self, name: str) -> Template | None:
         raw = await self.client.hget(keys.broker_templates(), name)

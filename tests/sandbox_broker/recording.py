@@ -74,6 +74,7 @@ async def in_process_brokers(redis_url: str) -> AsyncIterator[InProcessFactory]:
     finally:
         for broker in made:
             await broker.close()
+            broker.store.close()
             await broker.store.client.aclose()
 
 
@@ -85,14 +86,24 @@ async def until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def count_commands(client: aioredis.Redis) -> list[str]:
-    """The commands ``client`` sends from here on (each one round trip)."""
+def count_commands(store: LeaseStore) -> list[str]:
+    """The commands the store sends from here on (each one round trip), over its redis-py client
+    and over its pipelined connection."""
     sent: list[str] = []
-    send: Callable[..., Awaitable[Any]] = client.execute_command
+    client = store.client
+    execute: Callable[..., Awaitable[Any]] = client.execute_command
 
     async def counted(*args: Any, **options: Any) -> Any:
         sent.append(str(args[0]).lower())
-        return await send(*args, **options)
+        return await execute(*args, **options)
 
     client.execute_command = counted  # type: ignore[method-assign]
+    if store.link is not None:
+        link_send = store.link.send
+
+        def sent_on_link(*args: Any) -> Any:
+            sent.append(str(args[0]).lower())
+            return link_send(*args)
+
+        store.link.send = sent_on_link  # type: ignore[method-assign]
     return sent

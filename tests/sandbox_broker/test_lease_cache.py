@@ -4,6 +4,7 @@ with a backend that only records calls (no sandboxes needed; ``recording.py``)."
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import cast
 
@@ -23,7 +24,7 @@ from tests.sandbox_broker.recording import KEY, InProcessFactory, RecordingBacke
 async def test_a_warm_lease_is_admitted_and_recorded_in_one_round_trip(make_broker: InProcessFactory) -> None:
     broker = await make_broker(["warm-0", "warm-1"])
     await broker.create_lease(LeaseRequest(job="j"))  # loads the script into Redis (a first call only)
-    sent = count_commands(broker.store.client)
+    sent = count_commands(broker.store)
     lease = await broker.create_lease(LeaseRequest(job="j"))
     assert lease.warm and lease.sandbox_id == "warm-1"
     assert sent == ["evalsha"]
@@ -31,6 +32,17 @@ async def test_a_warm_lease_is_admitted_and_recorded_in_one_round_trip(make_brok
     assert record is not None and record.state == "live" and record.lease == lease
     assert await broker.store.count() == 2 and lease in await broker.store.list("j")
     assert broker.pools.owned() == set()  # settled: the leases' now, not the pool's
+
+
+async def test_a_burst_of_leases_after_a_quiet_spell_reads_the_template_once(make_broker: InProcessFactory) -> None:
+    broker = await make_broker([f"warm-{i}" for i in range(8)])
+    await broker.create_lease(LeaseRequest(job="j"))  # the script loaded
+    broker.templates._cache.clear()  # stale, as after CACHE_S without a lease
+    sent = count_commands(broker.store)
+    leases = await asyncio.gather(*(broker.create_lease(LeaseRequest(job="j")) for _ in range(7)))
+    assert all(lease.warm for lease in leases)
+    assert sent.count("hget") == 1  # one read for the burst, not one (and a pooled connection) per lease
+    assert sent.count("evalsha") == 7
 
 
 async def test_a_warm_lease_the_limits_refuse_goes_back_to_its_pool(make_broker: InProcessFactory) -> None:

@@ -44,7 +44,7 @@ async def test_live_leases_are_renewed_in_one_round_trip_and_the_rest_answered_e
     a, b, c = [await broker.create_lease(LeaseRequest(ttl_s=30)) for _ in range(3)]
     assert await broker.release(b.id)
     await broker.renew_many([a.id], 30, _anyone)  # loads the script into Redis (a first call only)
-    sent = count_commands(broker.store.client)
+    sent = count_commands(broker.store)
     renewed = await broker.renew_many([a.id, b.id, c.id, "lse-nope", a.id], 900, _anyone)
     assert sent == ["evalsha"]  # records from the cache, all renewals in one script
     assert set(renewed.expires_at) == {a.id, c.id} and renewed.ended == [b.id, "lse-nope"]
