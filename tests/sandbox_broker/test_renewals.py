@@ -10,13 +10,15 @@ import time
 from typing import cast
 
 import aiohttp
+import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 
 from services.protocol.sandboxes import Lease, LeaseRequest
+from services.protocol.status import ErrorCode
 from services.rollout_api.settings import WorkerSettings
 from services.rollout_api.worker.agent import AgentDeps
-from services.rollout_api.worker.clients import BrokerClient, ProxyClient
+from services.rollout_api.worker.clients import BrokerClient, InfraError, ProxyClient
 from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.worker import Worker
@@ -133,6 +135,9 @@ async def test_a_broker_without_the_route_gets_a_renewal_per_lease() -> None:
         lease_id = request.match_info["lease_id"]
         if lease_id == "gone":
             return web.json_response({"error": {"code": "lease_not_found", "message": "", "infra": False}}, status=404)
+        if lease_id == "busy":
+            busy = {"error": {"code": "backend_unavailable", "message": "", "infra": True}}
+            return web.json_response(busy, status=503)
         renewed.append(lease_id)
         return web.json_response({})
 
@@ -150,7 +155,10 @@ async def test_a_broker_without_the_route_gets_a_renewal_per_lease() -> None:
         async with aiohttp.ClientSession() as session:
             client = BrokerClient(session, f"http://127.0.0.1:{port}", 10.0)
             assert await client.renew_many(["a", "gone", "b"], 60) == ["gone"]
+            with pytest.raises(InfraError) as busy:  # a broker too busy to answer has not ended the lease
+                await client.renew_many(["a", "busy"], 60)
+            assert busy.value.code is ErrorCode.BACKEND_UNAVAILABLE
             await client.close()
-        assert sorted(renewed) == ["a", "b"]
+        assert sorted(renewed) == ["a", "a", "b"]
     finally:
         await runner.cleanup()

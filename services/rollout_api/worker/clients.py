@@ -288,8 +288,14 @@ class BrokerClient:
         return ended
 
     async def _renew_each(self, lease_ids: list[str], ttl_s: float) -> list[str]:
+        """A renewal per lease; the ones the broker says ended (404 ``lease_not_found``). Any other
+        failure (the broker busy, a connection cut) is raised, not reported as an ended lease."""
         done = await asyncio.gather(*(self.renew(i, ttl_s) for i in lease_ids), return_exceptions=True)
-        return [i for i, outcome in zip(lease_ids, done, strict=True) if isinstance(outcome, Exception)]
+        ended = [i for i, outcome in zip(lease_ids, done, strict=True) if _lease_ended(outcome)]
+        for outcome in done:
+            if isinstance(outcome, BaseException) and not _lease_ended(outcome):
+                raise outcome
+        return ended
 
     async def release(self, lease_id: str) -> None:
         await self._call(InfraStage.SANDBOX_EXEC, "DELETE", f"/leases/{lease_id}")
@@ -318,6 +324,10 @@ class BrokerClient:
         if answer.status in (400, 404):
             return None
         raise InfraError(InfraStage.SANDBOX_EXEC, ErrorCode.INTERNAL_ERROR, f"reading {path}: {answer.body[:300]!r}")
+
+
+def _lease_ended(outcome: object) -> bool:
+    return isinstance(outcome, InfraError) and outcome.code is ErrorCode.LEASE_NOT_FOUND
 
 
 def _files(lease_id: str, path: str) -> str:
