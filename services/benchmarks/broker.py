@@ -1,7 +1,8 @@
 """``rollout bench broker``: L concurrent leases, each running a few commands, then released.
 
 Phases, in one run against one broker process: cold leases (resources unlike the warm pool's),
-warm leases (taken from a pool of L, all at once: ``warm_lease_*``), the exec overhead (the same
+warm leases (taken from a pool of L, all at once: ``warm_lease_*``; beside it ``burst_floor_*``, the
+same burst against a server that does nothing: ``http_floor.py``), the exec overhead (the same
 command through the broker and directly on the bare backend, sequentially), the same L warm
 episodes started one at a time at ``--paced-rate`` per second (``warm_lease_paced_*``), then a
 kill -9 of the broker while leases are held and commands are running, a restart, and a count of
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from services.benchmarks import http_floor
 from services.benchmarks.broker_load import (
     Load,
     Outcome,
@@ -121,6 +123,8 @@ async def _bench(args: argparse.Namespace, redis_url: str, root: Path) -> dict[s
     finally:
         broker.stop()
     figures["leaked"] = await leftover_sandboxes(settings) + leftover_processes(str(settings.state_dir))
+    # the same burst against a server that does nothing: what the machine's HTTP alone costs
+    figures.update(await http_floor.measure(args.leases, 3, log_dir / "floor.log"))
     figures["wall_s"] = time.monotonic() - started
     if fake is not None:
         fake.stop()
@@ -210,6 +214,8 @@ def _report(args: argparse.Namespace, f: dict[str, Any]) -> None:
          "p99_ms": f["egress_cold_lease_p99_ms"]},
         {"figure": f"warm lease, burst of {f['leases']}", "p50_ms": f["warm_lease_p50_ms"],
          "p99_ms": f["warm_lease_p99_ms"]},
+        {"figure": f"  floor: {f['leases']} at once, no-op server", "p50_ms": f["burst_floor_p50_ms"],
+         "p99_ms": f["burst_floor_p99_ms"]},
         {"figure": f"warm lease, paced at {f['paced_rate_per_s']:g}/s", "p50_ms": f["warm_lease_paced_p50_ms"],
          "p99_ms": f["warm_lease_paced_p99_ms"]},
         {"figure": "exec under load", "p50_ms": f["exec_under_load_p50_ms"], "p99_ms": f["exec_under_load_p99_ms"]},
