@@ -86,7 +86,7 @@ def test_sdk_function_call_round_trip_is_one_token_exact_segment(fleet: GatewayF
     assert [c.route for c in calls] == ["responses", "responses"]
     assert [c.merged for c in calls] == [False, True] and not any(c.mismatch for c in calls)
     (segment,) = segments_from_calls(calls)
-    conversation = [
+    conversation: list[dict[str, Any]] = [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Please find the files."},
         {"role": "assistant", "content": THOUGHT + "Let me look.", "tool_calls": [call("bash", {"command": "ls -la"})]},
@@ -119,12 +119,12 @@ def test_streamed_function_call_events_and_previous_response_id(fleet: GatewayFl
         "response.completed",
     ]
     assert [e.sequence_number for e in events] == list(range(len(events)))
-    done = events[-1].response  # type: ignore[union-attr]
+    done: Any = events[-1].response  # type: ignore[union-attr]
     (fc,) = done.output
     assert fc.type == "function_call" and json.loads(fc.arguments) == {"command": "ls -la"}
     assert events[4].arguments == fc.arguments  # type: ignore[union-attr]
 
-    answer = {"type": "function_call_output", "call_id": fc.call_id, "output": "a.txt\nb.txt"}
+    answer: Any = {"type": "function_call_output", "call_id": fc.call_id, "output": "a.txt\nb.txt"}
     second = client.responses.create(model="policy", previous_response_id=done.id, input=[answer], tools=[TOOL])
     assert second.output_text == "Two."
     assert [c.merged for c in fleet.calls(sid)] == [False, True]
