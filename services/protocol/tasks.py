@@ -10,6 +10,7 @@ are shell names (docs/security.md, "Input validation").
 from __future__ import annotations
 
 import json
+import posixpath
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
@@ -97,6 +98,9 @@ class Task(_Model):
             for path in paths:
                 if ".." in path.split("/"):
                     raise ValueError(f"{field}: {path!r} must not contain '..'")
+        for path in self.reward.restore:  # a file or a directory below the working directory, not all of it
+            if posixpath.normpath(path) in (".", "/"):
+                raise ValueError(f"reward.restore: {path!r} names the whole working directory")
         return self
 
 
