@@ -2,6 +2,7 @@
 
 - ``POST /e/{s}/v1/chat/completions`` (tools, streaming and not), ``POST /e/{s}/v1/completions``,
   ``GET /e/{s}/v1/models``: OpenAI (base URL ``{proxy}/e/{s}/v1``);
+- ``POST /e/{s}/v1/responses`` (function tools, reasoning items, streaming and not): OpenAI Responses;
 - ``POST /e/{s}/v1/messages`` (tools, streaming and not): Anthropic (base URL ``{proxy}/e/{s}``).
 
 Authenticated by the session's token as ``Authorization: Bearer`` or ``x-api-key``. Errors are
@@ -18,7 +19,7 @@ from redis.asyncio import Redis
 
 from services.llm_proxy.calls import Forwarder
 from services.llm_proxy.fleet import FleetView
-from services.llm_proxy.gateway import anthropic_wire, openai_wire
+from services.llm_proxy.gateway import anthropic_wire, openai_wire, responses_wire
 from services.llm_proxy.gateway.metrics import GatewayMetrics
 from services.llm_proxy.gateway.pools import PoolConfigs
 from services.llm_proxy.gateway.requests import (
@@ -32,6 +33,12 @@ from services.llm_proxy.gateway.requests import (
     openai_tools,
     parse,
     refuse_n,
+)
+from services.llm_proxy.gateway.responses_input import (
+    ResponsesRequest,
+    check_generation_fields,
+    input_messages,
+    response_tools,
 )
 from services.llm_proxy.gateway.sessions import SessionStore, request_token
 from services.llm_proxy.gateway.turns import TurnRequest, Turns
@@ -59,6 +66,7 @@ class Gateway:
         openai, anthropic = openai_wire.error_doc, anthropic_wire.error_doc
         app.router.add_post("/e/{session}/v1/chat/completions", self._serve(self.chat, openai))
         app.router.add_post("/e/{session}/v1/completions", self._serve(self.completions, openai))
+        app.router.add_post("/e/{session}/v1/responses", self._serve(self.responses, openai))
         app.router.add_post("/e/{session}/v1/messages", self._serve(self.messages, anthropic))
         app.router.add_get("/e/{session}/v1/models", self._serve(self.models, openai))
 
@@ -148,6 +156,44 @@ class Gateway:
         return await self.turns.run(
             request, session, turn, lambda result: json_response(anthropic_wire.message(result, model, stops))
         )
+
+    async def responses(
+        self, request: web.Request, session: GatewaySession, body: dict[str, Any]
+    ) -> web.StreamResponse:
+        req = parse(ResponsesRequest, body)
+        offered = check_generation_fields(req)
+        tools = response_tools(req.tools)
+        history = await self._previous(session, req.previous_response_id) if req.previous_response_id else None
+        turn = TurnRequest(
+            route="responses",
+            messages=input_messages(req, history),
+            tools=tools if offered else None,
+            prompt=None,
+            max_tokens=req.max_output_tokens,
+        )
+        chat, model = self.pools.template(session.pool), req.model or session.model
+        if req.stream:
+            items = await self.turns.run(
+                request, session, turn, lambda result: responses_wire.events(result, req, model, chat)
+            )
+            return await responses_wire.send_events(request, items)
+        return await self.turns.run(
+            request, session, turn, lambda result: json_response(responses_wire.response(result, req, model, chat))
+        )
+
+    async def _previous(self, session: GatewaySession, previous: str) -> list[dict[str, Any]]:
+        """The conversation of the session's latest response (its messages and reply), from the log;
+        only the latest one can be continued (older ones are not kept apart)."""
+        view = await self.store.read(session)
+        latest = responses_wire.response_id(session.session, view.recorded - 1) if view.recorded else None
+        if view.last is None or view.last.reply is None or previous != latest:
+            raise PlatformError(
+                ErrorCode.BAD_REQUEST,
+                f"previous_response_id {previous!r} is not this session's latest chat response "
+                f"({latest or 'none yet'}): send the whole conversation in input",
+                field="previous_response_id",
+            )
+        return [*view.last.messages, view.last.reply]
 
 
 def _top_logprobs(logprobs: bool, top: int | None) -> int | None:
