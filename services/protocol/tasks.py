@@ -10,6 +10,7 @@ are shell names (docs/security.md, "Input validation").
 from __future__ import annotations
 
 import json
+import posixpath
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
@@ -25,6 +26,7 @@ DEFAULT_POOL = "default"  # the proxy pool of a job that names none, and of engi
 Text = Annotated[str, StringConstraints(pattern=r"^[^\x00]*$")]
 EnvKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")]
 FilePath = Annotated[str, StringConstraints(min_length=1, max_length=4096, pattern=r"^[^\x00]*[^\x00/]$")]
+SourceVersion = Annotated[str, StringConstraints(max_length=200, pattern=r"^[^\x00\n]*$")]
 
 MAX_MEMORY_MB = 1_048_576  # 1 TiB
 MAX_DISK_MB = 1_048_576
@@ -88,6 +90,11 @@ class Task(_Model):
     reward: RewardSpec
     metadata: dict[str, Any] = Field(default_factory=dict)  # carried to the trajectory untouched
     agent: AgentSpec | None = None  # overrides the rollout request's agent for this task
+    # where the task was defined (docs/environments.md): "platform" for the platform's own tasks, else
+    # the adapter's source ("swebench", "swe-smith", "harbor", ...) and that set's version; both are
+    # copied onto every trajectory of the task
+    source: Name = "platform"
+    source_version: SourceVersion = ""
 
     @model_validator(mode="after")
     def _no_path_climbs_out(self) -> Task:
@@ -97,6 +104,9 @@ class Task(_Model):
             for path in paths:
                 if ".." in path.split("/"):
                     raise ValueError(f"{field}: {path!r} must not contain '..'")
+        for path in self.reward.restore:  # a file or a directory below the working directory, not all of it
+            if posixpath.normpath(path) in (".", "/"):
+                raise ValueError(f"reward.restore: {path!r} names the whole working directory")
         return self
 
 

@@ -3,7 +3,9 @@
 - ``POST /e/{s}/v1/chat/completions`` (tools, streaming and not), ``POST /e/{s}/v1/completions``,
   ``GET /e/{s}/v1/models``: OpenAI (base URL ``{proxy}/e/{s}/v1``);
 - ``POST /e/{s}/v1/responses`` (function tools, reasoning items, streaming and not): OpenAI Responses;
-- ``POST /e/{s}/v1/messages`` (tools, streaming and not): Anthropic (base URL ``{proxy}/e/{s}``).
+- ``POST /e/{s}/v1/messages`` (tools, thinking, streaming and not; ``?beta=true`` and the
+  ``anthropic-beta`` headers as Claude Code sends them), ``POST /e/{s}/v1/messages/count_tokens``
+  (the pool's tokenizer): Anthropic (base URL ``{proxy}/e/{s}``).
 
 Authenticated by the session's token as ``Authorization: Bearer`` or ``x-api-key``. Errors are
 the platform's ``ErrorBody`` with the keys each SDK reads added.
@@ -25,6 +27,7 @@ from services.llm_proxy.gateway.pools import PoolConfigs
 from services.llm_proxy.gateway.requests import (
     ChatRequest,
     CompletionRequest,
+    CountTokensRequest,
     MessagesRequest,
     anthropic_messages,
     anthropic_tools,
@@ -68,6 +71,7 @@ class Gateway:
         app.router.add_post("/e/{session}/v1/completions", self._serve(self.completions, openai))
         app.router.add_post("/e/{session}/v1/responses", self._serve(self.responses, openai))
         app.router.add_post("/e/{session}/v1/messages", self._serve(self.messages, anthropic))
+        app.router.add_post("/e/{session}/v1/messages/count_tokens", self._serve(self.count_tokens, anthropic))
         app.router.add_get("/e/{session}/v1/models", self._serve(self.models, openai))
 
     def _serve(
@@ -147,15 +151,23 @@ class Gateway:
             max_tokens=req.max_tokens,
             stop=stops,
         )
-        model = req.model or session.model
+        model, thinks = req.model or session.model, req.thinks
         if req.stream:
             items = await self.turns.run(
-                request, session, turn, lambda result: anthropic_wire.events(result, model, stops)
+                request, session, turn, lambda result: anthropic_wire.events(result, model, stops, thinks)
             )
             return await anthropic_wire.send_events(request, items)
         return await self.turns.run(
-            request, session, turn, lambda result: json_response(anthropic_wire.message(result, model, stops))
+            request, session, turn, lambda result: json_response(anthropic_wire.message(result, model, stops, thinks))
         )
+
+    async def count_tokens(self, request: web.Request, session: GatewaySession, body: dict[str, Any]) -> web.Response:
+        """The prompt ids a message call with these messages would render to, from scratch (a call
+        that merges sends the same count: merged ids are the rendered ids unless it is a mismatch)."""
+        req = parse(CountTokensRequest, body)
+        chat = self.pools.template(session.pool)
+        ids = chat.encode(chat.render(anthropic_messages(req), True, anthropic_tools(req.tools)))
+        return json_response({"input_tokens": len(ids)})
 
     async def responses(
         self, request: web.Request, session: GatewaySession, body: dict[str, Any]
