@@ -26,6 +26,7 @@ DEFAULT_POOL = "default"  # the proxy pool of a job that names none, and of engi
 Text = Annotated[str, StringConstraints(pattern=r"^[^\x00]*$")]
 EnvKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")]
 FilePath = Annotated[str, StringConstraints(min_length=1, max_length=4096, pattern=r"^[^\x00]*[^\x00/]$")]
+SourceVersion = Annotated[str, StringConstraints(max_length=200, pattern=r"^[^\x00\n]*$")]
 
 MIN_CPUS = 0.01  # the smallest CPU share every backend accepts (a cgroup's cpu.max quota of 1 ms per 100 ms)
 MIN_INT, MAX_INT = -(2**63), 2**64 - 1  # the integers the trajectory codec (msgpack) carries
@@ -121,6 +122,11 @@ class Task(_Model):
     reward: RewardSpec
     metadata: Metadata = Field(default_factory=dict)  # carried to the trajectory untouched
     agent: AgentSpec | None = None  # overrides the rollout request's agent for this task
+    # where the task was defined (docs/environments.md): "platform" for the platform's own tasks, else
+    # the adapter's source ("swebench", "swe-smith", "harbor", ...) and that set's version; both are
+    # copied onto every trajectory of the task
+    source: Name = "platform"
+    source_version: SourceVersion = ""
 
     @model_validator(mode="after")
     def _no_path_climbs_out(self) -> Task:

@@ -2,7 +2,10 @@
 
 - ``POST /e/{s}/v1/chat/completions`` (tools, streaming and not), ``POST /e/{s}/v1/completions``,
   ``GET /e/{s}/v1/models``: OpenAI (base URL ``{proxy}/e/{s}/v1``);
-- ``POST /e/{s}/v1/messages`` (tools, streaming and not): Anthropic (base URL ``{proxy}/e/{s}``).
+- ``POST /e/{s}/v1/responses`` (function tools, reasoning items, streaming and not): OpenAI Responses;
+- ``POST /e/{s}/v1/messages`` (tools, thinking, streaming and not; ``?beta=true`` and the
+  ``anthropic-beta`` headers as Claude Code sends them), ``POST /e/{s}/v1/messages/count_tokens``
+  (the pool's tokenizer): Anthropic (base URL ``{proxy}/e/{s}``).
 
 Authenticated by the session's token as ``Authorization: Bearer`` or ``x-api-key``. Errors are
 the platform's ``ErrorBody`` with the keys each SDK reads added.
@@ -18,12 +21,13 @@ from redis.asyncio import Redis
 
 from services.llm_proxy.calls import Forwarder
 from services.llm_proxy.fleet import FleetView
-from services.llm_proxy.gateway import anthropic_wire, openai_wire
+from services.llm_proxy.gateway import anthropic_wire, openai_wire, responses_wire
 from services.llm_proxy.gateway.metrics import GatewayMetrics
 from services.llm_proxy.gateway.pools import PoolConfigs
 from services.llm_proxy.gateway.requests import (
     ChatRequest,
     CompletionRequest,
+    CountTokensRequest,
     MessagesRequest,
     anthropic_messages,
     anthropic_tools,
@@ -32,6 +36,12 @@ from services.llm_proxy.gateway.requests import (
     openai_tools,
     parse,
     refuse_n,
+)
+from services.llm_proxy.gateway.responses_input import (
+    ResponsesRequest,
+    check_generation_fields,
+    input_messages,
+    response_tools,
 )
 from services.llm_proxy.gateway.sessions import SessionStore, request_token
 from services.llm_proxy.gateway.turns import TurnRequest, Turns
@@ -59,7 +69,9 @@ class Gateway:
         openai, anthropic = openai_wire.error_doc, anthropic_wire.error_doc
         app.router.add_post("/e/{session}/v1/chat/completions", self._serve(self.chat, openai))
         app.router.add_post("/e/{session}/v1/completions", self._serve(self.completions, openai))
+        app.router.add_post("/e/{session}/v1/responses", self._serve(self.responses, openai))
         app.router.add_post("/e/{session}/v1/messages", self._serve(self.messages, anthropic))
+        app.router.add_post("/e/{session}/v1/messages/count_tokens", self._serve(self.count_tokens, anthropic))
         app.router.add_get("/e/{session}/v1/models", self._serve(self.models, openai))
 
     def _serve(
@@ -139,15 +151,61 @@ class Gateway:
             max_tokens=req.max_tokens,
             stop=stops,
         )
-        model = req.model or session.model
+        model, thinks = req.model or session.model, req.thinks
         if req.stream:
             items = await self.turns.run(
-                request, session, turn, lambda result: anthropic_wire.events(result, model, stops)
+                request, session, turn, lambda result: anthropic_wire.events(result, model, stops, thinks)
             )
             return await anthropic_wire.send_events(request, items)
         return await self.turns.run(
-            request, session, turn, lambda result: json_response(anthropic_wire.message(result, model, stops))
+            request, session, turn, lambda result: json_response(anthropic_wire.message(result, model, stops, thinks))
         )
+
+    async def count_tokens(self, request: web.Request, session: GatewaySession, body: dict[str, Any]) -> web.Response:
+        """The prompt ids a message call with these messages would render to, from scratch (a call
+        that merges sends the same count: merged ids are the rendered ids unless it is a mismatch)."""
+        req = parse(CountTokensRequest, body)
+        chat = self.pools.template(session.pool)
+        ids = chat.encode(chat.render(anthropic_messages(req), True, anthropic_tools(req.tools)))
+        return json_response({"input_tokens": len(ids)})
+
+    async def responses(
+        self, request: web.Request, session: GatewaySession, body: dict[str, Any]
+    ) -> web.StreamResponse:
+        req = parse(ResponsesRequest, body)
+        offered = check_generation_fields(req)
+        tools = response_tools(req.tools)
+        history = await self._previous(session, req.previous_response_id) if req.previous_response_id else None
+        turn = TurnRequest(
+            route="responses",
+            messages=input_messages(req, history),
+            tools=tools if offered else None,
+            prompt=None,
+            max_tokens=req.max_output_tokens,
+        )
+        chat, model = self.pools.template(session.pool), req.model or session.model
+        if req.stream:
+            items = await self.turns.run(
+                request, session, turn, lambda result: responses_wire.events(result, req, model, chat)
+            )
+            return await responses_wire.send_events(request, items)
+        return await self.turns.run(
+            request, session, turn, lambda result: json_response(responses_wire.response(result, req, model, chat))
+        )
+
+    async def _previous(self, session: GatewaySession, previous: str) -> list[dict[str, Any]]:
+        """The conversation of the session's latest response (its messages and reply), from the log;
+        only the latest one can be continued (older ones are not kept apart)."""
+        view = await self.store.read(session)
+        latest = responses_wire.response_id(session.session, view.recorded - 1) if view.recorded else None
+        if view.last is None or view.last.reply is None or previous != latest:
+            raise PlatformError(
+                ErrorCode.BAD_REQUEST,
+                f"previous_response_id {previous!r} is not this session's latest chat response "
+                f"({latest or 'none yet'}): send the whole conversation in input",
+                field="previous_response_id",
+            )
+        return [*view.last.messages, view.last.reply]
 
 
 def _top_logprobs(logprobs: bool, top: int | None) -> int | None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import posixpath
 import re
 import shlex
+import uuid
+from pathlib import Path
 
 from services.protocol import ErrorCode, InfraStage, RewardDetails, RewardSpec
 from services.protocol.sandboxes import ExecRequest, ExecResult
@@ -23,6 +25,10 @@ REWARD_OUTPUT_BYTES = 8_000_000  # the per-test summary is at the end of a long 
 CANNOT_RUN_EXIT_CODES = {126: "not executable", 127: "command not found"}
 # the runner itself is missing or crashed (not a test failing, not the policy's code failing to import)
 RUNNER_BROKEN = re.compile(r"No module named '?(pytest|_pytest|unittest)'?$|^INTERNALERROR>", re.MULTILINE)
+
+GRADER_DIR = "/tmp/rollout-grader"  # the grader's pytest plugin and its reports, written at scoring time
+PLUGIN = "rollout_pytest_report"
+PLUGIN_SOURCE = (Path(__file__).parent / "pytest_report.py").read_bytes()
 
 Snapshot = dict[str, bytes | None]  # absolute path -> content before the agent ran (None: absent)
 
@@ -59,7 +65,9 @@ async def score(
     hung); an environment that cannot run the reward raises :class:`InfraError`."""
     env = env or {}
     await _prepare(broker, lease_id, spec, cwd, env, saved or {})
-    request = ExecRequest(shell=spec.command, timeout_s=spec.timeout_s, max_output_bytes=REWARD_OUTPUT_BYTES,
+    report = await _install_plugin(broker, lease_id) if spec.tests and spec.tests.log_parser in REPORTED else None
+    command = with_plugin(spec.command, report) if report else spec.command
+    request = ExecRequest(shell=command, timeout_s=spec.timeout_s, max_output_bytes=REWARD_OUTPUT_BYTES,
                           env=env, cwd=cwd)  # fmt: skip
     result = await broker.exec(lease_id, request, stage=InfraStage.REWARD)
     log = result.stdout + result.stderr
@@ -68,7 +76,12 @@ async def score(
     if not result.timed_out:
         _check_runnable(result, log, output)
     if spec.tests is not None:
-        resolved, details.tests = outcomes.grade(outcomes.parse(log, spec.tests.log_parser), spec.tests)
+        reported = await _read(broker, lease_id, report) if report else None  # pytest ran with the plugin
+        if reported is not None:
+            statuses = outcomes.parse_report(reported)
+        else:
+            statuses = outcomes.parse(log, spec.tests.log_parser)
+        resolved, details.tests = outcomes.grade(statuses, spec.tests)
         details.parsed = True
         return (1.0 if resolved else 0.0), details
     if result.timed_out or not spec.parse_float:
@@ -104,6 +117,37 @@ async def _prepare(
             why = "timed out" if result.timed_out else f"exited {result.exit_code}"
             message = f"reward setup {step[:200]!r} {why}: {(result.stdout + result.stderr)[-300:]}"
             raise InfraError(InfraStage.REWARD, ErrorCode.INTERNAL_ERROR, message)
+
+
+REPORTED = ("pytest", "auto")  # log parsers under which a pytest run gets the grader's plugin
+
+
+def with_plugin(command: str, report: str, directory: str = GRADER_DIR) -> str:
+    """``command`` with pytest told to load the grader's plugin (and not to use its cache); the
+    task's own ``PYTHONPATH``/``PYTEST_ADDOPTS`` are kept after the grader's."""
+    exports = (
+        f'export PYTHONPATH="{directory}${{PYTHONPATH:+:$PYTHONPATH}}"'
+        f' PYTEST_ADDOPTS="-p {PLUGIN} -p no:cacheprovider${{PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}}"'
+        f" ROLLOUT_PYTEST_REPORT={shlex.quote(report)}"
+    )
+    return f"{exports}\n{command}"
+
+
+async def _install_plugin(broker: BrokerClient, lease_id: str) -> str:
+    """Write the plugin; the path of this scoring's report (random, so no file left in advance counts)."""
+    try:
+        await broker.write_file(lease_id, f"{GRADER_DIR}/{PLUGIN}.py", PLUGIN_SOURCE)
+    except InfraError as exc:
+        raise exc.at(InfraStage.REWARD, "writing the grader's pytest plugin") from exc
+    return f"{GRADER_DIR}/report-{uuid.uuid4().hex}.jsonl"
+
+
+async def _read(broker: BrokerClient, lease_id: str, path: str) -> str | None:
+    try:
+        data = await broker.read_file(lease_id, path)
+    except InfraError as exc:
+        raise exc.at(InfraStage.REWARD, "reading the pytest report") from exc
+    return None if data is None else data.decode(errors="replace")
 
 
 def _check_runnable(result: ExecResult, log: str, output: str) -> None:

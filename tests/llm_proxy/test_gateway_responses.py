@@ -1,0 +1,161 @@
+"""OpenAI Responses on the agent gateway, with real processes (scripted engine, proxy, Redis) and
+the real openai SDK: reasoning items, function calls, streaming, a multi-turn exchange recorded as
+one token-exact segment."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from services.protocol.gateway import segments_from_calls
+from services.runtime.redis_server import EmbeddedRedis
+from tests.llm_proxy.gateway_fleet import GatewayFleet, gateway_fleet
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+THOUGHT = "<think>\nI should list them.\n</think>\n\n"
+LS = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la"}}\n</tool_call>'
+RULES = {
+    "find the files": [THOUGHT + "Let me look.\n" + LS, "There are two files."],
+    "count the files": [LS, "Two."],
+    "plain question": ["forty-two"],
+}
+TOOL: Any = {
+    "type": "function",
+    "name": "bash",
+    "description": "Run a command",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+    "strict": False,
+}
+TEMPLATE_TOOL = {
+    "type": "function",
+    "function": {"name": "bash", "description": TOOL["description"], "parameters": TOOL["parameters"]},
+}
+CODEX_LIKE: dict[str, Any] = {  # the fields Codex CLI sends besides model, input and tools
+    "tool_choice": "auto",
+    "parallel_tool_calls": False,
+    "reasoning": {"effort": "medium", "summary": "auto"},
+    "store": False,
+    "include": ["reasoning.encrypted_content"],
+    "prompt_cache_key": "conversation-1",
+}
+
+
+@pytest.fixture(scope="module")
+def fleet(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayFleet]:
+    with gateway_fleet(redis_server.url, tmp_path_factory.mktemp("responses"), RULES) as fleet:
+        yield fleet
+
+
+def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def test_sdk_function_call_round_trip_is_one_token_exact_segment(fleet: GatewayFleet) -> None:
+    sid, token = fleet.session()
+    client = fleet.openai(sid, token)
+    ask: Any = {"role": "user", "content": [{"type": "input_text", "text": "Please find the files."}]}
+    first = client.responses.create(
+        model="policy",
+        instructions="You are terse.",
+        input=[ask],
+        tools=[TOOL],
+        extra_body={**CODEX_LIKE, "client_metadata": {"session": "s"}},
+    )
+    thought, message, fc = first.output
+    assert thought.type == "reasoning" and thought.summary[0].text == "I should list them."
+    assert message.type == "message" and first.output_text == "Let me look."
+    assert fc.type == "function_call" and fc.name == "bash" and json.loads(fc.arguments) == {"command": "ls -la"}
+    assert first.status == "completed"
+    follow: list[Any] = [
+        ask,
+        *[item.model_dump(exclude_none=True) for item in first.output],
+        {"type": "function_call_output", "call_id": fc.call_id, "output": "a.txt\nb.txt"},
+    ]
+    with client.responses.stream(
+        model="policy", instructions="You are terse.", input=follow, tools=[TOOL], extra_body=CODEX_LIKE
+    ) as stream:
+        second = stream.get_final_response()
+    assert second.output_text == "There are two files." and second.status == "completed"
+
+    calls = fleet.calls(sid)
+    assert [c.route for c in calls] == ["responses", "responses"]
+    assert [c.merged for c in calls] == [False, True] and not any(c.mismatch for c in calls)
+    (segment,) = segments_from_calls(calls)
+    conversation: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Please find the files."},
+        {"role": "assistant", "content": THOUGHT + "Let me look.", "tool_calls": [call("bash", {"command": "ls -la"})]},
+        {"role": "tool", "content": "a.txt\nb.txt"},
+        {"role": "assistant", "content": "There are two files."},
+    ]
+    held = [*segment.prompt_ids, *segment.response_ids]
+    rendered = fleet.chat.encode(fleet.chat.render(conversation, False, [TEMPLATE_TOOL]))
+    assert rendered[: len(held)] == held and rendered[len(held) :] == fleet.chat.encode("\n")
+    generated = [t for c in calls for t in c.output_ids]
+    assert [t for t, m in zip(segment.response_ids, segment.loss_mask, strict=True) if m] == generated
+    assert sum(segment.loss_mask) == len(generated)
+
+
+def test_streamed_function_call_events_and_previous_response_id(fleet: GatewayFleet) -> None:
+    sid, token = fleet.session()
+    client = fleet.openai(sid, token)
+    stream = client.responses.create(
+        model="policy", input="Please count the files.", tools=[TOOL], stream=True, extra_body=CODEX_LIKE
+    )
+    events = list(stream)
+    kinds = [e.type for e in events]
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    done: Any = events[-1].response  # type: ignore[union-attr]
+    (fc,) = done.output
+    assert fc.type == "function_call" and json.loads(fc.arguments) == {"command": "ls -la"}
+    assert events[4].arguments == fc.arguments  # type: ignore[union-attr]
+
+    answer: Any = {"type": "function_call_output", "call_id": fc.call_id, "output": "a.txt\nb.txt"}
+    second = client.responses.create(model="policy", previous_response_id=done.id, input=[answer], tools=[TOOL])
+    assert second.output_text == "Two."
+    assert [c.merged for c in fleet.calls(sid)] == [False, True]
+
+    stale = httpx.post(
+        fleet.openai_url(sid) + "/responses",
+        json={"model": "policy", "previous_response_id": done.id, "input": [answer]},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert stale.status_code == 400 and stale.json()["error"]["field"] == "previous_response_id"
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"input": [{"type": "item_reference", "id": "x"}]}, "input.0.type"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
+            "input.0.content.0.type",
+        ),
+        ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format"),
+        ({"background": True}, "background"),
+        ({"max_output_tokens": "ten"}, "max_output_tokens"),
+    ],
+)
+def test_what_cannot_be_honoured_is_400_naming_it(fleet: GatewayFleet, patch: dict[str, Any], field: str) -> None:
+    sid, token = fleet.session()
+    body = {"model": "policy", "input": "plain question"} | patch
+    response = httpx.post(fleet.openai_url(sid) + "/responses", json=body, headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["field"] == field
+    assert fleet.calls(sid) == []
