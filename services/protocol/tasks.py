@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import posixpath
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
@@ -136,6 +137,9 @@ class Task(_Model):
             for path in paths:
                 if ".." in path.split("/"):
                     raise ValueError(f"{field}: {path!r} must not contain '..'")
+        for path in self.reward.restore:  # a file or a directory below the working directory, not all of it
+            if posixpath.normpath(path) in (".", "/"):
+                raise ValueError(f"reward.restore: {path!r} names the whole working directory")
         return self
 
 
