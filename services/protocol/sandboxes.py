@@ -22,7 +22,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from services.protocol.tasks import MAX_DISK_MB, MAX_MEMORY_MB, MAX_TIMEOUT_S, EnvKey, FilePath, Name, Text
+from services.protocol.tasks import MAX_DISK_MB, MAX_MEMORY_MB, MAX_TIMEOUT_S, MIN_CPUS, EnvKey, FilePath, Name, Text
 
 Label = Annotated[str, StringConstraints(max_length=256, pattern=r"^[^\x00]*$")]
 
@@ -54,7 +54,7 @@ class _Model(BaseModel):
 
 
 class Resources(_Model):
-    cpus: float = Field(1.0, gt=0, le=64)
+    cpus: float = Field(1.0, ge=MIN_CPUS, le=64)
     memory_mb: int = Field(2048, gt=0, le=MAX_MEMORY_MB)
     disk_mb: int = Field(10_240, gt=0, le=MAX_DISK_MB)
 

@@ -325,6 +325,25 @@ class BrokerClient:
             return None
         raise InfraError(InfraStage.SANDBOX_EXEC, ErrorCode.INTERNAL_ERROR, f"reading {path}: {answer.body[:300]!r}")
 
+    async def get_archive(self, lease_id: str, directory: str) -> bytes | None:
+        """The directory as a tar archive; None when there is no such directory."""
+        path = f"/leases/{lease_id}/archive?{urlencode({'path': directory})}"
+        try:
+            answer = await self.http.request("GET", path, b"", self._headers, self.overhead_s)
+        except (TimeoutError, ConnectionError) as exc:
+            raise InfraError(InfraStage.BROKER, ErrorCode.TRANSPORT_ERROR, f"broker unreachable: {exc!r}") from exc
+        if answer.status == 200:
+            return answer.body
+        if answer.status in (400, 404):
+            return None
+        message = f"packing {directory}: {answer.body[:300]!r}"
+        raise InfraError(InfraStage.SANDBOX_EXEC, ErrorCode.INTERNAL_ERROR, message)
+
+    async def put_archive(self, lease_id: str, directory: str, tar: bytes) -> None:
+        """Unpack a tar archive into the directory (made if missing)."""
+        path = f"/leases/{lease_id}/archive?{urlencode({'path': directory})}"
+        await self._call(InfraStage.SANDBOX_EXEC, "PUT", path, data=tar)
+
 
 def _lease_ended(outcome: object) -> bool:
     return isinstance(outcome, InfraError) and outcome.code is ErrorCode.LEASE_NOT_FOUND
