@@ -185,6 +185,8 @@ class Trajectory(msgspec.Struct, kw_only=True):
     routed_experts: RoutedExperts | None = None  # routing replay of the first segment, when the pool returns it
     agent: AgentRun | None = None  # set for agents served by the gateway
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)  # the task's metadata, untouched
+    source: str = "platform"  # the task's source and its version (``Task.source``; docs/environments.md)
+    source_version: str = ""
     worker: str = ""
     started_at: float = 0.0  # unix seconds
     finished_at: float = 0.0

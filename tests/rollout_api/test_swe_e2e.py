@@ -32,6 +32,7 @@ RULES: dict[str, list[Any]] = {
     "MODE-GOLD": [f"```bash\nprintf '{FIXED}' > calc.py\n```", SUBMIT],
     "MODE-NOOP": [SUBMIT],
     "MODE-TAMPER": [f"```bash\nprintf '{PASSING_TEST}' > tests/test_calc.py\n```", SUBMIT],
+    "MODE-SWAP-DIR": [f"```bash\nrm -rf tests; mkdir tests; printf '{PASSING_TEST}' > tests/test_calc.py\n```", SUBMIT],
     "WHERE": ["```bash\npwd > where.txt; echo $TASK_VAR >> where.txt\n```", SUBMIT],
 }
 
@@ -74,6 +75,21 @@ def test_swe_route_scores_per_test_and_restores_the_tests(fleet: Fleet) -> None:
     noop = found["calc__noop"].reward_details
     assert noop is not None and noop.tests == {"tests.test_calc.T.test_add": "FAILED",
                                                "test_sub (tests.test_calc.T)": "PASSED"}  # fmt: skip
+
+
+def test_a_restored_directory_is_put_back_as_it_was(fleet: Fleet) -> None:
+    """``restore: ["tests"]`` restores the directory (it used to be deleted: a false 0 for the gold
+    patch); replacing the directory with a passing test does not count."""
+    reward = {"command": "python3 -m unittest -v tests.test_calc", "restore": ["tests"]}
+    tasks = [{"id": f"dir-{m.lower()}", "prompt": f"MODE-{m}", "sandbox": {"template": "calc"}, "reward": reward}
+             for m in ("GOLD", "SWAP-DIR")]  # fmt: skip
+    found = {t.task_id: (t.status, t.reward) for t in _run(fleet, "restore-dir", {"tasks": tasks})}
+    assert found == {"dir-gold": (Status.COMPLETED, 1.0), "dir-swap-dir": (Status.COMPLETED, 0.0)}
+    whole = {"id": "all", "prompt": "MODE-GOLD", "reward": {**reward, "restore": ["."]}}
+    with fleet.client() as client:
+        headers = create_job(client, "restore-all")
+        refused = client.post("/rollouts", json={"job": "restore-all", "tasks": [whole]}, headers=headers)
+    assert refused.status_code == 422 and "reward.restore" in refused.text, refused.text
 
 
 def test_env_and_workdir_reach_every_command_and_the_reward(fleet: Fleet) -> None:

@@ -38,7 +38,8 @@ from services.rollout_api.worker.conversation import (
 from services.rollout_api.worker.gateway_agents import run_gateway_agent
 from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.outages import Outages
-from services.rollout_api.worker.reward import Snapshot, score, snapshot
+from services.rollout_api.worker.restore import Snapshot, snapshot
+from services.rollout_api.worker.reward import score
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.tokens import TokenBuffer
 
@@ -140,7 +141,7 @@ class Episode:
         """The broker ran the task's files and setup commands with the lease (``_setup_request``);
         keep the reward's files as they are now."""
         started = time.monotonic()
-        self.saved = await snapshot(self.deps.broker, lease.id, self.item.task.reward, self.workdir)
+        self.saved = await snapshot(self.deps.broker, lease.id, self.item.task.reward.restore, self.workdir)
         self.traj.timings.setup_s = lease.setup_s + time.monotonic() - started
         self.traj.timings.setup_shared = lease.setup_shared
 
