@@ -168,9 +168,9 @@ def test_a_malformed_resume_point_is_400_naming_it(client: httpx.Client) -> None
     """An id past 2**64 used to answer 200 and close the stream at once (issue 29)."""
     token = create_job(client, "sse-ids")
     for bad in BAD_EVENT_IDS:
-        ways = [({}, {"after": bad}, "after")] + (
-            [({"Last-Event-ID": bad}, {}, "Last-Event-ID")] if bad.isascii() else []
-        )
+        ways: list[tuple[dict[str, str], dict[str, str], str]] = [({}, {"after": bad}, "after")]
+        if bad.isascii():  # a header carries ASCII alone
+            ways.append(({"Last-Event-ID": bad}, {}, "Last-Event-ID"))
         for headers, params, field in ways:
             got = client.get("/jobs/sse-ids/trajectories", headers={**auth(token), **headers}, params=params)
             assert got.status_code == 400, (bad, got.text)
