@@ -309,6 +309,11 @@ class BrokerClient:
         )  # fmt: skip
         return ExecResult.model_validate(body)
 
+    async def bind_gateway(self, lease_id: str, session: str, upstream: str, ttl_s: float) -> None:
+        """Have the broker forward the session (and nothing else) into the lease's sandbox."""
+        body = {"session": session, "upstream": upstream, "ttl_s": ttl_s}
+        await self._call(InfraStage.SANDBOX_EXEC, "POST", f"/leases/{lease_id}/gateway", body=body)
+
     async def write_file(self, lease_id: str, path: str, content: str | bytes) -> None:
         data = content.encode() if isinstance(content, str) else content
         await self._call(InfraStage.SANDBOX_EXEC, "PUT", _files(lease_id, path), data=data)
