@@ -14,7 +14,7 @@ from services.engines.settings import EngineSettings
 from services.llm_proxy.settings import ProxySettings
 from services.rollout_api.dump import DumpSettings
 from services.rollout_api.settings import ApiSettings, WorkerSettings
-from services.runtime.settings import SHARED_FIELDS, ServiceSettings, UsesRedis, shared_variable
+from services.runtime.settings import SHARED_FIELDS, RedisSettings, ServiceSettings, UsesRedis, shared_variable
 from services.sandbox_broker.settings import BrokerSettings
 from trainer_client.settings import TrainSettings
 
@@ -64,6 +64,40 @@ def test_precedence(cls: type[ServiceSettings], field: str, clean_env: pytest.Mo
     explicit = "ERROR" if field == "log_level" else "explicit"
     flag: dict[str, Any] = {field: explicit}
     assert getattr(cls(**flag), field) == explicit  # a flag beats both
+
+
+SECRET_CASES = [(cls, field) for cls, field in CASES if field != "log_level"]
+
+
+@pytest.mark.parametrize(("cls", "field"), SECRET_CASES, ids=[f"{c.__name__}-{f}" for c, f in SECRET_CASES])
+def test_secrets_come_from_files_too(
+    cls: type[ServiceSettings], field: str, clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``<VARIABLE>_FILE`` right after ``<VARIABLE>``: own, own file, shared, shared file."""
+    shared, own = VALUES[field]
+    for name, value in (("shared", shared), ("own", own)):
+        (tmp_path / name).write_text(value + "-file\n")  # one trailing newline is dropped
+    clean_env.setenv(shared_variable(field) + "_FILE", str(tmp_path / "shared"))
+    assert getattr(cls(), field) == shared + "-file"
+    clean_env.setenv(shared_variable(field), shared)
+    assert getattr(cls(), field) == shared  # the variable beats its file
+    clean_env.setenv(cls.variable(field) + "_FILE", str(tmp_path / "own"))
+    assert getattr(cls(), field) == own + "-file"  # the process's own file beats the shared variable
+    clean_env.setenv(cls.variable(field), own)
+    assert getattr(cls(), field) == own
+    clean_env.delenv(cls.variable(field))
+    clean_env.setenv(cls.variable(field) + "_FILE", str(tmp_path / "missing"))
+    with pytest.raises(SystemExit, match=cls.variable(field) + "_FILE"):
+        cls()
+
+
+def test_only_secrets_come_from_files(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "v").write_text("9999")
+    clean_env.setenv("ROLLOUT_WORKER_CONCURRENCY_FILE", str(tmp_path / "v"))
+    clean_env.setenv("ROLLOUT_API_PROXY_ADMIN_TOKEN_FILE", str(tmp_path / "v"))
+    clean_env.setenv("ROLLOUT_REDIS_PASSWORD_FILE", str(tmp_path / "v"))
+    assert WorkerSettings().concurrency != 9999
+    assert ApiSettings().proxy_admin_token == "9999" and RedisSettings().password == "9999"
 
 
 @pytest.mark.parametrize("cls", PROCESSES, ids=lambda c: c.__name__)
