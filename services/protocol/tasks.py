@@ -112,6 +112,11 @@ class RewardSpec(_Model):
     restore: list[FilePath] = Field(default_factory=list, max_length=1_000)
     setup: list[Text] = Field(default_factory=list)  # run before ``command``; a failure is an infra error
     tests: ScoredTests | None = None  # per-test scoring instead of the exit code
+    # where the reward runs: "same", the agent's sandbox (after ``restore``); "fresh", a new sandbox from
+    # the same template and setup with only the agent's diff against the base commit applied, tests and
+    # test infrastructure (conftest.py, pytest.ini, tox.ini, setup.cfg, pyproject.toml, *.pth, ...)
+    # and ``restore`` paths never taken from it (the working directory must be a git repository's root)
+    grade_in: Literal["fresh", "same"] = "same"
 
 
 class Task(_Model):

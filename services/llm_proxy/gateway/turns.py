@@ -35,7 +35,7 @@ from services.protocol import Cap, ErrorCode, PlatformError
 from services.protocol.gateway import GatewayCall, GatewaySession
 from services.protocol.trajectory import logprobs, token_ids
 
-Route = Literal["chat", "completions", "messages", "responses"]
+Route = Literal["chat", "completions", "messages", "responses", "gemini"]
 T = TypeVar("T")
 MAX_MOVES = 16  # records tried per call when other calls of the session keep being recorded first
 
