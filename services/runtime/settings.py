@@ -8,12 +8,13 @@ A shared setting (``redis_url``, ``admin_token``, ``log_level``) is taken, highe
 4. the default. Without a Redis URL a service starts an embedded server; a worker or trainer,
    which must share the fleet's Redis, refuses to start (:meth:`UsesRedis.require_redis_url`).
 
-A secret (the Redis URL, tokens, passwords, API keys) may instead come from a file:
-``<VARIABLE>_FILE`` names it, right after its variable (``ROLLOUT_WORKER_REDIS_URL``, then
-``ROLLOUT_WORKER_REDIS_URL_FILE``, then ``ROLLOUT_REDIS_URL``, then ``ROLLOUT_REDIS_URL_FILE``).
-
 An empty variable counts as unset. Each process's class picks the shared fields it uses by
 inheriting :class:`UsesRedis` and/or :class:`UsesAdminToken`; every one has ``log_level``.
+
+Every secret setting (a token, a key, a password, the Redis URL, which carries the password) can
+also be read from a file, as Docker and Kubernetes mount secrets: ``<VARIABLE>_FILE`` names it
+(``ROLLOUT_ADMIN_TOKEN_FILE``, ``ROLLOUT_API_REDIS_URL_FILE``); its content, less the trailing
+newline, counts as the variable, just below the variable itself.
 """
 
 from __future__ import annotations
@@ -59,43 +60,43 @@ def _environ() -> dict[str, str]:
     return {k.upper(): v for k, v in os.environ.items()}
 
 
+SECRET_SUFFIXES = ("password", "_api_key", "redis_url")  # beside the fields hidden from repr
+
+
 def is_secret(name: str, info: FieldInfo) -> bool:
-    """A field that may carry a secret: the shared Redis URL (its password) and tokens, every field
-    declared ``repr=False``, and API keys."""
-    return name in ("redis_url", "admin_token", "service_token") or info.repr is False or name.endswith("api_key")
+    """A setting that holds a credential: hidden from ``repr``, or named like one."""
+    return info.repr is False or name.endswith(SECRET_SUFFIXES)
+
+
+def read_secret_file(variable: str, path: str) -> str:
+    try:
+        return Path(path).read_text().rstrip("\r\n")
+    except OSError as exc:
+        raise ValueError(f"{variable}: cannot read {path}: {exc.strerror}") from None
 
 
 class SecretFileSource(PydanticBaseSettingsSource):
-    """``<VARIABLE>_FILE``: a secret field read from the file it names (Docker and Kubernetes secrets
-    mounted as files), so that the secret need not sit in the process's environment. ``shared``:
-    the shared variables' files (``ROLLOUT_SERVICE_TOKEN_FILE``), else the process's own
-    (``ROLLOUT_WORKER_REDIS_URL_FILE``). One trailing newline is dropped; an unreadable file stops
-    the process with the variable's name (never the file's content)."""
+    """``<VARIABLE>_FILE`` of each secret field: the class's own variables, or the shared ones."""
 
     def __init__(self, settings_cls: type[BaseSettings], *, shared: bool) -> None:
         super().__init__(settings_cls)
         self.shared = shared
-        self.prefix = str(settings_cls.model_config.get("env_prefix", "")).upper()
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        if not is_secret(field_name, field) or (self.shared and field_name not in SHARED_FIELDS):
-            return None, field_name, False
-        variable = (shared_variable(field_name) if self.shared else self.prefix + field_name.upper()) + "_FILE"
-        path = _environ().get(variable)
-        if not path:
-            return None, field_name, False
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise SystemExit(f"{variable}: cannot read {path} ({exc.strerror})") from None
-        return text.removesuffix("\n").removesuffix("\r"), field_name, False
+        return None, field_name, False
+
+    def variable(self, name: str) -> str | None:
+        if self.shared:
+            return shared_variable(name) + "_FILE" if name in SHARED_FIELDS else None
+        return (str(self.settings_cls.model_config.get("env_prefix", "")) + name).upper() + "_FILE"
 
     def __call__(self) -> dict[str, Any]:
+        env = _environ()
         found = {}
         for name, info in self.settings_cls.model_fields.items():
-            value, _, _ = self.get_field_value(info, name)
-            if value:
-                found[name] = value
+            variable = self.variable(name) if is_secret(name, info) else None
+            if variable and env.get(variable):
+                found[name] = read_secret_file(variable, env[variable])
         return found
 
 
@@ -116,9 +117,12 @@ class ServiceSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        own_files = SecretFileSource(settings_cls, shared=False)
-        shared, shared_files = SharedEnvSource(settings_cls), SecretFileSource(settings_cls, shared=True)
-        return init_settings, env_settings, own_files, shared, shared_files, dotenv_settings, file_secret_settings
+        shared = SharedEnvSource(settings_cls)
+        own_file, shared_file = (
+            SecretFileSource(settings_cls, shared=False),
+            SecretFileSource(settings_cls, shared=True),
+        )
+        return init_settings, env_settings, own_file, shared, shared_file, dotenv_settings, file_secret_settings
 
     @classmethod
     def variable(cls, field: str) -> str:
@@ -172,8 +176,8 @@ class RedisSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        files = SecretFileSource(settings_cls, shared=False)  # ROLLOUT_REDIS_PASSWORD_FILE
-        return init_settings, env_settings, files, dotenv_settings, file_secret_settings
+        own_file = SecretFileSource(settings_cls, shared=False)  # ROLLOUT_REDIS_PASSWORD_FILE
+        return init_settings, env_settings, own_file, dotenv_settings, file_secret_settings
 
     port: int = 0  # for the embedded server; 0 picks a free one
     appendonly: bool = False  # AOF persistence for the embedded server
