@@ -8,6 +8,9 @@
 - :class:`WeightPublisher` (:mod:`rollout_client.weights`): post new weights through the LLM
   proxy's weight-update transaction;
 - typed errors after the API's error codes (:mod:`rollout_client.errors`).
+
+Framework adapters sit beside it and import their framework only when imported themselves:
+:mod:`rollout_client.trl` (TRL's ``GRPOTrainer(rollout_func=...)`` and a weight-sync callback).
 """
 
 from rollout_client.errors import (

@@ -59,3 +59,4 @@ class SweBenchRolloutRequest(RolloutOptions):
     test_command: str = "python -m pytest -rA {files}"
     log_parser: Literal["auto", "pytest", "unittest", "django"] = "auto"
     reward_timeout_s: float = Field(1_800.0, gt=0)
+    grade_in: Literal["fresh", "same"] = "fresh"  # the tests run in a new sandbox with the agent's diff

@@ -124,6 +124,7 @@ class RewardDetails(msgspec.Struct, kw_only=True):
     duration_s: float = 0.0
     parsed: bool = False  # the reward was parsed from its output rather than its exit code
     tests: dict[str, str] = msgspec.field(default_factory=dict)  # test id -> PASSED|FAILED|ERROR|SKIPPED|MISSING
+    dropped: list[str] = msgspec.field(default_factory=list)  # grade_in "fresh": agent's paths not applied
 
 
 class InfraFailure(msgspec.Struct, kw_only=True):
@@ -145,6 +146,7 @@ class Timings(msgspec.Struct, kw_only=True):
     llm_s: float = 0.0  # sum over turns
     exec_s: float = 0.0  # sum over turns
     reward_s: float = 0.0
+    grade_s: float = 0.0  # grade_in "fresh": the grading sandbox leased and the agent's change applied (in reward_s)
     total_s: float = 0.0  # the whole attempt
 
 

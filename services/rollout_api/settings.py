@@ -66,6 +66,7 @@ class WorkerSettings(UsesRedis, UsesServiceToken):
     heartbeat_s: float = 10.0  # XCLAIM own items (resets their idle time) and renew sandbox leases
     reclaim_idle_s: float = 60.0  # items idle this long belong to a dead worker and are reclaimed
     reclaim_interval_s: float = 5.0  # how often XAUTOCLAIM runs
+    max_deliveries: int = Field(5, ge=1)  # an item delivered more often than this goes to the dead letters
     cancel_poll_s: float = 0.5  # how often running rollouts are checked for cancellation
     lease_ttl_s: float = 120.0  # sandbox lease TTL; renewed every heartbeat
     lease_wait_s: float = 60.0  # how long the broker may queue a lease request for capacity

@@ -111,6 +111,7 @@ def instance_task(instance: SweInstance, request: SweBenchRolloutRequest) -> Tas
             files={TEST_PATCH_PATH: instance.test_patch} if instance.test_patch else {},
             restore=scored_files(instance),
             setup=[APPLY_TEST_PATCH] if instance.test_patch else [],
+            grade_in=request.grade_in,
             tests=ScoredTests(
                 fail_to_pass=list(instance.FAIL_TO_PASS),
                 pass_to_pass=list(instance.PASS_TO_PASS),

@@ -159,3 +159,42 @@ def test_what_cannot_be_honoured_is_400_naming_it(fleet: GatewayFleet, patch: di
     assert response.status_code == 400, response.text
     assert response.json()["error"]["field"] == field
     assert fleet.calls(sid) == []
+
+
+def test_unused_fields_are_listed_in_the_record_and_models_report_the_window(fleet: GatewayFleet) -> None:
+    sid, token = fleet.session(max_trajectory_tokens=12_000)
+    auth = {"Authorization": f"Bearer {token}"}
+    body = {"model": "policy", "input": "plain question", "temperature": 0.2, "x_trace": {"a": 1}, **CODEX_LIKE}
+    assert httpx.post(fleet.openai_url(sid) + "/responses", json=body, headers=auth).status_code == 200
+    chat = {"model": "policy", "messages": [{"role": "user", "content": "plain question"}], "seed": 3, "user": "u"}
+    assert httpx.post(fleet.openai_url(sid) + "/chat/completions", json=chat, headers=auth).status_code == 200
+    first, second = fleet.calls(sid)
+    assert first.unused_fields == sorted({"temperature", "x_trace", *CODEX_LIKE} - {"tool_choice"})
+    assert second.unused_fields == ["seed", "user"]
+    (card,) = httpx.get(fleet.openai_url(sid) + "/models", headers=auth).json()["data"]
+    assert card["id"] == "policy" and card["context_window"] == card["context_length"] == 12_000
+    assert card["max_output_tokens"] == 400
+    assert httpx.get(fleet.openai_url(sid) + "/models/policy", headers=auth).json()["context_window"] == 12_000
+    assert httpx.get(fleet.openai_url(sid) + "/models/other", headers=auth).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("route", "patch", "field"),
+    [
+        ("chat/completions", {"response_format": {"type": "json_schema"}}, "response_format"),
+        ("chat/completions", {"tool_choice": "required"}, "tool_choice"),
+        ("chat/completions", {"logit_bias": {"5": 10}}, "logit_bias"),
+        ("chat/completions", {"guided_json": {"type": "object"}}, "guided_json"),
+        ("messages", {"tool_choice": {"type": "any"}}, "tool_choice"),
+        ("messages", {"output_config": {"format": {"type": "json_schema", "schema": {}}}}, "output_config.format"),
+    ],
+)
+def test_generation_changing_fields_are_400_on_every_route(
+    fleet: GatewayFleet, route: str, patch: dict[str, Any], field: str
+) -> None:
+    sid, token = fleet.session()
+    body = {"model": "policy", "max_tokens": 50, "messages": [{"role": "user", "content": "plain question"}]} | patch
+    response = httpx.post(f"{fleet.openai_url(sid)}/{route}", json=body, headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["field"] == field
+    assert fleet.calls(sid) == []

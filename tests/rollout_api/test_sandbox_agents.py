@@ -4,17 +4,62 @@ host agents off as an operator leaves them."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
+import redis
 
-from services.protocol import Status, Trajectory
+from services.protocol import Status, Trajectory, keys
+from services.runtime.chat import ChatTemplate
 from tests.rollout_api.fleet import Fleet, create_job, running_fleet, submit, task, trajectories, wait_finished
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
-RULES: dict[str, list[Any]] = {}
+
+def hermes(name: str, arguments: dict[str, Any]) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+RULES: dict[str, list[Any]] = {
+    "LLM-INSIDE": [
+        "I will write the answer.\n" + hermes("bash", {"command": "echo 42 > answer.txt && id -u"}),
+        "answer.txt holds 42.",
+    ],
+}
+
+# The openai SDK example of docs/agents.md with the standard library only (the sandbox sees the host's
+# /usr, not a virtualenv), its bash run where it is: in the task sandbox.
+AGENT = """
+import json, os, subprocess, urllib.request
+
+base, key, model = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"], os.environ["OPENAI_MODEL"]
+bash = {"type": "function", "function": {"name": "bash", "parameters": {"type": "object",
+        "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+
+
+def chat(messages):
+    body = json.dumps({"model": model, "messages": messages, "tools": [bash]}).encode()
+    headers = {"Authorization": "Bearer " + key, "Content-Type": "application/json"}
+    request = urllib.request.Request(base + "/chat/completions", data=body, headers=headers)
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        return json.load(answer)["choices"][0]["message"]
+
+
+messages = [{"role": "user", "content": os.environ["ROLLOUT_TASK"]}]
+for _ in range(20):
+    message = chat(messages)
+    messages.append({k: v for k, v in message.items() if v is not None})
+    if not message.get("tool_calls"):
+        break
+    for call in message["tool_calls"]:
+        command = json.loads(call["function"]["arguments"])["command"]
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True)
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": done.stdout + done.stderr})
+print("base", base)
+"""
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +78,11 @@ def _job(client: Any) -> dict[str, str]:
     return _HEADERS
 
 
-def run_one(fleet: Fleet, task_id: str, agent: dict[str, Any]) -> Trajectory:
+def run_one(fleet: Fleet, task_id: str, agent: dict[str, Any], files: dict[str, str] | None = None) -> Trajectory:
     with fleet.client() as client:
         headers = _job(client)
-        body = {"job": "inside", "group_size": 1, "agent": agent, "tasks": [task(task_id, "answer 42")]}
+        body = {"job": "inside", "group_size": 1, "agent": agent,
+                "tasks": [task(task_id, f"{task_id}: answer 42", sandbox={"files": files or {}})]}  # fmt: skip
         rollout = submit(client, headers, body)
         wait_finished(client, headers, rollout, timeout_s=120)
     (traj,) = [t for t in trajectories(fleet.redis_url, "inside") if t.task_id == task_id]
@@ -46,16 +92,18 @@ def run_one(fleet: Fleet, task_id: str, agent: dict[str, Any]) -> Trajectory:
 def test_a_command_agent_runs_inside_the_task_sandbox_as_its_user(fleet: Fleet) -> None:
     """Its files are the task's (the reward sees answer.txt), it is the sandbox's uid in its own
     pid namespace, and its environment holds the gateway's variables and no broker credentials."""
-    script = "echo 42 > answer.txt; echo uid=$(id -u); echo pids=$(ls /proc | grep -c '^[0-9]'); env | sort"
+    script = ("echo 42 > answer.txt; echo uid=$(id -u); env | sort; "
+              "for p in /proc/[0-9]*; do echo proc: $(tr '\\0' ' ' < $p/cmdline); done")  # fmt: skip
     traj = run_one(fleet, "INSIDE", {"kind": "command", "argv": ["/bin/sh", "-c", script], "env": {"MINE": "1"}})
     assert traj.status is Status.COMPLETED and traj.reward == 1.0, traj
     assert traj.agent is not None and traj.agent.exit_code == 0, traj.agent
     out = traj.agent.last_output
-    assert "uid=1000" in out and "MINE=1" in out and "ROLLOUT_TASK=answer 42" in out, out
+    assert "uid=1000" in out and "MINE=1" in out and "ROLLOUT_TASK=INSIDE: answer 42" in out, out
     assert "OPENAI_BASE_URL=" in out and "OPENAI_API_KEY=" in out, out
     assert "ROLLOUT_BROKER" not in out and "ROLLOUT_LEASE_ID" not in out and "ROLLOUT_REDIS" not in out, out
-    pids = int(out.split("pids=")[1].split()[0])
-    assert pids <= 6, out  # the sandbox's init, its exec agent, this shell and its pipeline: no host process
+    procs = [line for line in out.splitlines() if line.startswith("proc:")]
+    assert procs and any("/bin/sh -c" in p for p in procs), out
+    assert not [p for p in procs if "services.cli" in p or "redis" in p], out  # no host process is visible
 
 
 def test_the_output_tail_and_exit_status_are_recorded(fleet: Fleet) -> None:
@@ -75,3 +123,27 @@ def test_a_host_agent_is_refused_at_submission_when_the_operator_did_not_allow_i
             assert response.status_code == 403, response.text
             error = response.json()["error"]
             assert (error["code"], error["field"]) == ("forbidden", "tasks.0.agent.where"), error
+
+
+def test_an_agent_in_the_sandbox_finishes_through_the_forwarded_gateway_token_exact(fleet: Fleet) -> None:
+    """Its calls reach its session through 127.0.0.1 in the sandbox (network "none"), its tool runs
+    in the sandbox; the trajectory's ids are the chat template over the conversation it sent."""
+    agent = {"kind": "command", "argv": ["/usr/bin/python3", "agent.py"]}
+    traj = run_one(fleet, "LLM-INSIDE", agent, files={"agent.py": AGENT})
+    assert traj.status is Status.COMPLETED and traj.reward == 1.0, traj
+    assert traj.agent is not None and traj.agent.exit_code == 0, traj.agent
+    assert "base http://127.0.0.1:" in traj.agent.last_output, traj.agent.last_output
+    assert traj.agent.calls == 2 and traj.agent.retokenization_mismatches == 0 and traj.segments == []
+    client = redis.Redis.from_url(fleet.redis_url)
+    try:
+        context = orjson.loads(client.get(keys.gateway_context(traj.agent.session)))  # type: ignore[arg-type]
+    finally:
+        client.close()
+    chat = ChatTemplate.from_dir(fleet.model_path)
+    rendered = chat.encode(chat.render([*context["messages"], context["reply"]], False, context["tools"]))
+    held = [*traj.prompt_ids, *traj.response_ids]
+    assert rendered[: len(held)] == held and rendered[len(held) :] == chat.encode("\n")
+    generated = [t for t, m in zip(traj.response_ids, traj.loss_mask, strict=True) if m]
+    assert len(generated) == sum(t.response_tokens for t in traj.turns)
+    assert chat.decode(generated).count("<tool_call>") == 1
+    assert context["messages"][-1]["content"].strip() == "1000", context["messages"][-1]  # id -u ran in the sandbox

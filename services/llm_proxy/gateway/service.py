@@ -1,7 +1,8 @@
 """The agent gateway's routes, per session (``/e/{session}/...``):
 
 - ``POST /e/{s}/v1/chat/completions`` (tools, streaming and not), ``POST /e/{s}/v1/completions``,
-  ``GET /e/{s}/v1/models``: OpenAI (base URL ``{proxy}/e/{s}/v1``);
+  ``GET /e/{s}/v1/models`` (with the context window), ``GET /e/{s}/v1/models/{model}``: OpenAI
+  (base URL ``{proxy}/e/{s}/v1``);
 - ``POST /e/{s}/v1/responses`` (function tools, reasoning items, streaming and not): OpenAI Responses;
 - ``POST /e/{s}/v1/messages`` (tools, thinking, streaming and not; ``?beta=true`` and the
   ``anthropic-beta`` headers as Claude Code sends them), ``POST /e/{s}/v1/messages/count_tokens``
@@ -22,6 +23,7 @@ from redis.asyncio import Redis
 from services.llm_proxy.calls import Forwarder
 from services.llm_proxy.fleet import FleetView
 from services.llm_proxy.gateway import anthropic_wire, openai_wire, responses_wire
+from services.llm_proxy.gateway.fields import audit, tools_offered
 from services.llm_proxy.gateway.metrics import GatewayMetrics
 from services.llm_proxy.gateway.pools import PoolConfigs
 from services.llm_proxy.gateway.requests import (
@@ -73,6 +75,7 @@ class Gateway:
         app.router.add_post("/e/{session}/v1/messages", self._serve(self.messages, anthropic))
         app.router.add_post("/e/{session}/v1/messages/count_tokens", self._serve(self.count_tokens, anthropic))
         app.router.add_get("/e/{session}/v1/models", self._serve(self.models, openai))
+        app.router.add_get("/e/{session}/v1/models/{model}", self._serve(self.model, openai))
 
     def _serve(
         self, handler: Handler, error_doc: Callable[[PlatformError], dict[str, Any]]
@@ -88,22 +91,50 @@ class Gateway:
 
         return serve
 
+    def _card(self, session: GatewaySession) -> dict[str, Any]:
+        """The session's model, OpenAI- and Anthropic-shaped, with the context a harness should size
+        itself to: the engines' context cap or the episode's trajectory cap, the smaller."""
+        window = min(self.turns.forwarder.guard.context_cap, session.max_trajectory_tokens)
+        return {
+            "id": session.model,
+            "object": "model",
+            "type": "model",
+            "display_name": session.model,
+            "created": 0,
+            "created_at": "1970-01-01T00:00:00Z",
+            "owned_by": "rollout",
+            "context_window": window,
+            "context_length": window,
+            "max_model_len": window,
+            "max_output_tokens": session.max_tokens_per_turn,
+        }
+
     async def models(self, request: web.Request, session: GatewaySession, body: dict[str, Any]) -> web.Response:
-        card = {"id": session.model, "object": "model", "created": 0, "owned_by": "rollout"}
-        return json_response({"object": "list", "data": [card]})
+        card = self._card(session)
+        doc = {"object": "list", "data": [card], "has_more": False, "first_id": card["id"], "last_id": card["id"]}
+        return json_response(doc)
+
+    async def model(self, request: web.Request, session: GatewaySession, body: dict[str, Any]) -> web.Response:
+        if request.match_info["model"] != session.model:
+            raise PlatformError(ErrorCode.NOT_FOUND, f"model {request.match_info['model']!r}: this session serves "
+                                f"{session.model!r}")  # fmt: skip
+        return json_response(self._card(session))
 
     async def chat(self, request: web.Request, session: GatewaySession, body: dict[str, Any]) -> web.StreamResponse:
         req = parse(ChatRequest, body)
         refuse_n(req.n)
+        unused = audit("chat", body)
         top = _top_logprobs(req.logprobs, req.top_logprobs)
+        tools = openai_tools(req.tools)
         turn = TurnRequest(
             route="chat",
             messages=chat_messages(req),
-            tools=openai_tools(req.tools),
+            tools=tools if tools_offered("chat", body) else None,
             prompt=None,
             max_tokens=req.max_completion_tokens or req.max_tokens,
             top_logprobs=top or 0,
             stop=_stops(req.stop),
+            unused=unused,
         )
         chat, model = self.pools.template(session.pool), req.model or session.model
         if req.stream:
@@ -131,6 +162,7 @@ class Gateway:
             max_tokens=req.max_tokens,
             top_logprobs=req.logprobs or 0,
             stop=_stops(req.stop),
+            unused=audit("completions", body),
         )
         chat, model = self.pools.template(session.pool), req.model or session.model
         doc = await self.turns.run(
@@ -142,14 +174,17 @@ class Gateway:
 
     async def messages(self, request: web.Request, session: GatewaySession, body: dict[str, Any]) -> web.StreamResponse:
         req = parse(MessagesRequest, body)
+        unused = audit("messages", body)
         stops = _stops(req.stop_sequences)
+        tools = anthropic_tools(req.tools)
         turn = TurnRequest(
             route="messages",
             messages=anthropic_messages(req),
-            tools=anthropic_tools(req.tools),
+            tools=tools if tools_offered("messages", body) else None,
             prompt=None,
             max_tokens=req.max_tokens,
             stop=stops,
+            unused=unused,
         )
         model, thinks = req.model or session.model, req.thinks
         if req.stream:
@@ -174,6 +209,7 @@ class Gateway:
     ) -> web.StreamResponse:
         req = parse(ResponsesRequest, body)
         offered = check_generation_fields(req)
+        unused = audit("responses", body)
         tools = response_tools(req.tools)
         history = await self._previous(session, req.previous_response_id) if req.previous_response_id else None
         turn = TurnRequest(
@@ -182,6 +218,7 @@ class Gateway:
             tools=tools if offered else None,
             prompt=None,
             max_tokens=req.max_output_tokens,
+            unused=unused,
         )
         chat, model = self.pools.template(session.pool), req.model or session.model
         if req.stream:

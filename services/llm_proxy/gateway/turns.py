@@ -49,6 +49,7 @@ class TurnRequest:
     max_tokens: int | None  # the client's cap (a cap only: sampling is the platform's)
     top_logprobs: int = 0
     stop: list[str] | None = None
+    unused: tuple[str, ...] = ()  # request fields that did not change the tokens (``fields.audit``)
 
     @property
     def assistants(self) -> int | None:
@@ -205,6 +206,7 @@ class Turns:
             tool_calls=len(result.parsed.calls),
             tool_parse_errors=len(result.parsed.errors),
             routed_experts=answer.routed_experts,
+            unused_fields=list(turn.unused),
             started_at=time.time() - total,
             llm_s=answer.llm_s,
             total_s=total,

@@ -155,10 +155,14 @@ async def _run_agent(episode: Episode, lease: Lease, opened: OpenSession, record
         return await run.run(item.task.prompt, record)
     assert isinstance(agent, CommandAgent)
     if agent.where == "sandbox":
-        timeout_s = item.limits.wall_clock_s  # the worker's own wall clock usually ends it first
-        env = {**opened.env(opened.proxy_url), "ROLLOUT_TASK": item.task.prompt, **item.task.sandbox.env, **agent.env}
-        ended = await run_in_sandbox(deps.broker, lease.id, agent, env, cwd=episode.workdir, timeout_s=timeout_s,
-                                     record=record)  # fmt: skip
+        # the broker forwards this session, and nothing else, to a loopback port inside the sandbox
+        limits, port = item.limits, deps.settings.sandbox_gateway_port
+        await deps.broker.bind_gateway(lease.id, opened.session.session, opened.proxy_url,
+                                       limits.wall_clock_s + SESSION_GRACE_S)  # fmt: skip
+        gateway = opened.env(f"http://127.0.0.1:{port}")
+        env = {**gateway, "ROLLOUT_TASK": item.task.prompt, **item.task.sandbox.env, **agent.env}
+        ended = await run_in_sandbox(deps.broker, lease.id, agent, env, cwd=episode.workdir, gateway_port=port,
+                                     timeout_s=limits.wall_clock_s, record=record)  # fmt: skip
         return Cap.WALL_CLOCK if ended else None
     await _run_on_host(episode, lease, opened, agent, record)
     return None

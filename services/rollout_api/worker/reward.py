@@ -8,7 +8,6 @@ like any infra failure; only the policy's own failures score 0.
 
 from __future__ import annotations
 
-import posixpath
 import re
 import shlex
 import uuid
@@ -19,6 +18,7 @@ from services.protocol.sandboxes import ExecRequest, ExecResult
 from services.rollout_api.worker import outcomes
 from services.rollout_api.worker.clients import BrokerClient, InfraError
 from services.rollout_api.worker.conversation import truncate_middle
+from services.rollout_api.worker.restore import Snapshot, restore
 
 OUTPUT_KEPT_BYTES = 8_000
 REWARD_OUTPUT_BYTES = 8_000_000  # the per-test summary is at the end of a long log
@@ -30,8 +30,6 @@ GRADER_DIR = "/tmp/rollout-grader"  # the grader's pytest plugin and its reports
 PLUGIN = "rollout_pytest_report"
 PLUGIN_SOURCE = (Path(__file__).parent / "pytest_report.py").read_bytes()
 
-Snapshot = dict[str, bytes | None]  # absolute path -> content before the agent ran (None: absent)
-
 
 def parse_reward(stdout: str) -> float | None:
     """The float on the last non-empty line of ``stdout``, if there is one."""
@@ -42,18 +40,6 @@ def parse_reward(stdout: str) -> float | None:
         return float(lines[-1])
     except ValueError:
         return None
-
-
-async def snapshot(broker: BrokerClient, lease_id: str, spec: RewardSpec, workdir: str) -> Snapshot:
-    """The files ``spec.restore`` names, as they are before the agent's first turn."""
-    taken: Snapshot = {}
-    for path in spec.restore:
-        absolute = posixpath.join(workdir, path)
-        try:
-            taken[absolute] = await broker.read_file(lease_id, absolute)
-        except InfraError as exc:
-            raise exc.at(InfraStage.REWARD, f"saving {path} for the reward") from exc
-    return taken
 
 
 async def score(
@@ -100,17 +86,13 @@ async def _prepare(
     broker: BrokerClient, lease_id: str, spec: RewardSpec, cwd: str | None, env: dict[str, str], saved: Snapshot
 ) -> None:
     """Put saved files back, write the task's fresh files, run the reward's setup steps."""
+    await restore(broker, lease_id, saved, env=env, timeout_s=spec.timeout_s)
     try:
-        for path, content in saved.items():
-            if content is not None:
-                await broker.write_file(lease_id, path, content)
         for path, file_content in spec.files.items():  # fresh copies: the agent's edits to them do not count
             await broker.write_file(lease_id, path, file_content)
     except InfraError as exc:
         raise exc.at(InfraStage.REWARD, "writing reward files") from exc
-    absent = [path for path, content in saved.items() if content is None]
-    steps = ([f"rm -rf -- {' '.join(shlex.quote(p) for p in absent)}"] if absent else []) + spec.setup
-    for step in steps:
+    for step in spec.setup:
         request = ExecRequest(shell=step, timeout_s=spec.timeout_s, env=env, cwd=cwd, max_output_bytes=20_000)
         result = await broker.exec(lease_id, request, stage=InfraStage.REWARD)
         if result.exit_code != 0:

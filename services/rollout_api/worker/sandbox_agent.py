@@ -3,8 +3,10 @@ broker's streaming exec, as the sandbox's unprivileged user, in its own process 
 episode's wall clock as timeout; the tail of its output is kept as it streams.
 
 The program sees the sandbox's own filesystem (its tools act on the task's files), the gateway
-(``OPENAI_*``, ``ANTHROPIC_*``), ``ROLLOUT_TASK``, the task's ``sandbox.env`` and the spec's ``env``;
-no broker credentials (it needs none: it is where the task is).
+(``OPENAI_*``, ``ANTHROPIC_*`` at ``http://127.0.0.1:PORT``: the broker's relay in the sandbox's own
+network namespace, to a per-lease socket that passes this session only), ``ROLLOUT_TASK``, the
+task's ``sandbox.env`` and the spec's ``env``; no broker credentials (it needs none: it is where the
+task is).
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from services.rollout_api.worker.clients import BrokerClient, InfraError
 
 async def run_in_sandbox(
     broker: BrokerClient, lease_id: str, spec: CommandAgent, env: dict[str, str], *, cwd: str, timeout_s: float,
-    record: AgentRun,
+    gateway_port: int | None, record: AgentRun,
 ) -> bool:  # fmt: skip
-    """Run the program to its end; whether its timeout (the episode's wall clock) ended it. A
-    cancellation closes the stream, and the broker then kills the program with its sandbox's agent."""
-    request = ExecRequest(argv=spec.argv, env=env, cwd=cwd, timeout_s=timeout_s,
+    """Run the program to its end (behind the broker's relay of the gateway on ``gateway_port``);
+    whether its timeout (the episode's wall clock) ended it. A cancellation closes the stream, and
+    the broker then kills the program with its sandbox's agent."""
+    request = ExecRequest(argv=spec.argv, env=env, cwd=cwd, timeout_s=timeout_s, gateway_port=gateway_port,
                           max_output_bytes=spec.output_max_bytes)  # fmt: skip
     tail = bytearray()
 
