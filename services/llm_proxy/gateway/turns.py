@@ -114,7 +114,8 @@ class Turns:
                 recorded = await recording
             if recorded.outcome == "recorded":
                 added_s = time.perf_counter() - started - reply.llm_s
-                self.metrics.observe(turn.route, result.plan, result.parsed, added_s)
+                names = frozenset(t["function"]["name"] for t in turn.tools or [])
+                self.metrics.observe(turn.route, result.plan, result.parsed, added_s, session.pool, names)
                 return built
             if recorded.outcome == "turn_cap":
                 self.metrics.caps.labels(Cap.TURNS.value).inc()
