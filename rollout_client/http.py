@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -247,7 +247,7 @@ class AsyncRolloutClient:
 
     async def trajectories(
         self, job: str, *, after: str | None = None, limit: int | None = None, mode: str = "train"
-    ) -> AsyncIterator[StreamedTrajectory]:
+    ) -> AsyncGenerator[StreamedTrajectory, None]:
         params = _sse_params(after, limit, mode)
         kwargs = _kwargs(_Call("GET", ""), self.token)
         async with self.http.stream(

@@ -75,6 +75,8 @@ class Broker:
 
     async def start(self) -> None:
         self.capabilities = await self.backend.start()
+        quota = str(self.capabilities.get("disk_quota", "none"))  # local, docker; e2b: its template sets the disk
+        self.metrics.disk_quota.set(0 if quota.startswith("none") else 1)
         self.metrics.lease_limit.set(self.settings.max_leases)
         self.cache.start()
 

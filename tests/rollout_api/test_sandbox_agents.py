@@ -6,15 +6,29 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import httpx
 import orjson
 import pytest
 import redis
 
 from services.protocol import Status, Trajectory, keys
 from services.runtime.chat import ChatTemplate
-from tests.rollout_api.fleet import Fleet, create_job, running_fleet, submit, task, trajectories, wait_finished
+from tests.rollout_api.fleet import (
+    SECRETS,
+    Fleet,
+    bearer,
+    create_job,
+    running_fleet,
+    submit,
+    task,
+    trajectories,
+    wait_finished,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -65,7 +79,7 @@ print("base", base)
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     with running_fleet(tmp_path_factory.mktemp("sbfleet"), RULES, "sb") as fleet:
-        fleet.start_worker(jobs=["inside"], concurrency=4)
+        fleet.start_worker(jobs=["inside", "victim"], concurrency=4)
         yield fleet
 
 
@@ -147,3 +161,60 @@ def test_an_agent_in_the_sandbox_finishes_through_the_forwarded_gateway_token_ex
     assert len(generated) == sum(t.response_tokens for t in traj.turns)
     assert chat.decode(generated).count("<tool_call>") == 1
     assert context["messages"][-1]["content"].strip() == "1000", context["messages"][-1]  # id -u ran in the sandbox
+
+
+PROBE = (Path(__file__).parent / "agent_probe.py").read_text()
+
+
+def test_an_attacking_agent_reads_and_reaches_nothing_of_the_platform_or_another_job(fleet: Fleet) -> None:
+    """Job A's agent tries what an attacker with a job token tried on the code before agents ran
+    in the sandbox (the host mode, ``where: "host"``, now off unless an operator allows it): there
+    the program ran as the worker's child on its host (as root where the worker was), read the
+    worker's ``ROLLOUT_SERVICE_TOKEN`` and ``ROLLOUT_REDIS_URL`` (with the Redis password), the
+    other services' ``ROLLOUT_ADMIN_TOKEN`` and job B's episode ``OPENAI_API_KEY`` and
+    ``ROLLOUT_BROKER_TOKEN`` from ``/proc/*/environ``, then exec'd in B's lease (200), wrote a turn
+    into B's session and listed every job's leases with the service token.
+
+    Here, with B's agent running at the same time and its lease and session ids handed to A: A sees
+    no token, key or password of any other process; Redis, the broker, the proxy, the API and the
+    engines on the host's loopback, and any other address, are unreachable; through its gateway
+    only its own session answers (B's session, the proxy's other routes, the broker's routes,
+    ``..`` and encoded paths: 403). ``test_gateway_agents`` runs the same probe on the host to show
+    that it finds what is there to find."""
+    broker = httpx.Client(base_url=fleet.broker.url, headers=bearer(SECRETS.service_token), timeout=30)
+    with fleet.client() as client:
+        victim = create_job(client, "victim")
+        script = "echo $OPENAI_API_KEY > key.txt; echo 42 > answer.txt; exec sleep 600"
+        body = {"job": "victim", "group_size": 1, "agent": {"kind": "command", "argv": ["/bin/sh", "-c", script]},
+                "tasks": [task("VICTIM", "VICTIM: wait")]}  # fmt: skip
+        b_rollout = submit(client, victim, body)
+        try:
+            b_lease = wait_for("B's lease", lambda: [x["id"] for x in broker.get("/leases?job=victim").json()])[0]
+            read = {"path": "/workspace/key.txt"}
+            b_key = wait_for("B's key", lambda: broker.get(f"/leases/{b_lease}/files", params=read).text.strip())
+            with redis.Redis.from_url(fleet.redis_url) as store:
+                (b_session,) = (k.decode().split("{")[1].split("}")[0] for k in store.keys(keys.gateway_session("*")))
+            ports = {"redis": urlsplit(fleet.redis_url).port, "broker": urlsplit(fleet.broker.url).port,
+                     "proxy": urlsplit(fleet.proxy.url).port, "api": urlsplit(fleet.api.url).port,
+                     "engine": urlsplit(fleet.engines["default"].url).port}  # fmt: skip
+            env = {"PROBE_PORTS": ",".join(f"{k}={v}" for k, v in ports.items()), "PROBE_LEASE": b_lease,
+                   "PROBE_SESSION": b_session, "PROBE_HOSTS": "10.0.2.2:80,1.1.1.1:443"}  # fmt: skip
+            agent = {"kind": "command", "argv": ["/usr/bin/python3", "probe.py"], "env": env,
+                     "output_max_bytes": 200_000}  # fmt: skip
+            traj = run_one(fleet, "ATTACK", agent, files={"probe.py": PROBE})
+        finally:
+            client.delete(f"/rollouts/{b_rollout}", headers=victim)
+            broker.close()
+    assert traj.agent is not None and traj.agent.exit_code == 0, traj.agent
+    line = next(x for x in traj.agent.last_output.splitlines() if x.startswith("PROBE "))
+    report = json.loads(line[6:])
+    seen = json.dumps(report)
+    for secret in (SECRETS.admin_token, SECRETS.service_token, b_key, fleet.redis_url):
+        assert secret not in seen, f"the agent read {secret!r}"
+    assert report["uid"] == 1000
+    assert all(v in ("ConnectionRefusedError", "OSError", "TimeoutError") for v in report["tcp"].values()), report
+    assert report["tcp"].keys() == {*ports, "10.0.2.2:80", "1.1.1.1:443"}
+    own = report["gateway"].pop("own models")
+    assert own == 200, report  # its own session answers: the refusals below are the forwarder's
+    assert set(report["gateway"].values()) == {403} and set(report["sockets"].values()) == {403}, report
+    assert report["files"]["/etc/shadow"] == "FileNotFoundError" and report["files"]["/run/rollout"] == ["gateway.sock"]

@@ -60,10 +60,11 @@ def _import_busybox(client: docker.DockerClient) -> None:
 
 
 @contextlib.contextmanager
-def private_dockerd() -> Iterator[Dockerd | str]:
-    """Yield a running dockerd with the busybox image, or the reason it cannot run here (the caller skips)."""
+def private_dockerd(*, btrfs_mb: int = 0, runtimes: dict[str, str] | None = None) -> Iterator[Dockerd | str]:
+    """Yield a running dockerd with the busybox image, or the reason it cannot run here (the caller
+    skips); ``btrfs_mb`` and ``runtimes`` as services/runtime/dockerd.py takes them."""
     if shutil.which("busybox") is None:
         yield "busybox is needed (apt-get install busybox-static)"
         return
-    with _private_dockerd(_import_busybox) as found:
+    with _private_dockerd(_import_busybox, btrfs_mb=btrfs_mb, runtimes=runtimes) as found:
         yield found

@@ -24,7 +24,14 @@ import docker.types
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import ExecRequest, ExecResult
 from services.protocol.status import ErrorCode
-from services.sandbox_broker.backends import docker_config, docker_firewall, docker_images, docker_sweep, dockerfiles
+from services.sandbox_broker.backends import (
+    docker_config,
+    docker_disk,
+    docker_firewall,
+    docker_images,
+    docker_sweep,
+    dockerfiles,
+)
 from services.sandbox_broker.backends.base import (
     LABEL_BROKER,
     OutputBuffer,
@@ -56,6 +63,7 @@ class DockerBackend:
         self._client: Any = None
         self._firewalled: str | None = None  # the sandbox bridge whose iptables rules this broker owns
         self._loading: dict[str, asyncio.Lock] = {}  # image path -> one load at a time
+        self._disk = docker_disk.DiskQuota(False, docker_disk.NONE)  # what start() found
         self._run_as: dict[str, RunAs] = {}  # container id -> its workdir and exec user (docker_config.py)
 
     async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -77,6 +85,7 @@ class DockerBackend:
             else await self._run(lambda: docker.from_env(**kwargs))
         )
         version = await self._run(self._client.version)
+        self._disk = docker_disk.probe(await self._run(self._client.info), self.settings.docker_disk_quota)
         bridge = await self._run(self._ensure_network)
         if self.settings.docker_firewall:
             await self._run(docker_firewall.install, bridge)
@@ -88,7 +97,8 @@ class DockerBackend:
         return {"isolated": True, "engine": version.get("Version"), "api": version.get("ApiVersion"),
                 "network": self.settings.docker_network, "default_image": image, "default_image_present": has_image,
                 "runtime": self.settings.docker_runtime or "default", "bridge": bridge,
-                "firewall": "iptables" if self._firewalled else "operator (docs/sandbox_broker.md)"}  # fmt: skip
+                "firewall": "iptables" if self._firewalled else "operator (docs/sandbox_broker.md)",
+                "disk_quota": self._disk.detail}  # fmt: skip
 
     def _remove_idle_network(self) -> None:
         """On shutdown, the shared network goes when no sandbox is left on it (another replica's
@@ -176,7 +186,7 @@ class DockerBackend:
             "nano_cpus": int(r.cpus * 1e9), "mem_limit": f"{r.memory_mb}m", "memswap_limit": f"{r.memory_mb}m",
             "pids_limit": self.settings.pids_max, "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"],
             "ulimits": [docker.types.Ulimit(name="nofile", soft=self.settings.nofile, hard=self.settings.nofile)],
-            "tmpfs": {"/tmp": f"rw,nosuid,size={min(r.disk_mb, 1024)}m"}, **network,
+            "tmpfs": {"/tmp": f"rw,nosuid,size={min(r.disk_mb, 1024)}m"}, **network, **self._disk.options(r.disk_mb),
         }  # fmt: skip
         if self.settings.docker_runtime:
             kwargs["runtime"] = self.settings.docker_runtime
