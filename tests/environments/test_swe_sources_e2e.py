@@ -32,6 +32,8 @@ FIXED = "def add(a, b):\\n    return a + b\\n\\n\\ndef sub(a, b):\\n    return a
 GOLD = f"```bash\nprintf '{FIXED}' > calc.py\n```"
 RULES: dict[str, list[Any]] = {"MODE-GOLD": [GOLD, SUBMIT], "MODE-NOOP": [SUBMIT]}
 ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
+# the route grades in a fresh sandbox from the agent's diff: the repository must be a git repository
+GIT_INIT = "git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm base"
 ROWS = {"swebench": swebench_row, "swe-gym": swegym_row, "swe-smith": swesmith_row, "r2e-gym": r2egym_row}
 
 
@@ -53,7 +55,7 @@ def test_every_format_scores_gold_1_and_noop_0_with_its_source(fleet: Fleet, tmp
     for fmt, path in files.items():
         template = "calc-r2e" if fmt == "r2e-gym" else "calc"
         imported = import_files([path], fmt, job="swe-sources", group_size=1, template=template,
-                                test_command="python3 -m unittest -v {files}", env=ENV)  # fmt: skip
+                                test_command="python3 -m unittest -v {files}", env=ENV, setup=[GIT_INIT])  # fmt: skip
         bodies += [request.model_dump(mode="json") for request in imported.requests]
     with fleet.client() as client:
         headers = create_job(client, "swe-sources")
@@ -64,8 +66,9 @@ def test_every_format_scores_gold_1_and_noop_0_with_its_source(fleet: Fleet, tmp
     found = {(t.source, t.task_id[-4:]): t for t in trajectories(fleet.redis_url, "swe-sources")}
     outcomes = {key: (t.status, t.reward) for key, t in found.items()}
     wanted = {(fmt, mode): (Status.COMPLETED, float(mode == "gold")) for fmt in ROWS for mode in ("gold", "noop")}
-    assert outcomes == wanted, {key: t.reward_details for key, t in found.items()}
+    assert outcomes == wanted, {key: t.infra or t.reward_details for key, t in found.items()}
     for (fmt, _), traj in found.items():
         assert traj.source_version.startswith("sha256:") and traj.metadata["source"] == fmt
+        assert traj.timings.grade_s > 0  # graded in a fresh sandbox from the agent's diff (the route's default)
         details = traj.reward_details
         assert details is not None and set(details.tests) >= set(traj.metadata["FAIL_TO_PASS"])
