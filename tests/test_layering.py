@@ -2,10 +2,11 @@
 
 - the contract (``services.protocol``) imports nothing else from the repository;
 - services never import each other (they may use the contract and ``services.runtime``);
-- the trainer client imports only the contract from the repository, and the runtime modules that
-  make it resolve its settings, log, open its Redis client and create consumer groups like every
-  service (``TRAINER_RUNTIME``: they import only pydantic-settings, redis, the standard library, the
-  contract and each other).
+- the client of every trainer (``rollout_client``) imports only the contract from the repository,
+  and the runtime modules that open its Redis client and create consumer groups like every service
+  (``TRAINER_RUNTIME``: they import only pydantic-settings, redis, the standard library, the
+  contract and each other);
+- the platform's own trainer (``trainer_client``) imports the same, plus ``rollout_client``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ("rollout_api", "llm_proxy", "sandbox_broker", "engines")
-INTERNAL = ("services", "trainer_client")
+INTERNAL = ("services", "trainer_client", "rollout_client")
 TRAINER_RUNTIME = (
     "services.runtime.settings",
     "services.runtime.logs",
@@ -71,7 +72,20 @@ def test_trainer_imports_only_the_contract() -> None:
     path = ROOT / "trainer_client"
     if not path.exists():
         pytest.skip("trainer_client has not landed yet")
-    assert violations(path, ("trainer_client", "services.protocol", *TRAINER_RUNTIME)) == []
+    assert violations(path, ("trainer_client", "rollout_client", "services.protocol", *TRAINER_RUNTIME)) == []
+
+
+def test_rollout_client_imports_only_the_contract() -> None:
+    """Any trainer installs it: no service, and not the platform's own trainer."""
+    assert violations(ROOT / "rollout_client", ("rollout_client", "services.protocol", *TRAINER_RUNTIME)) == []
+
+
+def test_no_service_imports_a_client() -> None:
+    """The clients sit on top of the platform: a service importing one would turn the layering upside down."""
+    for service in SERVICES:
+        path = ROOT / "services" / service
+        if path.exists():
+            assert [v for v in violations(path, ("services",)) if "_client" in v] == [], service
 
 
 def test_the_trainers_runtime_modules_stay_light() -> None:

@@ -20,9 +20,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
+from rollout_client.http import RolloutClient
 from services.protocol.api import EvalReport
 from services.protocol.tasks import MAX_SEED, AgentLimits, EvalOptions, Name, RolloutRequest, SamplingParams, Task
-from trainer_client.client import RolloutClient
 
 logger = logging.getLogger(__name__)
 

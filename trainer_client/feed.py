@@ -9,10 +9,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from rollout_client.http import RolloutClient
+from rollout_client.stream import Entry, TrajectoryConsumer
 from services.runtime.sync_redis import open_sync_redis
 from trainer_client.checkpoint import TrainerState
-from trainer_client.client import RolloutClient
-from trainer_client.consumer import Entry, TrajectoryConsumer
 from trainer_client.groups import Group, GroupAssembler
 from trainer_client.settings import TrainSettings
 from trainer_client.supply import Admission, RolloutSupply, load_tasks

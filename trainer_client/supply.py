@@ -15,8 +15,8 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
+from rollout_client.http import RolloutClient
 from services.protocol.tasks import AgentLimits, RolloutRequest, SamplingParams, Task
-from trainer_client.client import RolloutClient
 
 logger = logging.getLogger(__name__)
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from rollout_client.http import RolloutClient
+from rollout_client.weights import WeightPublisher, job_pool
 from services.protocol.weights import version_label
 from trainer_client import checkpoint
 from trainer_client.batch import Sample, samples_from_groups, staleness_histogram
-from trainer_client.client import RolloutClient
 from trainer_client.evaluation import EvalRecord, Evaluator
 from trainer_client.export import export_hf
 from trainer_client.feed import Feed
@@ -26,7 +27,6 @@ from trainer_client.sft import run_sft
 from trainer_client.shards import full_state_dict
 from trainer_client.supply import load_tasks
 from trainer_client.versions import next_epoch
-from trainer_client.weights import WeightPublisher, job_pool
 
 logger = logging.getLogger(__name__)
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from services.cli import tasks_import
+
 DEFAULT_CACHE = Path.home() / ".cache" / "rollout" / "tasks"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("tasks", help="build SWE-style tasks (images + instance records)")
+    p = sub.add_parser("tasks", help="build SWE-style tasks (images + instance records), import others' task sets")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     build = actions.add_parser("build", help="build the shipped tasks into OUT (images/, blobs/, tasks.json)")
     build.add_argument("--out", type=Path, required=True)
@@ -17,6 +19,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     build.add_argument("--base", type=Path, default=None, help="a root filesystem tar instead of mmdebstrap's")
     build.add_argument("--only", nargs="*", default=None, help="task ids (default: all)")
     build.set_defaults(handler=run)
+    tasks_import.register(actions)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -99,7 +99,7 @@ class FleetView:
                     outage.failed(exc)
                     await asyncio.sleep(self.sync_interval_s)
         finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # typed in redis-py 8
 
     # -- queries ------------------------------------------------------------------------
 

@@ -5,8 +5,9 @@
   YAML config (``{"agent": {...}, "model": {...}, "environment": {...}}``) is accepted as is.
 - ``tools``: the built-in tool-calling loop (bash, a file viewer/editor, submit) through the
   episode's gateway session; tool calls are parsed from the generated tokens by the pool's parser.
-- ``command``: the user's own agent program, started per episode with OpenAI/Anthropic
-  environment variables pointing at the episode's gateway session.
+- ``command``: the user's own agent program, started per episode inside the task sandbox (or,
+  where the operator allows it, on the worker's host) with OpenAI/Anthropic environment variables
+  pointing at the episode's gateway session.
 
 Written by the user, read by the API (validation), carried in the work item, read by the worker.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
@@ -121,10 +122,18 @@ class CommandAgent(_Agent):
 
     kind: Literal["command"] = "command"
     argv: list[str] = Field(min_length=1)  # the program and its arguments (no shell)
-    where: Literal["beside"] = "beside"  # a process next to the sandbox (inside it: not served yet)
+    # "sandbox": inside the task sandbox, through the broker, as the sandbox's user; "host": a child
+    # of the worker on its host (trusted single-tenant setups only: refused unless the operator allows
+    # it, ``ROLLOUT_API_ALLOW_HOST_AGENTS`` / ``ROLLOUT_WORKER_ALLOW_HOST_AGENTS``); "beside" is read as "host"
+    where: Literal["sandbox", "host"] = "sandbox"
     env: dict[str, str] = Field(default_factory=dict)  # added to the program's environment
     model: str = "policy"  # the model name the program is told to use (OPENAI_MODEL / ROLLOUT_MODEL)
     output_max_bytes: int = Field(10_000, ge=256)  # tail of stdout+stderr kept on the trajectory
+
+    @field_validator("where", mode="before")
+    @classmethod
+    def _beside_is_host(cls, value: Any) -> Any:
+        return "host" if value == "beside" else value  # the name of the host mode before "sandbox" existed
 
 
 AgentSpec = Annotated[BashAgent | ToolsAgent | CommandAgent, Field(discriminator="kind")]

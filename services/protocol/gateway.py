@@ -61,12 +61,13 @@ class GatewayCall(msgspec.Struct, kw_only=True):
     finish_reason: str  # the engine's: "stop" | "length" | "abort"
     weight_version: str = ""
     engine_id: str = ""
-    route: Literal["chat", "completions", "messages"] = "chat"
+    route: Literal["chat", "completions", "messages", "responses", "gemini"] = "chat"
     merged: bool = False  # the prompt extended the segment's previous prompt + output
     mismatch: bool = False  # re-rendering the history gave other ids than recorded; recorded ids won
     tool_calls: int = 0  # calls parsed from the output
     tool_parse_errors: int = 0  # tool-call markup that did not parse
     routed_experts: RoutedExperts | None = None
+    unused_fields: list[str] = msgspec.field(default_factory=list)  # request fields that did not change the tokens
     started_at: float = 0.0  # unix seconds
     llm_s: float = 0.0  # the engine call
     total_s: float = 0.0  # the whole call in the gateway

@@ -22,7 +22,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from services.protocol.tasks import MAX_DISK_MB, MAX_MEMORY_MB, MAX_TIMEOUT_S, EnvKey, FilePath, Name, Text
+from services.protocol.tasks import MAX_DISK_MB, MAX_MEMORY_MB, MAX_TIMEOUT_S, MIN_CPUS, EnvKey, FilePath, Name, Text
 
 Label = Annotated[str, StringConstraints(max_length=256, pattern=r"^[^\x00]*$")]
 
@@ -54,7 +54,7 @@ class _Model(BaseModel):
 
 
 class Resources(_Model):
-    cpus: float = Field(1.0, gt=0, le=64)
+    cpus: float = Field(1.0, ge=MIN_CPUS, le=64)
     memory_mb: int = Field(2048, gt=0, le=MAX_MEMORY_MB)
     disk_mb: int = Field(10_240, gt=0, le=MAX_DISK_MB)
 
@@ -154,6 +154,22 @@ class ExecRequest(_Model):
     # leave the command's background processes running after it ends (servers); docker only: on local
     # every command has its own pid namespace, so they always end with it
     keep_background: bool = False
+    # local only: listen on 127.0.0.1:PORT in the command's network namespace and relay each connection
+    # to the lease's gateway socket (``GATEWAY_SOCKET``, bound by ``POST /leases/{id}/gateway`` first)
+    gateway_port: int | None = Field(None, ge=1024, le=65_535)
+
+
+GATEWAY_SOCKET = "/run/rollout/gateway.sock"  # inside a local sandbox: its lease's gateway forwarder
+
+
+class GatewayBinding(_Model):
+    """``POST /leases/{id}/gateway`` (service token): forward ``/e/{session}/...`` and nothing else
+    from the sandbox's ``GATEWAY_SOCKET`` to ``upstream`` (the proxy), for ``ttl_s`` at most.
+    Written by the worker when it opens the episode's gateway session, read by the broker."""
+
+    session: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{8,64}$")]  # the gateway session id
+    upstream: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/?#]+/?$", max_length=512)]  # the proxy
+    ttl_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)
 
 
 class ExecResult(_Model):

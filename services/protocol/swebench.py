@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from services.protocol.tasks import Name, RolloutOptions
+from services.protocol.tasks import Name, RolloutOptions, SourceVersion
 
 
 class SweInstance(BaseModel):
@@ -28,6 +28,13 @@ class SweInstance(BaseModel):
     image_name: str | None = None  # the instance's container image (SWE-smith: ``image_name``)
     test_patch: str | None = None  # applied fresh before the tests run (SWE-bench)
     env: dict[str, str] = Field(default_factory=dict)  # for every command of the episode and the reward
+    # applied (and committed, in a git repository) before the agent's first turn: the bug of a
+    # SWE-smith row, whose image holds the clean repository
+    setup_patch: str | None = None
+    # this instance's test command, placeholders as in the request's (nothing appended); else the request's
+    test_command: str | None = None
+    source: Name = "swebench"  # the dataset format the row came from (docs/environments.md)
+    source_version: SourceVersion = ""  # that dataset's version (a name, a revision or a content hash)
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
@@ -52,3 +59,4 @@ class SweBenchRolloutRequest(RolloutOptions):
     test_command: str = "python -m pytest -rA {files}"
     log_parser: Literal["auto", "pytest", "unittest", "django"] = "auto"
     reward_timeout_s: float = Field(1_800.0, gt=0)
+    grade_in: Literal["fresh", "same"] = "fresh"  # the tests run in a new sandbox with the agent's diff

@@ -10,9 +10,11 @@ are shell names (docs/security.md, "Input validation").
 from __future__ import annotations
 
 import json
+import math
+import posixpath
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from services.protocol.agents import AgentSpec, BashAgent
 
@@ -25,6 +27,11 @@ DEFAULT_POOL = "default"  # the proxy pool of a job that names none, and of engi
 Text = Annotated[str, StringConstraints(pattern=r"^[^\x00]*$")]
 EnvKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")]
 FilePath = Annotated[str, StringConstraints(min_length=1, max_length=4096, pattern=r"^[^\x00]*[^\x00/]$")]
+SourceVersion = Annotated[str, StringConstraints(max_length=200, pattern=r"^[^\x00\n]*$")]
+
+MIN_CPUS = 0.01  # the smallest CPU share every backend accepts (a cgroup's cpu.max quota of 1 ms per 100 ms)
+MIN_INT, MAX_INT = -(2**63), 2**64 - 1  # the integers the trajectory codec (msgpack) carries
+MAX_DEPTH = 32  # nesting of metadata values
 
 MAX_MEMORY_MB = 1_048_576  # 1 TiB
 MAX_DISK_MB = 1_048_576
@@ -38,6 +45,34 @@ DEFAULT_CONTEXT_LENGTH = 65_536
 DEFAULT_GROUP_SIZE = 8
 
 
+def _check_value(value: Any, path: str, depth: int = 0) -> None:
+    """ValueError naming ``path`` for a value the trajectory codec cannot carry."""
+    if depth > MAX_DEPTH:
+        raise ValueError(f"{path}: nested deeper than {MAX_DEPTH} levels")
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int) and not MIN_INT <= value <= MAX_INT:
+        raise ValueError(f"{path}: the integer {value} is outside -2**63 .. 2**64-1")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{path}: {value} is not a finite number")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_value(item, f"{path}.{key}", depth + 1)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_value(item, f"{path}.{index}", depth + 1)
+
+
+def _carried(metadata: dict[str, Any]) -> dict[str, Any]:
+    for key, value in metadata.items():
+        _check_value(value, key)
+    return metadata
+
+
+# Any JSON, within what the trajectory codec carries (a value past it failed every delivery of its item)
+Metadata = Annotated[dict[str, Any], AfterValidator(_carried)]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -46,7 +81,7 @@ class SandboxSpec(_Model):
     """The sandbox an episode runs in. Written by the user, read by the worker and broker."""
 
     template: Name = "default"  # a template registered with the broker
-    cpus: float = Field(1.0, gt=0, le=64)
+    cpus: float = Field(1.0, ge=MIN_CPUS, le=64)
     memory_mb: int = Field(2048, gt=0, le=MAX_MEMORY_MB)
     disk_mb: int = Field(10_240, gt=0, le=MAX_DISK_MB)
     network: Literal["none", "egress"] = "none"  # no network unless asked for
@@ -77,6 +112,11 @@ class RewardSpec(_Model):
     restore: list[FilePath] = Field(default_factory=list, max_length=1_000)
     setup: list[Text] = Field(default_factory=list)  # run before ``command``; a failure is an infra error
     tests: ScoredTests | None = None  # per-test scoring instead of the exit code
+    # where the reward runs: "same", the agent's sandbox (after ``restore``); "fresh", a new sandbox from
+    # the same template and setup with only the agent's diff against the base commit applied, tests and
+    # test infrastructure (conftest.py, pytest.ini, tox.ini, setup.cfg, pyproject.toml, *.pth, ...)
+    # and ``restore`` paths never taken from it (the working directory must be a git repository's root)
+    grade_in: Literal["fresh", "same"] = "same"
 
 
 class Task(_Model):
@@ -86,8 +126,13 @@ class Task(_Model):
     prompt: str = Field(min_length=1)  # the problem statement shown to the agent
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
     reward: RewardSpec
-    metadata: dict[str, Any] = Field(default_factory=dict)  # carried to the trajectory untouched
+    metadata: Metadata = Field(default_factory=dict)  # carried to the trajectory untouched
     agent: AgentSpec | None = None  # overrides the rollout request's agent for this task
+    # where the task was defined (docs/environments.md): "platform" for the platform's own tasks, else
+    # the adapter's source ("swebench", "swe-smith", "harbor", ...) and that set's version; both are
+    # copied onto every trajectory of the task
+    source: Name = "platform"
+    source_version: SourceVersion = ""
 
     @model_validator(mode="after")
     def _no_path_climbs_out(self) -> Task:
@@ -97,6 +142,9 @@ class Task(_Model):
             for path in paths:
                 if ".." in path.split("/"):
                     raise ValueError(f"{field}: {path!r} must not contain '..'")
+        for path in self.reward.restore:  # a file or a directory below the working directory, not all of it
+            if posixpath.normpath(path) in (".", "/"):
+                raise ValueError(f"reward.restore: {path!r} names the whole working directory")
         return self
 
 

@@ -124,6 +124,7 @@ class RewardDetails(msgspec.Struct, kw_only=True):
     duration_s: float = 0.0
     parsed: bool = False  # the reward was parsed from its output rather than its exit code
     tests: dict[str, str] = msgspec.field(default_factory=dict)  # test id -> PASSED|FAILED|ERROR|SKIPPED|MISSING
+    dropped: list[str] = msgspec.field(default_factory=list)  # grade_in "fresh": agent's paths not applied
 
 
 class InfraFailure(msgspec.Struct, kw_only=True):
@@ -145,6 +146,7 @@ class Timings(msgspec.Struct, kw_only=True):
     llm_s: float = 0.0  # sum over turns
     exec_s: float = 0.0  # sum over turns
     reward_s: float = 0.0
+    grade_s: float = 0.0  # grade_in "fresh": the grading sandbox leased and the agent's change applied (in reward_s)
     total_s: float = 0.0  # the whole attempt
 
 
@@ -185,6 +187,8 @@ class Trajectory(msgspec.Struct, kw_only=True):
     routed_experts: RoutedExperts | None = None  # routing replay of the first segment, when the pool returns it
     agent: AgentRun | None = None  # set for agents served by the gateway
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)  # the task's metadata, untouched
+    source: str = "platform"  # the task's source and its version (``Task.source``; docs/environments.md)
+    source_version: str = ""
     worker: str = ""
     started_at: float = 0.0  # unix seconds
     finished_at: float = 0.0

@@ -24,6 +24,8 @@ def trajectory_shell(item: WorkItem, attempt: int, status: Status, *, worker: st
         mode=item.mode,
         status=status,
         metadata=dict(item.task.metadata),
+        source=item.task.source,
+        source_version=item.task.source_version,
         worker=worker,
         started_at=now,
         finished_at=now,

@@ -38,6 +38,9 @@ class ApiSettings(UsesRedis, UsesAdminToken, UsesServiceToken):
     dashboard_cache_s: float = 2.0  # how long one replica reuses the proxy's and broker's answers
     dashboard_sample_s: float = 5.0  # one replica samples every job and the fleet this often (history)
     dashboard_history_s: float = 3600.0  # how much history is kept
+    # ``command`` agents with ``where: "host"`` run as the worker's children on its host, where they see
+    # the host's processes and network: only for trusted single-tenant setups (docs/security.md)
+    allow_host_agents: bool = False  # False: such a submission gets 403 ``forbidden`` (field agent.where)
 
 
 class WorkerSettings(UsesRedis, UsesServiceToken):
@@ -63,6 +66,7 @@ class WorkerSettings(UsesRedis, UsesServiceToken):
     heartbeat_s: float = 10.0  # XCLAIM own items (resets their idle time) and renew sandbox leases
     reclaim_idle_s: float = 60.0  # items idle this long belong to a dead worker and are reclaimed
     reclaim_interval_s: float = 5.0  # how often XAUTOCLAIM runs
+    max_deliveries: int = Field(5, ge=1)  # an item delivered more often than this goes to the dead letters
     cancel_poll_s: float = 0.5  # how often running rollouts are checked for cancellation
     lease_ttl_s: float = 120.0  # sandbox lease TTL; renewed every heartbeat
     lease_wait_s: float = 60.0  # how long the broker may queue a lease request for capacity
@@ -75,3 +79,7 @@ class WorkerSettings(UsesRedis, UsesServiceToken):
     probe_interval_s: float = Field(1.0, gt=0)  # health probe of a service that did not answer
     shutdown_grace_s: float = 30.0  # on SIGTERM, running episodes get this long before being handed back
     keep_messages: bool = True  # put readable messages in trajectories
+    # ``command`` agents with ``where: "host"`` (trusted single-tenant setups only, docs/security.md):
+    # False refuses them at run time (an infra_error naming this setting), never runs them silently
+    allow_host_agents: bool = False
+    sandbox_gateway_port: int = Field(8399, ge=1024, le=65535)  # in-sandbox agents' loopback gateway port

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -28,14 +27,29 @@ from services.runtime.outages import Outage
 
 log = logging.getLogger(__name__)
 router = APIRouter()
-_ENTRY_ID = re.compile(r"^\d+(-\d+)?$")
+MAX_ID_PART = 2**64 - 1  # each half of a stream entry id is an unsigned 64-bit integer
+
+
+def is_entry_id(text: str) -> bool:
+    """``ms-seq`` or ``ms``, each part ASCII digits and at most 2**64-1: what XREAD accepts."""
+    ms, sep, seq = text.partition("-")
+    parts = (ms, seq) if sep else (ms,)
+    return all(p.isascii() and p.isdigit() and len(p) <= 20 and int(p) <= MAX_ID_PART for p in parts)
 
 
 def _start_id(last_event_id: str | None, after: str | None) -> str:
-    chosen = last_event_id or after or "0-0"
-    if chosen == "$" or _ENTRY_ID.match(chosen):
-        return chosen
-    raise PlatformError(ErrorCode.BAD_REQUEST, f"bad event id {chosen!r}", field="Last-Event-ID")
+    """Where the stream starts: the header wins over ``?after=``; an empty one counts as unset. A
+    malformed id is the caller's 400 naming where it came from, not a stream that closes at once."""
+    for value, field in ((last_event_id, "Last-Event-ID"), (after, "after")):
+        if not value:
+            continue
+        if value == "$" or is_entry_id(value):
+            return value
+        raise PlatformError(
+            ErrorCode.BAD_REQUEST, f"{field} {value[:64]!r} is no stream entry id (ms-seq, each 0..2**64-1)",
+            field=field,
+        )  # fmt: skip
+    return "0-0"
 
 
 async def events(

@@ -10,6 +10,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from services.protocol import ErrorCode, PlatformError, RolloutRequest, WorkItem, keys
+from services.protocol.agents import CommandAgent
 from services.protocol.api import RolloutAccepted
 from services.rollout_api.context import ApiContext
 from services.rollout_api.records import JobRecord, int_field
@@ -78,6 +79,21 @@ async def check_templates(ctx: ApiContext, request: RolloutRequest) -> None:
             )
 
 
+def check_agents(ctx: ApiContext, request: RolloutRequest) -> None:
+    """``command`` agents on the worker's host only where the operator allows them (docs/security.md)."""
+    if ctx.settings.allow_host_agents:
+        return
+    named = [("agent", request.agent), *((f"tasks.{i}.agent", t.agent) for i, t in enumerate(request.tasks))]
+    for field, agent in named:
+        if isinstance(agent, CommandAgent) and agent.where == "host":
+            raise PlatformError(
+                ErrorCode.FORBIDDEN,
+                'command agents run inside the task sandbox here: where "host" is off (an operator setting, '
+                "ROLLOUT_API_ALLOW_HOST_AGENTS, for trusted single-tenant setups)",
+                field=f"{field}.where",
+            )
+
+
 def work_items(request: RolloutRequest, rollout_id: str, pool: str, now: float) -> list[tuple[str, bytes]]:
     items = []
     for index, task in enumerate(request.tasks):
@@ -105,6 +121,7 @@ def work_items(request: RolloutRequest, rollout_id: str, pool: str, now: float) 
 
 async def admit(ctx: ApiContext, request: RolloutRequest, job: JobRecord) -> RolloutAccepted:
     check_unique_tasks(request)
+    check_agents(ctx, request)
     await check_templates(ctx, request)
     now = time.time()
     rollout_id = new_rollout_id(request.job)

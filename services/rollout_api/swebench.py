@@ -17,6 +17,12 @@ from services.protocol.swebench import SweBenchRolloutRequest, SweInstance
 
 TEST_PATCH_PATH = "/tmp/rollout_test.patch"
 APPLY_TEST_PATCH = f"git apply -v {TEST_PATCH_PATH} || patch --batch --fuzz=5 -p1 -i {TEST_PATCH_PATH}"
+SETUP_PATCH_PATH = "/tmp/rollout_setup.patch"
+APPLY_SETUP_PATCH = (
+    f"(git apply {SETUP_PATCH_PATH} || patch --batch -p1 -i {SETUP_PATCH_PATH}) && rm -f {SETUP_PATCH_PATH} && "
+    "if git rev-parse --git-dir >/dev/null 2>&1; then git add -A && "
+    "git -c user.name=rollout -c user.email=rollout@localhost commit -qm instance; fi"
+)
 NON_TEST_SUFFIXES = (".json", ".png", "csv", ".txt", ".md", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml")
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 _UNITTEST_ID = re.compile(r"^\w+ \(([\w.]+)\)$")  # "test_x (module.Class)"
@@ -77,8 +83,8 @@ def reward_command(instance: SweInstance, request: SweBenchRolloutRequest) -> st
     files = patched_files(instance.test_patch or "") or sorted({t.split("::", 1)[0] for t in ids if "::" in t})
     files = [f for f in files if not f.endswith(NON_TEST_SUFFIXES)]
     modules = [f.removesuffix(".py").removeprefix("tests/").replace("/", ".") for f in files]
-    command = request.test_command
-    if not any(p in command for p in ("{files}", "{ids}", "{modules}")):
+    command = instance.test_command or request.test_command
+    if not instance.test_command and not any(p in command for p in ("{files}", "{ids}", "{modules}")):
         command += " {ids}"
     return command.format(files=_join(files), ids=_join(ids), modules=_join(modules))
 
@@ -94,7 +100,8 @@ def instance_task(instance: SweInstance, request: SweBenchRolloutRequest) -> Tas
         prompt=PROMPT.format(repo_dir=request.repo_dir, repo=instance.repo, problem=instance.problem_statement),
         sandbox=SandboxSpec(
             template=request.template or template_for(image),
-            setup=request.setup,
+            setup=[*request.setup, *([APPLY_SETUP_PATCH] if instance.setup_patch else [])],
+            files={SETUP_PATCH_PATH: instance.setup_patch} if instance.setup_patch else {},
             workdir=request.repo_dir,
             env={**request.env, **instance.env},
         ),
@@ -104,14 +111,17 @@ def instance_task(instance: SweInstance, request: SweBenchRolloutRequest) -> Tas
             files={TEST_PATCH_PATH: instance.test_patch} if instance.test_patch else {},
             restore=scored_files(instance),
             setup=[APPLY_TEST_PATCH] if instance.test_patch else [],
+            grade_in=request.grade_in,
             tests=ScoredTests(
                 fail_to_pass=list(instance.FAIL_TO_PASS),
                 pass_to_pass=list(instance.PASS_TO_PASS),
                 log_parser=request.log_parser,
             ),
         ),
+        source=instance.source,
+        source_version=instance.source_version,
         metadata={
-            "source": "swebench",
+            "source": instance.source,
             "instance_id": instance.instance_id,
             "repo": instance.repo,
             "base_commit": instance.base_commit,

@@ -40,16 +40,32 @@ def mounts_under(root: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def private_dockerd(prepare: Callable[[docker.DockerClient], None] | None = None) -> Iterator[Dockerd | str]:
-    """Yield a running dockerd (after ``prepare`` ran against it), or the reason it cannot run here."""
+def private_dockerd(
+    prepare: Callable[[docker.DockerClient], None] | None = None, *, btrfs_mb: int = 0,
+    runtimes: dict[str, str] | None = None,
+) -> Iterator[Dockerd | str]:  # fmt: skip
+    """Yield a running dockerd (after ``prepare`` ran against it), or the reason it cannot run here.
+    ``btrfs_mb``: its data root on a loop-mounted btrfs of that size, with the btrfs storage
+    driver (per-container size limits); ``runtimes``: OCI runtimes it offers (name -> binary)."""
     binary = shutil.which("dockerd")
     if binary is None or os.geteuid() != 0:
         yield "dockerd and root are needed (apt-get install docker.io)"
+        return
+    if btrfs_mb and shutil.which("mkfs.btrfs") is None:
+        yield "mkfs.btrfs is needed for a btrfs data root (apt-get install btrfs-progs)"
         return
     root = Path(tempfile.mkdtemp(prefix="rollout-dockerd-"))
     log = (root / "dockerd.log").open("wb")
     argv = [binary, "--data-root", f"{root}/data", "--exec-root", f"{root}/exec", "--pidfile", f"{root}/dockerd.pid",
             "-H", f"unix://{root}/docker.sock", "--bridge=none", "--iptables=false", "--ip-masq=false"]  # fmt: skip
+    argv += [f"--add-runtime={name}={path}" for name, path in (runtimes or {}).items()]
+    if btrfs_mb:
+        reason = _btrfs(root, btrfs_mb)
+        if reason:
+            shutil.rmtree(root, ignore_errors=True)
+            yield reason
+            return
+        argv.append("--storage-driver=btrfs")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     daemon = Dockerd(root, proc)
     try:
@@ -68,6 +84,19 @@ def private_dockerd(prepare: Callable[[docker.DockerClient], None] | None = None
         _stop(daemon)
         log.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _btrfs(root: Path, size_mb: int) -> str:
+    """A sparse btrfs image loop-mounted on ``root/data``; "" or why it failed."""
+    image, data = root / "data.btrfs", root / "data"
+    data.mkdir()
+    with image.open("wb") as f:
+        f.truncate(size_mb << 20)
+    for argv in (["mkfs.btrfs", "-q", str(image)], ["mount", "-o", "loop", str(image), str(data)]):
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            return f"{' '.join(argv[:2])} failed: {done.stderr.strip()[-300:]}"
+    return ""
 
 
 def _wait_ready(daemon: Dockerd) -> str:

@@ -13,7 +13,7 @@ from fastapi.responses import StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.protocol.errors import PlatformError
-from services.protocol.sandboxes import ExecChunk, ExecRequest, Lease, Template
+from services.protocol.sandboxes import ExecChunk, ExecRequest, GatewayBinding, Lease, Template
 from services.protocol.status import ErrorCode
 from services.runtime.http_errors import install_error_handlers
 from services.runtime.redis_pool import observe_pools, open_redis
@@ -107,6 +107,12 @@ def _install_routes(app: FastAPI, settings: BrokerSettings, metrics: BrokerMetri
     async def exec_stream(lease_id: SandboxLeaseId, body: ExecRequest, broker: BrokerDep) -> StreamingResponse:
         await broker.live(lease_id)  # a missing lease is an error response, not an event
         return StreamingResponse(_sse(broker, lease_id, body), media_type="text/event-stream")
+
+    @app.post("/leases/{lease_id}/gateway", status_code=204)
+    async def bind_gateway(lease_id: str, body: GatewayBinding, broker: BrokerDep, caller: Caller) -> Response:
+        caller.require_service()  # the worker, when it opens the episode's session; never a job or a lease token
+        await broker.bind_gateway(lease_id, body)
+        return Response(status_code=204)
 
     @app.put("/leases/{lease_id}/files", status_code=204)
     async def put_file(lease_id: SandboxLeaseId, request: Request, broker: BrokerDep, path: PathQuery) -> Response:

@@ -12,7 +12,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from services.protocol.errors import PlatformError
-from services.protocol.sandboxes import ExecRequest, ExecResult, Lease, LeaseRequest, RenewedLeases, Template
+from services.protocol.sandboxes import (
+    ExecRequest,
+    ExecResult,
+    GatewayBinding,
+    Lease,
+    LeaseRequest,
+    RenewedLeases,
+    Template,
+)
 from services.protocol.status import ErrorCode
 from services.sandbox_broker.admission import Admission, TokenBucket
 from services.sandbox_broker.backends.base import (
@@ -22,6 +30,7 @@ from services.sandbox_broker.backends.base import (
     LABEL_POOL,
     LABEL_TEMPLATE,
     Backend,
+    GatewayBinder,
     OutputSink,
     Sandbox,
     SandboxSpec,
@@ -66,6 +75,8 @@ class Broker:
 
     async def start(self) -> None:
         self.capabilities = await self.backend.start()
+        quota = str(self.capabilities.get("disk_quota", "none"))  # local, docker; e2b: its template sets the disk
+        self.metrics.disk_quota.set(0 if quota.startswith("none") else 1)
         self.metrics.lease_limit.set(self.settings.max_leases)
         self.cache.start()
 
@@ -337,11 +348,26 @@ class Broker:
             raise PlatformError(ErrorCode.VALIDATION_ERROR, "give exactly one of argv and shell", field="argv")
         if request.argv is not None and not request.argv:
             raise PlatformError(ErrorCode.VALIDATION_ERROR, "argv is empty", field="argv")
+        if request.gateway_port is not None and not isinstance(self.backend, GatewayBinder):
+            raise self._no_gateway()
         record = await self.live(lease_id)
         result = await self._backend_call(self.backend.exec(record.lease.sandbox_id, request, sink))
         result.broker_s = time.monotonic() - started
         self._exec_latency.observe(result.broker_s)
         return result
+
+    async def bind_gateway(self, lease_id: str, binding: GatewayBinding) -> None:
+        """Forward the lease's gateway session into its sandbox (its agent runs there)."""
+        if not isinstance(self.backend, GatewayBinder):
+            raise self._no_gateway()
+        record = await self.live(lease_id)
+        sandbox_id = record.lease.sandbox_id
+        await self._backend_call(self.backend.bind_gateway(sandbox_id, binding.session, binding.upstream,
+                                                           binding.ttl_s))  # fmt: skip
+
+    def _no_gateway(self) -> PlatformError:
+        why = f"the {self.backend.name} backend does not forward the gateway into sandboxes yet (local does)"
+        return PlatformError(ErrorCode.BAD_REQUEST, why, field="gateway")
 
     async def write_file(self, lease_id: str, path: str, data: bytes) -> None:
         record = await self.live(lease_id)

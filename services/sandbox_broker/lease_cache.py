@@ -112,7 +112,7 @@ class LeaseCache:
         finally:
             self._unsubscribed()
             with contextlib.suppress(redis.RedisError, OSError):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # typed in redis-py 8
 
     def _on_message(self, message: dict[str, Any]) -> None:
         if message["type"] == "subscribe":

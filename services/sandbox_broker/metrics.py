@@ -40,6 +40,8 @@ class BrokerMetrics:
         )
         self.lease_limit = Gauge("rollout_broker_lease_limit", "global lease limit (saturation = leases / limit)",
                                  registry=r)  # fmt: skip
+        self.disk_quota = Gauge("rollout_broker_disk_quota_enforced", "1 when the backend enforces disk_mb "
+                                "(/healthz isolation.disk_quota says how, or why not)", registry=r)  # fmt: skip
         self.queue = Gauge("rollout_broker_admission_waiting", "lease requests waiting for capacity", registry=r)
         self.lease_cache_hits = Counter("rollout_broker_lease_cache_hits", "lease lookups answered without Redis "
                                         "(lease_cache.py)", registry=r)  # fmt: skip

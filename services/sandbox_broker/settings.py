@@ -52,6 +52,10 @@ class BrokerSettings(UsesRedis, UsesAdminToken, UsesServiceToken):
     # iptables rules on this host that keep egress sandboxes from the host and private networks (the broker
     # runs as root in the docker host's network namespace); otherwise the operator sets them (docs)
     docker_firewall: bool = False
+    # disk_mb as a per-container size limit of the engine's storage driver (backends/docker_disk.py):
+    # "auto" where the driver can (else /healthz and /metrics say it is not enforced), "require"
+    # refuses to start without it, "off" never asks for it
+    docker_disk_quota: Literal["auto", "require", "off"] = "auto"
 
     # e2b backend
     e2b_template: str = "base"  # template of the built-in default template

@@ -101,3 +101,13 @@ def test_every_error_code_has_one_http_status() -> None:
             assert request_error_code(status).http_status == status
     assert PlatformError(ErrorCode.QUOTA_EXCEEDED, "x", retry_after_s=0.2).headers() == {"Retry-After": "1"}
     assert PlatformError(ErrorCode.QUOTA_EXCEEDED, "x").headers() == {}
+
+
+def test_metadata_holds_only_what_the_trajectory_codec_carries() -> None:
+    """An integer past msgpack's range was accepted, then failed every delivery of its item (issue 29)."""
+    edges = {"lo": -(2**63), "hi": 2**64 - 1, "flag": True, "deep": [{"x": 1.5}], "none": None}
+    assert Task.model_validate({**TASK, "metadata": edges}).metadata == edges
+    for bad, where in [({"n": 2**64}, "n"), ({"a": [{"b": -(2**63) - 1}]}, "a.0.b"), ({"f": float("inf")}, "f")]:
+        with pytest.raises(pydantic.ValidationError, match=where.replace(".", r"\.")) as info:
+            Task.model_validate({**TASK, "metadata": bad})
+        assert info.value.errors()[0]["loc"] == ("metadata",)

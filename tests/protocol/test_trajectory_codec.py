@@ -84,6 +84,8 @@ def make(n_response: int, *, seed: int = 0, status: Status = Status.COMPLETED) -
         timings=Timings(queued_s=0.1, sandbox_start_s=0.02, llm_s=7.25, exec_s=0.5, reward_s=2.5, total_s=11.0),
         messages=[Message("system", "You are an agent."), Message("user", "修复这个错误 🐛 — naïve café")],
         metadata={"repo": "psf/requests", "difficulty": 3, "nested": {"a": [1, 2.5, None]}},
+        source="swe-smith",
+        source_version="sha256:0123abcd",
         worker="worker-7",
         started_at=1_700_000_000.25,
         finished_at=1_700_000_011.25,
@@ -140,6 +142,23 @@ def test_json_round_trip_for_http_consumers() -> None:
         math.isclose(a, b, rel_tol=1e-6) for a, b in zip(back.response_logprobs, traj.response_logprobs, strict=True)
     )
     assert back.turns == traj.turns and back.metadata == traj.metadata
+
+
+def test_records_of_either_side_of_the_source_fields_decode() -> None:
+    """A body written before ``source`` existed decodes with the defaults; a reader that predates
+    it ignores the new fields (msgspec skips unknown keys)."""
+    traj = make(8)
+    doc = msgspec.msgpack.decode(encode_trajectory(traj))
+    old_body = msgspec.msgpack.encode({k: v for k, v in doc.items() if k not in ("source", "source_version")})
+    back = decode_trajectory(old_body)
+    assert (back.source, back.source_version) == ("platform", "") and back.response_ids == traj.response_ids
+
+    class OldTrajectory(msgspec.Struct, kw_only=True):
+        trajectory_id: str
+        metadata: dict[str, Any] = {}
+
+    old = msgspec.msgpack.decode(encode_trajectory(traj), type=OldTrajectory)
+    assert old.trajectory_id == traj.trajectory_id and old.metadata == traj.metadata
 
 
 def test_check_rejects_misaligned_arrays() -> None:

@@ -12,8 +12,9 @@ def test_a_work_entry_reads_its_rollout_and_item() -> None:
     entry = work.WorkEntry.from_fields(fields)
     assert (entry.rollout_id, entry.item) == ("r1", b"{}")
     assert work.WorkEntry.from_fields({}) == work.WorkEntry("", b"")  # a broken entry: decoding fails later
-    dead = work.dead_letter_fields(fields, "bad json", b"1-0")
-    assert dead == {**fields, b"dead_reason": b"bad json", b"dead_entry": b"1-0"}
+    dead = work.dead_letter_fields(fields, work.UNDECODABLE, b"1-0", error="bad json", deliveries=2)
+    assert dead == {**fields, b"dead_reason": b"undecodable", b"dead_error": b"bad json", b"dead_entry": b"1-0",
+                    b"dead_deliveries": b"2"}  # fmt: skip
 
 
 def test_attempt_key() -> None:

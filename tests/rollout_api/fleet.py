@@ -64,7 +64,8 @@ class Fleet:
         ]  # fmt: skip
         if jobs:
             args += ["--jobs", ",".join(jobs)]
-        worker = start_service(args, log_dir=self.logs, env={**SECRETS.env(), **WORKER_ENV, **env}, name="worker")
+        secrets = {k: v for k, v in SECRETS.env().items() if k != "ROLLOUT_ADMIN_TOKEN"}  # as deployed: none
+        worker = start_service(args, log_dir=self.logs, env={**secrets, **WORKER_ENV, **env}, name="worker")
         self.workers.append(worker)
         return worker
 
@@ -141,7 +142,9 @@ def start_engine(script: Path, model_path: Path, logs: Path, name: str) -> Servi
     return start_service(args, log_dir=logs, health_path="/health", name=name)
 
 
-def start_fleet(redis_url: str, script: Path, model_path: Path, logs: Path, state_dir: Path) -> Fleet:
+def start_fleet(
+    redis_url: str, script: Path, model_path: Path, logs: Path, state_dir: Path, api_env: dict[str, str] | None = None
+) -> Fleet:
     started: list[ServiceProcess] = []
     try:
         engines = {"default": start_engine(script, model_path, logs, "engine")}
@@ -171,7 +174,7 @@ def start_fleet(redis_url: str, script: Path, model_path: Path, logs: Path, stat
                 "-m", "services.cli", "api", "--port", "{port}", "--redis-url", redis_url, "--broker-url", broker.url,
                 "--proxy-url", proxy.url, "--tokenizer-path", str(model_path),
             ],
-            log_dir=logs, env={**SECRETS.env(), "ROLLOUT_API_DASHBOARD_SAMPLE_S": "1"}, name="api",
+            log_dir=logs, env={**SECRETS.env(), "ROLLOUT_API_DASHBOARD_SAMPLE_S": "1", **(api_env or {})}, name="api",
         )  # fmt: skip
     except BaseException:
         for service in started:
@@ -181,7 +184,9 @@ def start_fleet(redis_url: str, script: Path, model_path: Path, logs: Path, stat
 
 
 @contextmanager
-def running_fleet(root: Path, rules: dict[str, list[Any]], name: str) -> Iterator[Fleet]:
+def running_fleet(
+    root: Path, rules: dict[str, list[Any]], name: str, api_env: dict[str, str] | None = None
+) -> Iterator[Fleet]:
     """Redis, scripted engines answering ``rules``, the proxy, the broker and the API (no worker
     yet: ``fleet.start_worker``), stopped and cleaned up afterwards."""
     model = write_tokenizer_dir(root / "model")
@@ -189,7 +194,7 @@ def running_fleet(root: Path, rules: dict[str, list[Any]], name: str) -> Iterato
     state = Path(tempfile.mkdtemp(prefix=f"rollout-{name}-"))
     state.chmod(0o755)  # the sandbox user must reach the sandboxes' directories (pytest's tmp root is 0700)
     with EmbeddedRedis() as server:
-        fleet = start_fleet(server.url, script, model, root / "logs", state)
+        fleet = start_fleet(server.url, script, model, root / "logs", state, api_env)
         try:
             yield fleet
         finally:

@@ -161,6 +161,25 @@ def test_cancel_drops_queued_items_and_sse_resumes(client: httpx.Client, redis_c
     assert rest[0][1]["status"] == "cancelled"
 
 
+BAD_EVENT_IDS = ["18446744073709551616-0", "1-18446744073709551616", "abc", "1-2-3", "-1", "1-", "\u00b2", "1" * 21]
+
+
+def test_a_malformed_resume_point_is_400_naming_it(client: httpx.Client) -> None:
+    """An id past 2**64 used to answer 200 and close the stream at once (issue 29)."""
+    token = create_job(client, "sse-ids")
+    for bad in BAD_EVENT_IDS:
+        ways: list[tuple[dict[str, str], dict[str, str], str]] = [({}, {"after": bad}, "after")]
+        if bad.isascii():  # a header carries ASCII alone
+            ways.append(({"Last-Event-ID": bad}, {}, "Last-Event-ID"))
+        for headers, params, field in ways:
+            got = client.get("/jobs/sse-ids/trajectories", headers={**auth(token), **headers}, params=params)
+            assert got.status_code == 400, (bad, got.text)
+            assert got.json()["error"]["code"] == "bad_request" and got.json()["error"]["field"] == field, got.text
+    for good in ("18446744073709551615-18446744073709551615", "0", "$"):
+        with client.stream("GET", "/jobs/sse-ids/trajectories", headers={**auth(token), "Last-Event-ID": good}) as ok:
+            assert ok.status_code == 200 and next(ok.iter_lines()) == "retry: 1000", good
+
+
 def test_health_and_metrics(client: httpx.Client) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     client.get("/jobs/zzz", headers=auth(ADMIN))

@@ -299,5 +299,5 @@ def test_an_undecodable_item_goes_to_the_dead_letters(fleet: Fleet, client: http
         dead: Any = raw.xrange(keys.dead_letters("dead"))
     finally:
         raw.close()
-    assert len(dead) == 1 and b"task" in dead[0][1][b"dead_reason"]
+    assert len(dead) == 1 and dead[0][1][b"dead_reason"] == b"undecodable" and b"task" in dead[0][1][b"dead_error"]
     assert [t.status for t in trajectories(fleet.redis_url, "dead")] == [Status.COMPLETED]

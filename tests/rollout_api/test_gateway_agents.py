@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import minisweagent
@@ -62,8 +63,9 @@ RULES: dict[str, list[Any]] = {
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Fleet, ChatTemplate]]:
-    with running_fleet(tmp_path_factory.mktemp("gwfleet"), RULES, "gw") as fleet:
-        fleet.start_worker(jobs=["agents"], concurrency=4)
+    allow = {"ROLLOUT_API_ALLOW_HOST_AGENTS": "true"}  # these agents run on the worker's host (its venv)
+    with running_fleet(tmp_path_factory.mktemp("gwfleet"), RULES, "gw", api_env=allow) as fleet:
+        fleet.start_worker(jobs=["agents"], concurrency=4, ROLLOUT_WORKER_ALLOW_HOST_AGENTS="true")
         yield fleet, ChatTemplate.from_dir(fleet.model_path)
 
 
@@ -102,7 +104,7 @@ def test_tools_agent_with_hermes_parser_survives_a_malformed_call(fleet: tuple[F
 def test_mini_swe_agent_unmodified_as_a_command_agent(fleet: tuple[Fleet, ChatTemplate]) -> None:
     config = Path(minisweagent.__file__).parent / "config" / "mini.yaml"
     argv = [sys.executable, "-m", "agent_client.mini_swe_agent", str(config)]
-    traj = run_one(fleet[0], "MSWEA-TASK", {"kind": "command", "argv": argv})
+    traj = run_one(fleet[0], "MSWEA-TASK", {"kind": "command", "argv": argv, "where": "host"})
     assert traj.status is Status.COMPLETED and traj.reward == 1.0, traj
     assert traj.agent is not None and traj.agent.exit_code == 0, traj.agent
     assert_token_exact(fleet, traj, calls=2, tool_calls=2)
@@ -116,11 +118,44 @@ def test_the_openai_sdk_example_of_the_docs_as_a_command_agent(
     assert example is not None, "docs/agents.md lost its openai SDK example"
     (tmp_path / "my_agent.py").write_text(example.group(1))
     traj = run_one(
-        fleet[0], "OPENAI-TASK", {"kind": "command", "argv": [sys.executable, str(tmp_path / "my_agent.py")]}
-    )
+        fleet[0], "OPENAI-TASK", {"kind": "command", "argv": [sys.executable, str(tmp_path / "my_agent.py")],
+                                  "where": "host"},
+    )  # fmt: skip
     assert traj.status is Status.COMPLETED and traj.reward == 1.0, traj
     assert traj.agent is not None and traj.agent.exit_code == 0, traj.agent
     assert_token_exact(fleet, traj, calls=2, tool_calls=1)  # the last reply has no call: the example stops
+
+
+def test_a_worker_without_the_operator_setting_refuses_a_host_agent(fleet: tuple[Fleet, ChatTemplate]) -> None:
+    """The API allows it here, this worker does not: the attempt ends as an infra error naming the
+    setting (never run, never silently moved)."""
+    fleet[0].start_worker(jobs=["strict"], concurrency=1)
+    with fleet[0].client() as client:
+        headers = create_job(client, "strict")
+        agent = {"kind": "command", "argv": ["/bin/true"], "where": "host"}
+        rollout = submit(client, headers, {"job": "strict", "group_size": 1, "max_attempts": 1, "agent": agent,
+                                           "tasks": [task("STRICT", "x")]})  # fmt: skip
+        wait_finished(client, headers, rollout, timeout_s=60)
+    (traj,) = trajectories(fleet[0].redis_url, "strict")
+    assert traj.status is Status.INFRA_ERROR and traj.infra is not None, traj
+    assert traj.infra.code == "forbidden" and "ROLLOUT_WORKER_ALLOW_HOST_AGENTS" in traj.infra.message, traj.infra
+
+
+def test_the_attack_probe_on_the_host_finds_the_platform_secrets(fleet: tuple[Fleet, ChatTemplate]) -> None:
+    """What ``test_sandbox_agents``' attacker would get where agents ran before (the host mode):
+    the worker's service token in ``/proc/*/environ`` and the broker, Redis and the proxy on the
+    loopback. The same probe finds nothing of it inside the sandbox."""
+    probe = Path(__file__).parent / "agent_probe.py"
+    ports = {"broker": urlsplit(fleet[0].broker.url).port, "redis": urlsplit(fleet[0].redis_url).port}
+    env = {"PROBE_PORTS": ",".join(f"{k}={v}" for k, v in ports.items())}
+    agent = {"kind": "command", "argv": [sys.executable, str(probe)], "where": "host", "env": env,
+             "output_max_bytes": 1_000_000}  # fmt: skip
+    traj = run_one(fleet[0], "PROBE-HOST", agent)
+    assert traj.agent is not None and traj.agent.exit_code == 0, traj.agent
+    line = next(x for x in traj.agent.last_output.splitlines() if x.startswith("PROBE "))
+    report = json.loads(line[6:])
+    assert SECRETS.service_token in json.dumps(report["environ"]), "the host probe should read the worker's token"
+    assert report["tcp"] == {"broker": "connected", "redis": "connected"}, report["tcp"]
 
 
 def assert_token_exact(fleet: tuple[Fleet, ChatTemplate], traj: Trajectory, *, calls: int, tool_calls: int) -> None:

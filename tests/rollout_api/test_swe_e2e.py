@@ -28,10 +28,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, needs_bwrap]
 
 FIXED = "def add(a, b):\\n    return a + b\\n\\n\\ndef sub(a, b):\\n    return a - b\\n"
 PASSING_TEST = "import unittest\\n\\n\\nclass T(unittest.TestCase):\\n    def test_add(self):\\n        pass\\n"
+# the route grades in a fresh sandbox from the agent's diff: the repository must be a git repository
+GIT_INIT = "git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm base"
 RULES: dict[str, list[Any]] = {
     "MODE-GOLD": [f"```bash\nprintf '{FIXED}' > calc.py\n```", SUBMIT],
     "MODE-NOOP": [SUBMIT],
     "MODE-TAMPER": [f"```bash\nprintf '{PASSING_TEST}' > tests/test_calc.py\n```", SUBMIT],
+    "MODE-SWAP-DIR": [f"```bash\nrm -rf tests; mkdir tests; printf '{PASSING_TEST}' > tests/test_calc.py\n```", SUBMIT],
     "WHERE": ["```bash\npwd > where.txt; echo $TASK_VAR >> where.txt\n```", SUBMIT],
 }
 
@@ -62,7 +65,7 @@ def test_swe_route_scores_per_test_and_restores_the_tests(fleet: Fleet) -> None:
                 "problem_statement": f"MODE-{mode}: add() subtracts", "FAIL_TO_PASS": ["tests.test_calc.T.test_add"],
                 "PASS_TO_PASS": ["test_sub (tests.test_calc.T)"]}  # fmt: skip
 
-    body = {"instances": [instance(m) for m in ("GOLD", "NOOP", "TAMPER")], "template": "calc",
+    body = {"instances": [instance(m) for m in ("GOLD", "NOOP", "TAMPER")], "template": "calc", "setup": [GIT_INIT],
             "test_command": "python3 -m unittest -v {modules}", "env": {"PYTHONDONTWRITEBYTECODE": "1"}}  # fmt: skip
     found = {t.task_id: t for t in _run(fleet, "swe", body, "/rollouts/swebench")}
     assert {k: (t.status, t.reward) for k, t in found.items()} == {
@@ -71,9 +74,27 @@ def test_swe_route_scores_per_test_and_restores_the_tests(fleet: Fleet) -> None:
     }  # fmt: skip
     gold = found["calc__gold"].reward_details
     assert gold is not None and gold.tests["tests.test_calc.T.test_add"] == "PASSED"
+    assert found["calc__gold"].timings.grade_s > 0  # graded in a fresh sandbox (the route's default)
+    tamper = found["calc__tamper"].reward_details
+    assert tamper is not None and tamper.dropped == ["tests/test_calc.py"]  # never taken from the agent
     noop = found["calc__noop"].reward_details
     assert noop is not None and noop.tests == {"tests.test_calc.T.test_add": "FAILED",
                                                "test_sub (tests.test_calc.T)": "PASSED"}  # fmt: skip
+
+
+def test_a_restored_directory_is_put_back_as_it_was(fleet: Fleet) -> None:
+    """``restore: ["tests"]`` restores the directory (it used to be deleted: a false 0 for the gold
+    patch); replacing the directory with a passing test does not count."""
+    reward = {"command": "python3 -m unittest -v tests.test_calc", "restore": ["tests"]}
+    tasks = [{"id": f"dir-{m.lower()}", "prompt": f"MODE-{m}", "sandbox": {"template": "calc"}, "reward": reward}
+             for m in ("GOLD", "SWAP-DIR")]  # fmt: skip
+    found = {t.task_id: (t.status, t.reward) for t in _run(fleet, "restore-dir", {"tasks": tasks})}
+    assert found == {"dir-gold": (Status.COMPLETED, 1.0), "dir-swap-dir": (Status.COMPLETED, 0.0)}
+    whole = {"id": "all", "prompt": "MODE-GOLD", "reward": {**reward, "restore": ["."]}}
+    with fleet.client() as client:
+        headers = create_job(client, "restore-all")
+        refused = client.post("/rollouts", json={"job": "restore-all", "tasks": [whole]}, headers=headers)
+    assert refused.status_code == 422 and "reward.restore" in refused.text, refused.text
 
 
 def test_env_and_workdir_reach_every_command_and_the_reward(fleet: Fleet) -> None:

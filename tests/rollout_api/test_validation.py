@@ -52,6 +52,15 @@ BAD = [
     ("1e300 wall clock", {"limits": {"wall_clock_s": 1e300}}, "limits.wall_clock_s"),
     ("group_size 1025", {"group_size": 1025}, "group_size"),
     ("temperature 1e40", {"sampling": {"temperature": 1e40}}, "sampling.temperature"),
+    ("metadata integer past 2**64", {"tasks": [_task(metadata={"n": 10**20})]}, "tasks.0.metadata"),
+    (
+        "nested metadata integer under -2**63",
+        {"tasks": [_task(metadata={"a": [{"b": -(2**63) - 1}]})]},
+        "tasks.0.metadata",
+    ),
+    ("an integer as an env value", {"tasks": [_task(sandbox={"env": {"A": 10**20}})]}, "tasks.0.sandbox.env.A"),
+    ("cpus 1e-9", {"tasks": [_task(sandbox={"cpus": 1e-9})]}, "tasks.0.sandbox.cpus"),
+    ("cpus 5e-324", {"tasks": [_task(sandbox={"cpus": 5e-324})]}, "tasks.0.sandbox.cpus"),
 ]
 
 

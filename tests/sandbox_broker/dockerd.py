@@ -20,8 +20,9 @@ IMAGE = "rollout/sandbox:test"
 __all__ = ["IMAGE", "Dockerd", "private_dockerd"]
 
 
-def _busybox_image() -> bytes:
-    """A root filesystem of busybox and its applets, as the tar ``docker import`` takes."""
+def _busybox_image(files: dict[str, tuple[bytes | None, int]] | None = None) -> bytes:
+    """A root filesystem of busybox and its applets, as the tar ``docker import`` takes, with
+    ``files`` added (path -> (content, owner's uid); content None: a directory)."""
     busybox = shutil.which("busybox")
     assert busybox is not None
     applets = subprocess.run([busybox, "--list"], capture_output=True, text=True, check=True).stdout.split()
@@ -37,7 +38,21 @@ def _busybox_image() -> bytes:
                 link = tarfile.TarInfo(f"bin/{applet}")
                 link.type, link.linkname = tarfile.SYMTYPE, "busybox"
                 archive.addfile(link)
+        for path, (content, uid) in (files or {}).items():
+            info = tarfile.TarInfo(path)
+            info.uid = info.gid = uid
+            if content is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+            info.size = len(content or b"")
+            archive.addfile(info, io.BytesIO(content) if content is not None else None)
     return buffer.getvalue()
+
+
+def import_image(client: docker.DockerClient, tag: str, files: dict[str, tuple[bytes | None, int]],
+                 changes: list[str]) -> None:  # fmt: skip
+    """The busybox image with ``files`` and Dockerfile ``changes`` (USER, WORKDIR, ENV) as ``tag``."""
+    repository, _, version = tag.partition(":")
+    client.api.import_image_from_data(_busybox_image(files), repository=repository, tag=version, changes=changes)
 
 
 def _import_busybox(client: docker.DockerClient) -> None:
@@ -45,10 +60,11 @@ def _import_busybox(client: docker.DockerClient) -> None:
 
 
 @contextlib.contextmanager
-def private_dockerd() -> Iterator[Dockerd | str]:
-    """Yield a running dockerd with the busybox image, or the reason it cannot run here (the caller skips)."""
+def private_dockerd(*, btrfs_mb: int = 0, runtimes: dict[str, str] | None = None) -> Iterator[Dockerd | str]:
+    """Yield a running dockerd with the busybox image, or the reason it cannot run here (the caller
+    skips); ``btrfs_mb`` and ``runtimes`` as services/runtime/dockerd.py takes them."""
     if shutil.which("busybox") is None:
         yield "busybox is needed (apt-get install busybox-static)"
         return
-    with _private_dockerd(_import_busybox) as found:
+    with _private_dockerd(_import_busybox, btrfs_mb=btrfs_mb, runtimes=runtimes) as found:
         yield found

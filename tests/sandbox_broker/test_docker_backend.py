@@ -9,8 +9,11 @@ import docker
 import httpx
 import pytest
 
+from services.protocol.errors import PlatformError
+from services.protocol.status import ErrorCode
+from services.sandbox_broker.backends import dockerfiles
 from tests.sandbox_broker.conftest import BrokerFactory, docker_env, lease, run
-from tests.sandbox_broker.dockerd import IMAGE, Dockerd
+from tests.sandbox_broker.dockerd import IMAGE, Dockerd, import_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -75,8 +78,50 @@ def _files_in_the_containers_own_view(client: httpx.Client, engine: docker.Docke
     assert run(client, held["id"], "cat /tmp/test.patch; echo mine > /tmp/mine")["stdout"] == "patch"
     assert client.get(files, params={"path": "/tmp/mine"}).content == b"mine\n"
     merged = engine.api.inspect_container(held["sandbox_id"])["GraphDriver"]["Data"]["MergedDir"]
-    subprocess.run(["umount", "-l", merged], check=True)
+    subprocess.run(["umount", "-l", merged], check=False)  # gone already on a busy host
     assert client.put(files, params={"path": "/testbed/tests/t.py"}, content=b"t").status_code == 204
     assert run(client, held["id"], "cat /testbed/tests/t.py")["stdout"] == "t"
     assert client.get(files, params={"path": "/testbed/tests/t.py"}).content == b"t"
     assert client.get(files, params={"path": "/testbed"}).status_code == 400  # a directory
+
+
+PASSWD = b"root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000::/testbed:/bin/sh\n"
+
+
+def test_docker_honours_the_images_workdir_env_and_named_user(dockerd: Dockerd, start_broker: BrokerFactory) -> None:
+    """An image's WorkingDir, Env and User (a name) hold for commands and the file routes, also once
+    the engine's host-side mount of the container's root is gone: the engine looked a named exec
+    user up there, and every exec (the reward, the file routes' restore writes) then failed with
+    exit 126 "unable to find user" (a 400 on a file write, never retried)."""
+    engine = docker.DockerClient(base_url=dockerd.url)
+    files = {"etc/passwd": (PASSWD, 0), "testbed": (None, 1000)}
+    import_image(engine, "rollout/named-user:test", files, ["USER sandbox", "WORKDIR /testbed", "ENV FOO=bar"])
+    env = docker_env(dockerd, ROLLOUT_BROKER_DOCKER_IMAGE="rollout/named-user:test")
+    broker = start_broker("--backend", "docker", env=env)
+    with httpx.Client(base_url=broker.url, timeout=60) as client:
+        held = lease(client, job="dj")
+        assert held["workdir"] == "/testbed"
+        merged = engine.api.inspect_container(held["sandbox_id"])["GraphDriver"]["Data"]["MergedDir"]
+        subprocess.run(["umount", "-l", merged], check=False)  # gone already on a busy host
+        result = run(client, held["id"], 'pwd; echo "$FOO"; id -u')
+        assert (result["exit_code"], result["stdout"]) == (0, "/testbed\nbar\n1000\n"), result
+        files_route = f"/leases/{held['id']}/files"
+        assert client.put(files_route, params={"path": "rel.txt"}, content=b"x").status_code == 204
+        assert run(client, held["id"], "stat -c %u /testbed/rel.txt")["stdout"] == "1000\n"
+        assert client.get(files_route, params={"path": "/testbed/rel.txt"}).content == b"x"
+        assert client.delete(f"/leases/{held['id']}").status_code == 204
+    engine.close()
+
+
+def test_a_file_command_that_cannot_run_is_an_infra_error() -> None:
+    """Exit 126/127 from the engine (the user lookup, a missing sh) is the sandbox's failure: 502,
+    retried by the worker; the path's own failures stay 400 and 404."""
+    with pytest.raises(PlatformError) as cannot:
+        dockerfiles._checked(126, "unable to find user root: no matching entries in passwd file", "f", "regular file")
+    assert cannot.value.code is ErrorCode.TRANSPORT_ERROR and cannot.value.code.infra
+    with pytest.raises(PlatformError) as missing:
+        dockerfiles._checked(dockerfiles.MISSING, "", "f", "regular file")
+    assert missing.value.code is ErrorCode.NOT_FOUND
+    with pytest.raises(PlatformError) as refused:
+        dockerfiles._checked(1, "mkdir: can't create directory", "f", "regular file")
+    assert refused.value.code is ErrorCode.BAD_REQUEST

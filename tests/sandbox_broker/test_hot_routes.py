@@ -111,6 +111,7 @@ async def test_lease_exec_release_answer_the_protocols_bodies(http: tuple[httpx.
         ("/exec", {"shell": "true", "timeout_s": 0}, "timeout_s"),
         ("/exec", {"argv": []}, "argv"),
         ("", {"ttl_s": 0}, "ttl_s"),
+        ("", {"resources": {"cpus": 1e-9}}, "resources.cpus"),  # under the backends' minimum (0.01)
         ("", {"network": "host"}, "network"),
     ],
 )

@@ -6,11 +6,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from rollout_client.errors import RolloutApiError
+from rollout_client.http import AsyncRolloutClient, RolloutClient
 from services.protocol.api import JobCreate
 from services.protocol.status import ErrorCode
 from services.protocol.tasks import RewardSpec, RolloutRequest, Task
 from tests.trainer.fake_fleet import ADMIN_TOKEN, FleetState, serve_fleet
-from trainer_client.client import AsyncRolloutClient, RolloutApiError, RolloutClient
 
 
 @pytest.fixture

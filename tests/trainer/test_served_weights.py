@@ -12,12 +12,12 @@ import httpx
 import pytest
 import torch
 
+from rollout_client.weights import WeightPublisher
 from tests.llm_proxy.fleet import start_proxy
 from tests.support.processes import start_service
 from tests.trainer.conftest import TINY
 from trainer_client.export import Export, export_hf
 from trainer_client.model import ModelConfig, ParallelConfig, build_gpt, init_parallel, token_logprobs
-from trainer_client.weights import WeightPublisher
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow, pytest.mark.timeout(600)]
 

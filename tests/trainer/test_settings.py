@@ -28,7 +28,7 @@ def test_bad_settings_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_job_pool_is_stored_once() -> None:
     """The pool weights go to is the job's (``JobCreate.pool``); the trainer's setting must agree."""
-    from trainer_client.weights import job_pool
+    from rollout_client.weights import job_pool
 
     assert job_pool("j", None, "gpu-a") == "gpu-a"  # read back from the API
     assert job_pool("j", "gpu-a", "gpu-a") == "gpu-a"

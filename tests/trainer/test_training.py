@@ -6,12 +6,12 @@ import pytest
 import redis
 import torch
 
+from rollout_client.stream import TrajectoryConsumer
 from services.protocol import keys
 from services.protocol.trajectory import Trajectory, logprobs, to_stream_fields
 from tests.trainer.conftest import TINY
 from tests.trainer.factories import make_trajectory
 from trainer_client.batch import samples_from_groups
-from trainer_client.consumer import TrajectoryConsumer
 from trainer_client.groups import GroupAssembler
 from trainer_client.learner import Batching, Learner, LossConfig
 from trainer_client.model import ModelConfig, OptimConfig, ParallelConfig, Policy, build_policy, token_logprobs

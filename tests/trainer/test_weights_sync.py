@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from rollout_client.weights import WeightPublisher
 from tests.trainer.fake_fleet import serve_fleet
 from trainer_client.export import Export, directory_checksum
-from trainer_client.weights import WeightPublisher
 
 pytestmark = [pytest.mark.trainer]
 

@@ -1,6 +1,7 @@
 """Anthropic Messages wire format of gateway answers: the message, its SSE event sequence
 (``message_start``, ``ping``, per block start/delta/stop, ``message_delta``, ``message_stop``;
-every event named, as the SDKs require) and Anthropic-shaped errors."""
+every event named, as the SDKs require; a thinking block streams ``thinking_delta`` then
+``signature_delta``) and Anthropic-shaped errors."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from services.llm_proxy.gateway import reasoning
 from services.llm_proxy.gateway.turns import TurnResult
 from services.protocol import ErrorCode, PlatformError
 
@@ -44,10 +46,18 @@ def stop_reason(result: TurnResult, stops: list[str] | None) -> tuple[str, str |
     return "end_turn", None
 
 
-def blocks(result: TurnResult) -> list[dict[str, Any]]:
+def blocks(result: TurnResult, thinks: bool = False) -> list[dict[str, Any]]:
+    """Content blocks; with ``thinks`` (the request's ``thinking`` is enabled or adaptive) the
+    model's reasoning is a ``thinking`` block whose ``signature`` carries it verbatim (``reasoning.py``)."""
     out: list[dict[str, Any]] = []
-    if result.parsed.content or not result.parsed.calls:
-        out.append({"type": "text", "text": result.parsed.content})
+    text = result.parsed.content
+    if thinks:
+        parts = reasoning.split(text)
+        if parts.raw:
+            out.append({"type": "thinking", "thinking": parts.text, "signature": reasoning.seal(parts.raw)})
+        text = parts.rest
+    if text or not result.parsed.calls:
+        out.append({"type": "text", "text": text})
     for k, (name, args) in enumerate(result.parsed.calls):
         out.append({"type": "tool_use", "id": f"toolu_{result.index}_{k}", "name": name, "input": args})
     return out
@@ -62,14 +72,14 @@ def _usage(result: TurnResult, output: int) -> dict[str, Any]:
     }
 
 
-def message(result: TurnResult, model: str, stops: list[str] | None) -> dict[str, Any]:
+def message(result: TurnResult, model: str, stops: list[str] | None, thinks: bool = False) -> dict[str, Any]:
     reason, sequence = stop_reason(result, stops)
     return {
         "id": f"msg_{result.view.session.session}_{result.index}",
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": blocks(result),
+        "content": blocks(result, thinks),
         "stop_reason": reason,
         "stop_sequence": sequence,
         "usage": _usage(result, len(result.answer.output_ids)),
@@ -81,8 +91,10 @@ def message(result: TurnResult, model: str, stops: list[str] | None) -> dict[str
     }
 
 
-def events(result: TurnResult, model: str, stops: list[str] | None) -> list[tuple[str, dict[str, Any]]]:
-    whole = message(result, model, stops)
+def events(
+    result: TurnResult, model: str, stops: list[str] | None, thinks: bool = False
+) -> list[tuple[str, dict[str, Any]]]:
+    whole = message(result, model, stops, thinks)
     start = {**whole, "content": [], "stop_reason": None, "stop_sequence": None, "usage": _usage(result, 0)}
     out: list[tuple[str, dict[str, Any]]] = [
         ("message_start", {"type": "message_start", "message": start}),
@@ -90,13 +102,21 @@ def events(result: TurnResult, model: str, stops: list[str] | None) -> list[tupl
     ]
     for index, block in enumerate(whole["content"]):
         opened: dict[str, Any]
+        deltas: list[dict[str, Any]]
         if block["type"] == "text":
-            opened, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
+            opened, deltas = {"type": "text", "text": ""}, [{"type": "text_delta", "text": block["text"]}]
+        elif block["type"] == "thinking":
+            opened = {"type": "thinking", "thinking": "", "signature": ""}
+            deltas = [
+                {"type": "thinking_delta", "thinking": block["thinking"]},
+                {"type": "signature_delta", "signature": block["signature"]},
+            ]
         else:
             opened = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
-            delta = {"type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()}
+            deltas = [{"type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()}]
         out.append(("content_block_start", {"type": "content_block_start", "index": index, "content_block": opened}))
-        out.append(("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
+        for delta in deltas:
+            out.append(("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
         out.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
     final = {"stop_reason": whole["stop_reason"], "stop_sequence": whole["stop_sequence"]}
     out.append(

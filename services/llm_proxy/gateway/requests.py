@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from services.llm_proxy.gateway.reasoning import unseal
 from services.protocol import ErrorCode, PlatformError
 
 TemplateMessage = dict[str, Any]
@@ -66,14 +67,25 @@ class AnthropicMessage(BaseModel):
     content: str | list[dict[str, Any]]
 
 
-class MessagesRequest(_Body):
-    max_tokens: int = Field(ge=1)
+class CountTokensRequest(_Body):
+    """``/v1/messages/count_tokens``: what a message's prompt is made of."""
+
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None  # enabled / adaptive: reasoning comes as thinking blocks
+    output_config: dict[str, Any] | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)
     stop_sequences: list[str] | None = None
     top_k: int | None = None
+
+    @property
+    def thinks(self) -> bool:
+        return (self.thinking or {}).get("type") in ("enabled", "adaptive")
 
 
 def parse(model: type[T], body: dict[str, Any]) -> T:
@@ -164,7 +176,7 @@ def anthropic_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] 
     return out
 
 
-def anthropic_messages(request: MessagesRequest) -> list[TemplateMessage]:
+def anthropic_messages(request: CountTokensRequest) -> list[TemplateMessage]:
     out: list[TemplateMessage] = []
     system = text_of(request.system)
     if system:
@@ -183,7 +195,9 @@ def _anthropic_blocks(role: str, blocks: list[dict[str, Any]], field: str) -> li
     results: list[TemplateMessage] = []
     for k, block in enumerate(blocks):
         kind = block.get("type")
-        if kind == "text":
+        if kind == "thinking":  # the model's reasoning, verbatim when the signature is the gateway's
+            texts.append(unseal(block.get("signature"), str(block.get("thinking", ""))))
+        elif kind == "text":
             texts.append(str(block.get("text", "")))
         elif kind == "tool_use":
             calls.append(
@@ -191,7 +205,7 @@ def _anthropic_blocks(role: str, blocks: list[dict[str, Any]], field: str) -> li
             )
         elif kind == "tool_result":
             results.append({"role": "tool", "content": text_of(block.get("content"))})
-        elif kind not in ("thinking", "redacted_thinking", "image"):
+        elif kind not in ("redacted_thinking", "image"):
             raise PlatformError(ErrorCode.BAD_REQUEST, f"{field}.{k}.type {kind!r} is not supported", field=field)
     out: list[TemplateMessage] = list(results)
     if texts or calls or not results:

@@ -35,7 +35,7 @@ from services.protocol import Cap, ErrorCode, PlatformError
 from services.protocol.gateway import GatewayCall, GatewaySession
 from services.protocol.trajectory import logprobs, token_ids
 
-Route = Literal["chat", "completions", "messages"]
+Route = Literal["chat", "completions", "messages", "responses", "gemini"]
 T = TypeVar("T")
 MAX_MOVES = 16  # records tried per call when other calls of the session keep being recorded first
 
@@ -49,6 +49,7 @@ class TurnRequest:
     max_tokens: int | None  # the client's cap (a cap only: sampling is the platform's)
     top_logprobs: int = 0
     stop: list[str] | None = None
+    unused: tuple[str, ...] = ()  # request fields that did not change the tokens (``fields.audit``)
 
     @property
     def assistants(self) -> int | None:
@@ -113,7 +114,8 @@ class Turns:
                 recorded = await recording
             if recorded.outcome == "recorded":
                 added_s = time.perf_counter() - started - reply.llm_s
-                self.metrics.observe(turn.route, result.plan, result.parsed, added_s)
+                names = frozenset(t["function"]["name"] for t in turn.tools or [])
+                self.metrics.observe(turn.route, result.plan, result.parsed, added_s, session.pool, names)
                 return built
             if recorded.outcome == "turn_cap":
                 self.metrics.caps.labels(Cap.TURNS.value).inc()
@@ -205,6 +207,7 @@ class Turns:
             tool_calls=len(result.parsed.calls),
             tool_parse_errors=len(result.parsed.errors),
             routed_experts=answer.routed_experts,
+            unused_fields=list(turn.unused),
             started_at=time.time() - total,
             llm_s=answer.llm_s,
             total_s=total,

@@ -13,11 +13,22 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from services.protocol import Cap, ErrorCode, InfraStage, Message, Status, Trajectory, Turn, WorkItem
+from services.protocol import (
+    Cap,
+    ErrorCode,
+    InfraStage,
+    Message,
+    RewardDetails,
+    Status,
+    Trajectory,
+    Turn,
+    WorkItem,
+)
 from services.protocol.agents import BashAgent
 from services.protocol.sandboxes import ExecRequest, ExecResult, Lease, LeaseRequest, Resources, SandboxSetup
 from services.rollout_api.publishing import trajectory_shell
 from services.rollout_api.settings import WorkerSettings
+from services.rollout_api.worker import grading
 from services.rollout_api.worker.clients import (
     BrokerClient,
     ContextExceeded,
@@ -38,7 +49,8 @@ from services.rollout_api.worker.conversation import (
 from services.rollout_api.worker.gateway_agents import run_gateway_agent
 from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.outages import Outages
-from services.rollout_api.worker.reward import Snapshot, score, snapshot
+from services.rollout_api.worker.restore import Snapshot, snapshot
+from services.rollout_api.worker.reward import score
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.tokens import TokenBuffer
 
@@ -73,40 +85,68 @@ class Episode:
         self.messages: list[dict[str, str]] = []
         self.workdir = item.task.sandbox.workdir or "/workspace"  # the lease's, once leased
         self.saved: Snapshot = {}  # the reward's files as they were before the agent ran
+        self.base = ""  # grade_in "fresh": the commit the agent started from
 
     async def run(self) -> Trajectory:
         traj = self.traj
         traj.timings.queued_s = max(0.0, traj.started_at - self.item.enqueued_at)
         lease = await self._lease()
+        spec, env = self.item.task.reward, self.item.task.sandbox.env
         try:
             cap = await self._run_capped(lease)
             traj.status = Status.TRUNCATED if cap else Status.COMPLETED
             traj.truncation = cap
             started = time.monotonic()
-            traj.reward, traj.reward_details = await score(
-                self.deps.broker, lease.id, self.item.task.reward,
-                cwd=self.workdir, env=self.item.task.sandbox.env, saved=self.saved,
-            )  # fmt: skip
-            traj.timings.reward_s = time.monotonic() - started
+            if spec.grade_in == "fresh":  # the agent's change, then its sandbox goes (and all it left running)
+                change = await grading.take_change(self.deps.broker, lease.id, self.base, self.workdir, env, spec)
+            else:
+                traj.reward, traj.reward_details = await score(
+                    self.deps.broker, lease.id, spec, cwd=self.workdir, env=env, saved=self.saved
+                )
         finally:
             self.deps.leases.discard(lease.id)
             await release_quietly(self.deps.broker, lease.id)
+        if spec.grade_in == "fresh":
+            traj.reward, traj.reward_details = await self._grade_fresh(change)
+        traj.timings.reward_s = time.monotonic() - started
         return self._finish()
 
-    async def _lease(self) -> Lease:
+    async def _grade_fresh(self, change: grading.Change | RewardDetails) -> tuple[float, RewardDetails]:
+        """The reward in a new sandbox with only the agent's (filtered) change applied (``grading``)."""
+        if isinstance(change, RewardDetails):
+            return 0.0, change
+        spec, env = self.item.task.reward, self.item.task.sandbox.env
+        started = time.monotonic()
+        lease = await self.deps.broker.lease(self._lease_request(grading="1"))
+        self.deps.leases.add(lease.id)
+        try:
+            failed = await grading.apply_change(self.deps.broker, lease.id, change, self.workdir, env, spec.timeout_s)
+            self.traj.timings.grade_s = time.monotonic() - started
+            reward, details = (0.0, failed) if failed else await score(self.deps.broker, lease.id, spec,
+                                                                      cwd=self.workdir, env=env)  # fmt: skip
+        finally:
+            self.deps.leases.discard(lease.id)
+            await release_quietly(self.deps.broker, lease.id)
+        details.dropped = change.dropped
+        return reward, details
+
+    def _lease_request(self, **labels: str) -> LeaseRequest:
         spec = self.item.task.sandbox
-        request = LeaseRequest(
+        return LeaseRequest(
             template=spec.template,
             resources=Resources(cpus=spec.cpus, memory_mb=spec.memory_mb, disk_mb=spec.disk_mb),
             ttl_s=self.deps.settings.lease_ttl_s,
             job=self.item.job,
-            labels={"trajectory": self.item.trajectory_id, "attempt": str(self.traj.attempt)},
+            labels={"trajectory": self.item.trajectory_id, "attempt": str(self.traj.attempt), **labels},
             network=spec.network,
             wait_s=self.deps.settings.lease_wait_s,
             setup=self._setup_request(),
         )
+
+    async def _lease(self) -> Lease:
+        spec = self.item.task.sandbox
         started = time.monotonic()
-        lease = await self.deps.broker.lease(request)
+        lease = await self.deps.broker.lease(self._lease_request())
         self.deps.leases.add(lease.id)
         self.workdir = spec.workdir or lease.workdir
         self.traj.timings.sandbox_start_s = time.monotonic() - started
@@ -140,7 +180,11 @@ class Episode:
         """The broker ran the task's files and setup commands with the lease (``_setup_request``);
         keep the reward's files as they are now."""
         started = time.monotonic()
-        self.saved = await snapshot(self.deps.broker, lease.id, self.item.task.reward, self.workdir)
+        reward, env = self.item.task.reward, self.item.task.sandbox.env
+        if reward.grade_in == "fresh":  # nothing to restore: the grading sandbox is new
+            self.base = await grading.base_commit(self.deps.broker, lease.id, self.workdir, env)
+        else:
+            self.saved = await snapshot(self.deps.broker, lease.id, reward.restore, self.workdir)
         self.traj.timings.setup_s = lease.setup_s + time.monotonic() - started
         self.traj.timings.setup_shared = lease.setup_shared
 

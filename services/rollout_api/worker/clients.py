@@ -309,6 +309,11 @@ class BrokerClient:
         )  # fmt: skip
         return ExecResult.model_validate(body)
 
+    async def bind_gateway(self, lease_id: str, session: str, upstream: str, ttl_s: float) -> None:
+        """Have the broker forward the session (and nothing else) into the lease's sandbox."""
+        body = {"session": session, "upstream": upstream, "ttl_s": ttl_s}
+        await self._call(InfraStage.SANDBOX_EXEC, "POST", f"/leases/{lease_id}/gateway", body=body)
+
     async def write_file(self, lease_id: str, path: str, content: str | bytes) -> None:
         data = content.encode() if isinstance(content, str) else content
         await self._call(InfraStage.SANDBOX_EXEC, "PUT", _files(lease_id, path), data=data)
@@ -324,6 +329,25 @@ class BrokerClient:
         if answer.status in (400, 404):
             return None
         raise InfraError(InfraStage.SANDBOX_EXEC, ErrorCode.INTERNAL_ERROR, f"reading {path}: {answer.body[:300]!r}")
+
+    async def get_archive(self, lease_id: str, directory: str) -> bytes | None:
+        """The directory as a tar archive; None when there is no such directory."""
+        path = f"/leases/{lease_id}/archive?{urlencode({'path': directory})}"
+        try:
+            answer = await self.http.request("GET", path, b"", self._headers, self.overhead_s)
+        except (TimeoutError, ConnectionError) as exc:
+            raise InfraError(InfraStage.BROKER, ErrorCode.TRANSPORT_ERROR, f"broker unreachable: {exc!r}") from exc
+        if answer.status == 200:
+            return answer.body
+        if answer.status in (400, 404):
+            return None
+        message = f"packing {directory}: {answer.body[:300]!r}"
+        raise InfraError(InfraStage.SANDBOX_EXEC, ErrorCode.INTERNAL_ERROR, message)
+
+    async def put_archive(self, lease_id: str, directory: str, tar: bytes) -> None:
+        """Unpack a tar archive into the directory (made if missing)."""
+        path = f"/leases/{lease_id}/archive?{urlencode({'path': directory})}"
+        await self._call(InfraStage.SANDBOX_EXEC, "PUT", path, data=tar)
 
 
 def _lease_ended(outcome: object) -> bool:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from services.protocol.sandboxes import Lease
     from services.rollout_api.worker.agent import Episode
 
-from services.protocol import Cap, Trajectory, Turn, WorkItem, keys
+from services.protocol import Cap, ErrorCode, InfraStage, Trajectory, Turn, WorkItem, keys
 from services.protocol.agents import CommandAgent, ToolsAgent
 from services.protocol.gateway import (
     SESSION_GRACE_S,
@@ -30,7 +30,9 @@ from services.protocol.gateway import (
     token_digest,
 )
 from services.protocol.trajectory import AgentRun
+from services.rollout_api.worker.clients import InfraError
 from services.rollout_api.worker.command_agent import command_env, run_command
+from services.rollout_api.worker.sandbox_agent import run_in_sandbox
 from services.rollout_api.worker.tools_agent import ToolsRun
 from services.runtime.auth import mint_lease_token, revoke_lease_token
 
@@ -45,9 +47,12 @@ class OpenSession:
     def openai_base(self) -> str:
         return f"{self.proxy_url}/e/{self.session.session}/v1"
 
-    @property
-    def anthropic_base(self) -> str:
-        return f"{self.proxy_url}/e/{self.session.session}"
+    def env(self, base: str) -> dict[str, str]:
+        """The agent's OpenAI/Anthropic variables, the gateway reached at ``base``."""
+        model, sid = self.session.model, self.session.session
+        return {"OPENAI_BASE_URL": f"{base}/e/{sid}/v1", "OPENAI_API_KEY": self.token, "OPENAI_MODEL": model,
+                "ANTHROPIC_BASE_URL": f"{base}/e/{sid}", "ANTHROPIC_API_KEY": self.token,
+                "ANTHROPIC_MODEL": model}  # fmt: skip
 
 
 async def open_session(redis: Redis, item: WorkItem, attempt: int, proxy_url: str, llm_timeout_s: float) -> OpenSession:
@@ -120,6 +125,11 @@ async def run_gateway_agent(episode: Episode, lease: Lease) -> Cap | None:
     deps, item = episode.deps, episode.item
     settings = deps.settings
     assert deps.redis is not None, "gateway agents need the worker's Redis"
+    agent = item.agent
+    if isinstance(agent, CommandAgent) and agent.where == "host" and not settings.allow_host_agents:
+        raise InfraError(InfraStage.WORKER, ErrorCode.FORBIDDEN, 'a command agent with where "host" is refused: '
+                         "this worker runs agents inside the task sandbox only (ROLLOUT_WORKER_ALLOW_HOST_AGENTS "
+                         "is off)", retryable=False)  # fmt: skip
     opened = await open_session(deps.redis, item, episode.traj.attempt, settings.proxy_url.rstrip("/"),
                                 settings.llm_timeout_s)  # fmt: skip
     record = AgentRun(kind=item.agent.kind, session=opened.session.session)
@@ -144,10 +154,25 @@ async def _run_agent(episode: Episode, lease: Lease, opened: OpenSession, record
         )  # fmt: skip
         return await run.run(item.task.prompt, record)
     assert isinstance(agent, CommandAgent)
-    model = opened.session.model
-    gateway = {"OPENAI_BASE_URL": opened.openai_base, "OPENAI_API_KEY": opened.token, "OPENAI_MODEL": model,
-               "ANTHROPIC_BASE_URL": opened.anthropic_base, "ANTHROPIC_API_KEY": opened.token,
-               "ANTHROPIC_MODEL": model}  # fmt: skip
+    if agent.where == "sandbox":
+        # the broker forwards this session, and nothing else, to a loopback port inside the sandbox
+        limits, port = item.limits, deps.settings.sandbox_gateway_port
+        await deps.broker.bind_gateway(lease.id, opened.session.session, opened.proxy_url,
+                                       limits.wall_clock_s + SESSION_GRACE_S)  # fmt: skip
+        gateway = opened.env(f"http://127.0.0.1:{port}")
+        env = {**gateway, "ROLLOUT_TASK": item.task.prompt, **item.task.sandbox.env, **agent.env}
+        ended = await run_in_sandbox(deps.broker, lease.id, agent, env, cwd=episode.workdir, gateway_port=port,
+                                     timeout_s=limits.wall_clock_s, record=record)  # fmt: skip
+        return Cap.WALL_CLOCK if ended else None
+    await _run_on_host(episode, lease, opened, agent, record)
+    return None
+
+
+async def _run_on_host(episode: Episode, lease: Lease, opened: OpenSession, agent: CommandAgent,
+                       record: AgentRun) -> None:  # fmt: skip
+    """``where: "host"``: a child of this worker (trusted single-tenant setups only)."""
+    deps, item = episode.deps, episode.item
+    gateway = opened.env(opened.proxy_url)
     assert deps.redis is not None
     # the agent's own broker token: exec and files on this lease only, revoked when the agent ends
     ttl = item.limits.wall_clock_s + SESSION_GRACE_S
@@ -158,4 +183,3 @@ async def _run_agent(episode: Episode, lease: Lease, opened: OpenSession, record
         await run_command(agent, command_env(agent, gateway, sandbox, item.task.prompt), record)
     finally:
         await asyncio.shield(revoke_lease_token(deps.redis, broker_token))
-    return None

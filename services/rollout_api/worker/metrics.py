@@ -14,8 +14,9 @@ class WorkerMetrics:
         self.running = Gauge("rollout_worker_episodes_running", "episodes running now", registry=r)
         self.taken = Counter("rollout_worker_items_taken_total", "work items taken, by job", ["job"], registry=r)
         self.dead_letters = Counter(
-            "rollout_worker_dead_letters_total", "work entries that could not be decoded, by job", ["job"], registry=r
-        )
+            "rollout_worker_dead_letters_total", "work entries moved to the dead letters, by job and reason",
+            ["job", "reason"], registry=r,
+        )  # fmt: skip
         self.reclaimed = Counter(
             "rollout_worker_items_reclaimed_total", "items reclaimed from dead workers", ["job"], registry=r
         )

@@ -1,14 +1,21 @@
 """Per-test outcomes from a test runner's log, and the SWE-bench decision on them.
 
-Parsers follow the official harness's (``swebench/harness/log_parsers``): pytest's ``-rA`` summary
-(``PASSED id``, ``FAILED id - msg``) and verbose lines (``id PASSED``); unittest and Django's
+Where pytest runs with the grader's plugin (``pytest_report``), its structured report is the source
+(:func:`parse_report`): setup/teardown errors, subtests, xfail/xpass and any parametrized id, exactly
+as pytest decided them. Without it, the log is read as the official harness reads it
+(``swebench/harness/log_parsers``): pytest's ``-rA`` summary (``PASSED id``, ``FAILED id - msg``,
+``SUBFAILED[(context)] id - msg``) and verbose lines (``id PASSED``); unittest and Django's
 ``name (module.Class) ... ok|FAIL|ERROR|skipped`` lines with ``FAIL:``/``ERROR:`` headers.
+A failure is final: a test with a failed subtest or a teardown error is not a pass because pytest
+also printed ``PASSED`` for it. (Before, the last line won and ``SUBFAILED`` lines were not read,
+so a test whose only failures were subtests was PASSED.)
 Grading follows swebench 5.x: a test passes when PASSED or XFAIL; a FAIL_TO_PASS test must pass
 (skipped counts as a failure); a PASS_TO_PASS test must not fail (skipped counts as kept).
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 from services.protocol import ScoredTests
@@ -16,7 +23,8 @@ from services.protocol import ScoredTests
 PASSED, FAILED, ERROR, SKIPPED, XFAIL, MISSING = "PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "MISSING"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _PYTEST_STATUS = "PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS"
-_PYTEST_FIRST = re.compile(rf"^({_PYTEST_STATUS}) (\S+?)(?: - .*)?$")
+_PYTEST_FIRST = re.compile(rf"^({_PYTEST_STATUS}) (.+?)(?: - .*)?$")
+_PYTEST_SUB = re.compile(r"^SUB(FAIL|PASS|SKIP|XFAIL|XPASS)\w*(?:\(.*?\))? (\S+::\S+)")
 _PYTEST_LAST = re.compile(rf"^(\S+::\S+) ({_PYTEST_STATUS})(?:\s+\[\s*\d+%\])?$")
 _UNITTEST = re.compile(r"^(\w+) \(([\w.]+)\)(?:\n.*?)? \.\.\. (ok|OK|FAIL|ERROR|skipped.*|expected failure)$")
 _UNITTEST_HEADER = re.compile(r"^(FAIL|ERROR): (\w+) \(([\w.]+)\)")
@@ -27,10 +35,47 @@ def parse_pytest(log: str) -> dict[str, str]:
     statuses: dict[str, str] = {}
     for line in _ANSI.sub("", log).splitlines():
         line = line.strip()
-        if first := _PYTEST_FIRST.match(line):  # the -rA summary: the final word on each test
-            statuses[first.group(2)] = _pytest_word(first.group(1))
+        if sub := _PYTEST_SUB.match(line):  # a subtest: only its failure says anything about the test
+            if sub.group(1) == "FAIL":
+                _worst(statuses, sub.group(2), FAILED)
+        elif first := _PYTEST_FIRST.match(line):  # the -rA summary
+            _worst(statuses, first.group(2), _pytest_word(first.group(1)))
         elif last := _PYTEST_LAST.match(line):  # -v progress lines
             statuses.setdefault(last.group(1), _pytest_word(last.group(2)))
+    return statuses
+
+
+def _worst(statuses: dict[str, str], test_id: str, status: str) -> None:
+    """A failure or error is never overwritten by a pass, skip or xfail of the same id."""
+    if statuses.get(test_id) not in (FAILED, ERROR) or status in (FAILED, ERROR):
+        statuses[test_id] = status
+
+
+def parse_report(report: str) -> dict[str, str]:
+    """Statuses from the grader's pytest plugin: FAILED if the call or any subtest failed, ERROR if
+    setup or teardown failed (or the file did not collect), XFAIL, SKIPPED, else PASSED (an
+    unexpected pass, XPASS, counts as passed, as in ``-rA``'s ``XPASS``)."""
+    statuses: dict[str, str] = {}
+    failed_subtests: set[str] = set()
+    for line in report.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a crash
+        if not isinstance(record, dict) or not isinstance(test_id := record.get("id"), str):
+            continue
+        outcome, when = record.get("outcome"), record.get("when")
+        if record.get("sub"):
+            if outcome == "failed":
+                failed_subtests.add(test_id)
+        elif outcome == "failed":
+            _worst(statuses, test_id, FAILED if when == "call" else ERROR)
+        elif outcome == "skipped":
+            _worst(statuses, test_id, XFAIL if record.get("xfail") else SKIPPED)
+        elif when == "call":
+            _worst(statuses, test_id, PASSED)
+    for test_id in failed_subtests:
+        statuses[test_id] = FAILED
     return statuses
 
 

@@ -3,7 +3,9 @@
 Every ending is published exactly once (the publish script refuses a second record for the same
 trajectory): ``completed``/``truncated`` from the episode, ``infra_error`` when attempts run out,
 ``cancelled`` when the rollout was cancelled. A worker shutting down hands the item back instead
-(no record, no ack) so another worker takes it.
+(no record, no ack) so another worker takes it. An item whose processing fails outside its
+attempts (publishing or acknowledging it raised) goes to the dead letters (``dead_letters.py``);
+a Redis outage leaves it pending, to be delivered again.
 """
 
 from __future__ import annotations
@@ -11,17 +13,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from services.protocol import ErrorCode, InfraFailure, InfraStage, Status, Trajectory, WorkItem, counters, keys
+from services.protocol import ErrorCode, InfraFailure, InfraStage, Status, Trajectory, WorkItem, counters, keys, work
 from services.protocol.keys import WORKERS_GROUP
 from services.rollout_api.publishing import publish, trajectory_shell
 from services.rollout_api.redis_scripts import Scripts
 from services.rollout_api.worker.agent import AgentDeps, Episode
 from services.rollout_api.worker.clients import InfraError
+from services.rollout_api.worker.dead_letters import DeadLetters, first_line
 from services.rollout_api.worker.metrics import WorkerMetrics
+from services.runtime.outages import STORE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,7 @@ class Delivery:
     entry_id: str
     item: WorkItem
     stop_reason: str | None = None  # set before the running task is cancelled
+    fields: dict[bytes, bytes] = field(default_factory=dict)  # the entry as read (copied to a dead letter)
 
 
 class ItemRunner:
@@ -46,13 +51,22 @@ class ItemRunner:
         self.deps = deps
         self.metrics = metrics
         self.settings = deps.settings
+        self.dead = DeadLetters(redis, scripts, metrics, worker_id=deps.worker_id,
+                                maxlen=deps.settings.trajectory_stream_maxlen)  # fmt: skip
 
     async def run(self, delivery: Delivery) -> None:
         try:
-            await self._attempts(delivery)
-        except asyncio.CancelledError:
-            await asyncio.shield(self._stopped(delivery))
-            raise
+            try:
+                await self._attempts(delivery)
+            except asyncio.CancelledError:
+                await asyncio.shield(self._stopped(delivery))
+                raise
+        except STORE_ERRORS:
+            raise  # Redis is away: the entry stays pending and is delivered again
+        except Exception as exc:  # never again: it would fail the same way on every delivery
+            log.exception("%s failed outside its attempts", delivery.item.trajectory_id)
+            await asyncio.shield(self.dead.move(delivery.job, delivery.entry_id, delivery.fields, work.FAILED,
+                                                first_line(exc), item=delivery.item))  # fmt: skip
 
     async def _attempts(self, delivery: Delivery) -> None:
         item = delivery.item

@@ -13,12 +13,13 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from services.protocol import Task, WorkItem, keys
+from services.protocol import Task, WorkItem, keys, work
 from services.protocol.keys import WORKERS_GROUP
-from services.protocol.work import WorkEntry, dead_letter_fields
+from services.protocol.work import WorkEntry
 from services.rollout_api.records import read_jobs
 from services.rollout_api.redis_scripts import Scripts
 from services.rollout_api.worker.agent import AgentDeps
+from services.rollout_api.worker.dead_letters import first_line
 from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.outages import BROKER
 from services.rollout_api.worker.runner import STOP_CANCELLED, STOP_SHUTDOWN, Delivery, ItemRunner
@@ -166,16 +167,21 @@ class Worker:
         entry: Entry = reply[0][1][0]
         return entry
 
-    async def _start(self, job: str, entry: Entry, *, reclaimed: bool) -> int:
-        """Run the entry's item (1), or move an entry that cannot be decoded to the dead letters (0)."""
+    async def _start(self, job: str, entry: Entry, *, reclaimed: bool, deliveries: int = 1) -> int:
+        """Run the entry's item (1), or move it to the dead letters (0): an entry that cannot be
+        decoded, or one delivered more than ``max_deliveries`` times (its holders died with it)."""
         entry_id, fields = entry
         try:
             raw = WorkEntry.from_fields(fields).item
             item = WorkItem.decode(raw, await self._task(job, raw))
         except (KeyError, ValueError) as exc:  # no such task, pydantic's ValidationError, bytes that are no JSON
-            await self._dead_letter(job, entry_id, fields, str(exc).splitlines()[0][:500])
+            await self.runner.dead.move(job, entry_id, fields, work.UNDECODABLE, first_line(exc))
             return 0
-        delivery = Delivery(job=job, entry_id=entry_id.decode(), item=item)
+        if deliveries > self.settings.max_deliveries:
+            error = f"delivered {deliveries} times (max_deliveries {self.settings.max_deliveries})"
+            await self.runner.dead.move(job, entry_id, fields, work.REDELIVERED, error, item=item)
+            return 0
+        delivery = Delivery(job=job, entry_id=entry_id.decode(), item=item, fields=fields)
         task = asyncio.create_task(self.runner.run(delivery), name=item.trajectory_id)
         self.running[task] = delivery
         task.add_done_callback(self._done)
@@ -197,24 +203,15 @@ class Worker:
             task = self._tasks[key] = Task.model_validate_json(stored)
         return task
 
-    async def _dead_letter(self, job: str, entry_id: bytes, fields: dict[bytes, bytes], reason: str) -> None:
-        """Never retried, never blocking: copied with its reason, then acknowledged and deleted."""
-        log.warning("work entry %s of job %s cannot be decoded (%s): moved to the dead letters", entry_id, job, reason)
-        stream = keys.work_stream(job)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            mapping: dict[Any, Any] = dead_letter_fields(fields, reason, entry_id)
-            pipe.xadd(keys.dead_letters(job), mapping, maxlen=10_000, approximate=True)
-            pipe.xack(stream, WORKERS_GROUP, entry_id)
-            pipe.xdel(stream, entry_id)
-            await pipe.execute()
-        self.metrics.dead_letters.labels(job).inc()
-
     def _done(self, task: asyncio.Task[None]) -> None:
         self.running.pop(task, None)
         self.metrics.running.set(len(self.running))
         self.slot_freed.set()
-        if not task.cancelled() and task.exception() is not None:
-            log.error("item %s failed outside its attempts", task.get_name(), exc_info=task.exception())
+        error = None if task.cancelled() else task.exception()
+        if isinstance(error, STORE_ERRORS):  # left pending, delivered again; logged once per outage
+            self.outage.failed(error)
+        elif error is not None:
+            log.error("item %s failed outside its attempts", task.get_name(), exc_info=error)
 
     # -- liveness ----------------------------------------------------------------------------
 
@@ -276,8 +273,10 @@ class Worker:
             )
             for entry_id, fields in reply[1]:
                 if fields:
-                    log.info("reclaimed %s from a dead worker (job %s)", entry_id.decode(), job)
-                    await self._start(job, (entry_id, fields), reclaimed=True)
+                    deliveries = await self.runner.dead.deliveries(job, entry_id)
+                    log.info("reclaimed %s from a dead worker (job %s, delivery %d)", entry_id.decode(), job,
+                             deliveries)  # fmt: skip
+                    await self._start(job, (entry_id, fields), reclaimed=True, deliveries=deliveries)
             cursor = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
             if cursor == "0-0":  # the whole pending list was scanned
                 return

@@ -92,6 +92,13 @@ class Backend(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
+class GatewayBinder(Protocol):
+    """A backend that forwards a lease's gateway session into its sandbox (local: a Unix socket)."""
+
+    async def bind_gateway(self, sandbox_id: str, session: str, upstream: str, ttl_s: float) -> None: ...
+
+
 def sandbox_gone(sandbox_id: str) -> PlatformError:
     return PlatformError(ErrorCode.SANDBOX_DIED, f"sandbox {sandbox_id} is gone")
 

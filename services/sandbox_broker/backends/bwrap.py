@@ -27,6 +27,7 @@ HOST_ETC = (
 )
 SANDBOX_NET_ETC = ("resolv.conf", "hosts")  # written per sandbox (netns.py): DNS through slirp4netns only
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+GATEWAY_DIR = "/run/rollout"  # where the lease's gateway socket is, inside (``GATEWAY_SOCKET``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,11 @@ class SandboxPaths:
     @property
     def work(self) -> Path:
         return self.disk / "work"
+
+    @property
+    def gateway(self) -> Path:
+        """Bound read-only at /run/rollout: the lease's gateway socket appears here (gateway_forwarder.py)."""
+        return self.root / "gateway"
 
     @property
     def etc(self) -> Path:
@@ -99,6 +105,7 @@ def bwrap_argv(
         argv += ["--ro-bind-try", "/etc/gai.conf", "/etc/gai.conf"]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--bind", str(paths.workspace), "/workspace", "--bind", str(paths.tmp), "/tmp"]
+    argv += ["--ro-bind-try", str(paths.gateway), GATEWAY_DIR]
     argv += ["--remount-ro", "/", "--chdir", cwd]
     return argv
 

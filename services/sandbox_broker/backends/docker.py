@@ -24,7 +24,14 @@ import docker.types
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import ExecRequest, ExecResult
 from services.protocol.status import ErrorCode
-from services.sandbox_broker.backends import docker_firewall, docker_images, docker_sweep, dockerfiles
+from services.sandbox_broker.backends import (
+    docker_config,
+    docker_disk,
+    docker_firewall,
+    docker_images,
+    docker_sweep,
+    dockerfiles,
+)
 from services.sandbox_broker.backends.base import (
     LABEL_BROKER,
     OutputBuffer,
@@ -33,13 +40,13 @@ from services.sandbox_broker.backends.base import (
     SandboxSpec,
     sandbox_gone,
 )
+from services.sandbox_broker.backends.docker_config import DEFAULT_WORKDIR, RunAs
 from services.sandbox_broker.backends.monitors import leftover_monitors
 from services.sandbox_broker.images.sources import ImageError
 from services.sandbox_broker.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
 
-WORKDIR = "/workspace"
 KEEP_RUNNING = ["sleep", "2147483647"]
 KILL_GRACE_S = 2  # timeout -k: SIGKILL this long after SIGTERM
 CLIENT_SLACK_S = 10.0  # the client-side deadline: the inner timeout plus this
@@ -56,6 +63,8 @@ class DockerBackend:
         self._client: Any = None
         self._firewalled: str | None = None  # the sandbox bridge whose iptables rules this broker owns
         self._loading: dict[str, asyncio.Lock] = {}  # image path -> one load at a time
+        self._disk = docker_disk.DiskQuota(False, docker_disk.NONE)  # what start() found
+        self._run_as: dict[str, RunAs] = {}  # container id -> its workdir and exec user (docker_config.py)
 
     async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: fn(*args, **kwargs))
@@ -76,6 +85,7 @@ class DockerBackend:
             else await self._run(lambda: docker.from_env(**kwargs))
         )
         version = await self._run(self._client.version)
+        self._disk = docker_disk.probe(await self._run(self._client.info), self.settings.docker_disk_quota)
         bridge = await self._run(self._ensure_network)
         if self.settings.docker_firewall:
             await self._run(docker_firewall.install, bridge)
@@ -87,7 +97,8 @@ class DockerBackend:
         return {"isolated": True, "engine": version.get("Version"), "api": version.get("ApiVersion"),
                 "network": self.settings.docker_network, "default_image": image, "default_image_present": has_image,
                 "runtime": self.settings.docker_runtime or "default", "bridge": bridge,
-                "firewall": "iptables" if self._firewalled else "operator (docs/sandbox_broker.md)"}  # fmt: skip
+                "firewall": "iptables" if self._firewalled else "operator (docs/sandbox_broker.md)",
+                "disk_quota": self._disk.detail}  # fmt: skip
 
     def _remove_idle_network(self) -> None:
         """On shutdown, the shared network goes when no sandbox is left on it (another replica's
@@ -138,8 +149,9 @@ class DockerBackend:
             raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"image {image} is not on the docker host "
                                 "(prepare it first: the broker never pulls)", field="template")  # fmt: skip
         container = await self._run(self._start_container, image, spec)
-        sandbox = Sandbox(container.id, spec.labels, WORKDIR, time.time())
         try:
+            run_as = await self._resolve(container.id)
+            sandbox = Sandbox(container.id, spec.labels, run_as.workdir, time.time())
             for command in spec.template.setup:
                 result = await self.exec(
                     container.id, ExecRequest(shell=command, timeout_s=self.settings.setup_timeout_s)
@@ -174,11 +186,13 @@ class DockerBackend:
             "nano_cpus": int(r.cpus * 1e9), "mem_limit": f"{r.memory_mb}m", "memswap_limit": f"{r.memory_mb}m",
             "pids_limit": self.settings.pids_max, "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"],
             "ulimits": [docker.types.Ulimit(name="nofile", soft=self.settings.nofile, hard=self.settings.nofile)],
-            "working_dir": WORKDIR, "tmpfs": {"/tmp": f"rw,nosuid,size={min(r.disk_mb, 1024)}m"}, **network,
+            "tmpfs": {"/tmp": f"rw,nosuid,size={min(r.disk_mb, 1024)}m"}, **network, **self._disk.options(r.disk_mb),
         }  # fmt: skip
         if self.settings.docker_runtime:
             kwargs["runtime"] = self.settings.docker_runtime
         try:
+            if not docker_config.image_workdir(self._client.api, image):  # else the image's WorkingDir
+                kwargs["working_dir"] = DEFAULT_WORKDIR
             container = self._client.containers.create(image, **kwargs)
         except docker.errors.APIError as exc:
             raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, f"container create: {exc}") from exc
@@ -200,6 +214,7 @@ class DockerBackend:
         return None
 
     async def destroy(self, sandbox_id: str) -> None:
+        self._run_as.pop(sandbox_id, None)
         try:
             await self._run(self.client.api.remove_container, sandbox_id, force=True, v=True)
         except docker.errors.NotFound:
@@ -207,7 +222,8 @@ class DockerBackend:
 
     async def list_sandboxes(self) -> list[Sandbox]:
         containers = await self._run(self.client.containers.list, all=True, filters={"label": LABEL_BROKER})
-        found = [Sandbox(c.id, dict(c.labels), WORKDIR, _created(c.attrs.get("Created", ""))) for c in containers]
+        found = [Sandbox(c.id, dict(c.labels), _workdir(c.attrs), _created(c.attrs.get("Created", "")))
+                 for c in containers]  # fmt: skip
         if self.settings.docker_exec_root:
             every = {c.id for c in await self._run(self.client.containers.list, all=True)}
             await self._run(leftover_monitors, self.settings.docker_exec_root, every, True)
@@ -228,9 +244,10 @@ class DockerBackend:
         limit = min(request.max_output_bytes, self.max_output_bytes)
         loop = asyncio.get_running_loop()
         started = time.monotonic()
-        job = loop.run_in_executor(self._pool, dockerfiles.run_exec, self.client.api, sandbox_id, argv, env,
-                                   request.cwd or WORKDIR, limit, sink, loop)  # fmt: skip
         try:
+            run_as = await self._resolve(sandbox_id)
+            job = loop.run_in_executor(self._pool, dockerfiles.run_exec, self.client.api, sandbox_id, argv, env,
+                                       request.cwd or run_as.workdir, run_as.user, limit, sink, loop)  # fmt: skip
             code, out, err = await asyncio.wait_for(job, request.timeout_s + KILL_GRACE_S + CLIENT_SLACK_S)
         except TimeoutError:
             log.warning("exec in %s passed its client deadline; reporting a timeout", sandbox_id[:12])
@@ -263,9 +280,18 @@ class DockerBackend:
         data: bytes = await self._files(dockerfiles.get_archive, sandbox_id, directory)
         return data
 
+    async def _resolve(self, sandbox_id: str) -> RunAs:
+        """The container's workdir and exec user: kept from its creation, else read once (a
+        container created before this broker started)."""
+        found = self._run_as.get(sandbox_id)
+        if found is None:
+            found = self._run_as[sandbox_id] = await self._run(docker_config.resolve, self.client.api, sandbox_id)
+        return found
+
     async def _files(self, fn: Any, sandbox_id: str, *args: Any) -> Any:
         try:
-            return await self._run(fn, self.client.api, sandbox_id, *args)
+            run_as = await self._resolve(sandbox_id)
+            return await self._run(fn, self.client.api, sandbox_id, run_as, *args)
         except docker.errors.NotFound as exc:
             if "No such container" in str(exc):
                 raise sandbox_gone(sandbox_id) from exc
@@ -275,6 +301,10 @@ class DockerBackend:
             if "is not running" in str(exc):
                 raise sandbox_gone(sandbox_id) from exc
             raise PlatformError(ErrorCode.TRANSPORT_ERROR, f"docker: {exc}") from exc
+
+
+def _workdir(attrs: dict[str, Any]) -> str:
+    return str((attrs.get("Config") or {}).get("WorkingDir") or DEFAULT_WORKDIR)
 
 
 def _created(stamp: str) -> float:

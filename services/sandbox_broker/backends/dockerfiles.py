@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import posixpath
 import socket
 import tarfile
 import time
@@ -16,15 +15,14 @@ from docker.utils.socket import consume_socket_output, demux_adaptor, frames_ite
 from services.protocol.errors import PlatformError
 from services.protocol.status import ErrorCode
 from services.sandbox_broker.backends.base import OutputBuffer, OutputSink, bad_path
-
-WORKDIR = "/workspace"
+from services.sandbox_broker.backends.docker_config import RunAs
 
 
 def run_exec(
-    api: Any, container: str, argv: list[str], env: dict[str, str], workdir: str, limit: int,
+    api: Any, container: str, argv: list[str], env: dict[str, str], workdir: str, user: str, limit: int,
     sink: OutputSink | None, loop: asyncio.AbstractEventLoop,
 ) -> tuple[int, OutputBuffer, OutputBuffer]:  # fmt: skip
-    exec_id = api.exec_create(container, argv, environment=env, workdir=workdir)["Id"]
+    exec_id = api.exec_create(container, argv, environment=env, workdir=workdir, user=user)["Id"]
     out, err = OutputBuffer(limit), OutputBuffer(limit)
     for chunk_out, chunk_err in api.exec_start(exec_id, stream=True, demux=True):
         for name, chunk, buffer in (("stdout", chunk_out, out), ("stderr", chunk_err, err)):
@@ -40,10 +38,6 @@ async def _deliver(sink: OutputSink, name: str, chunk: bytes) -> None:
     await sink(name, chunk)
 
 
-def absolute(path: str) -> str:
-    return posixpath.normpath(posixpath.join(WORKDIR, path))
-
-
 # The file routes run inside the container, in its own mount namespace: the view its commands and
 # the reward have. Docker's archive API resolves paths on the engine's host-side mount of the
 # container's root instead, which misses the container's own mounts (its tmpfs /tmp: a file put
@@ -56,13 +50,18 @@ READ = _MARK + '[ -e "$1" ] || exit 2; [ -f "$1" ] || exit 3; exec cat -- "$1"'
 PUT_TAR = _MARK + 'mkdir -p -- "$1" && exec tar -x -o -f - -C "$1"'
 GET_TAR = _MARK + '[ -e "$1" ] || exit 2; [ -d "$1" ] || exit 3; exec tar -c -f - -C "$1" .'
 MISSING, NOT_THAT_KIND = 2, 3
+# exit codes that say the command never ran (the engine's or the runtime's failure, as "unable to
+# find user", not the path's): an infra error, so that the caller retries, never a 400
+CANNOT_RUN = (-1, 125, 126, 127)
 
 
 def _in_container(
-    api: Any, container: str, script: str, path: str, data: bytes | None = None
+    api: Any, container: str, run_as: RunAs, script: str, path: str, data: bytes | None = None
 ) -> tuple[int, bytes, str]:
-    """Run ``script`` with ``path`` as ``$1`` and ``data`` on stdin; its exit code, stdout and stderr."""
-    exec_id = api.exec_create(container, ["sh", "-c", script, "rollout-file", path], stdin=data is not None)["Id"]
+    """Run ``script`` with ``path`` (made absolute) as ``$1`` and ``data`` on stdin; its exit code,
+    stdout and stderr."""
+    argv = ["sh", "-c", script, "rollout-file", run_as.absolute(path)]
+    exec_id = api.exec_create(container, argv, stdin=data is not None, user=run_as.user)["Id"]
     sock = api.exec_start(exec_id, socket=True)
     try:
         if data is not None:
@@ -93,30 +92,33 @@ def _checked(code: int, err: str, path: str, kind: str) -> None:
         raise PlatformError(ErrorCode.NOT_FOUND, f"not found in the sandbox: {path!r}")
     if code == NOT_THAT_KIND:
         raise bad_path(path, f"is not a {kind}")
+    if code in CANNOT_RUN:
+        message = f"the file command for {path!r} could not run in the sandbox (exit {code}): {err[-300:]}"
+        raise PlatformError(ErrorCode.TRANSPORT_ERROR, message)
     if code != 0:
         raise bad_path(path, err[-300:] or f"exited {code}")
 
 
-def write_file(api: Any, container: str, path: str, data: bytes) -> None:
-    code, _, err = _in_container(api, container, WRITE, absolute(path), data)
+def write_file(api: Any, container: str, run_as: RunAs, path: str, data: bytes) -> None:
+    code, _, err = _in_container(api, container, run_as, WRITE, path, data)
     _checked(code, err, path, "regular file")
 
 
-def read_file(api: Any, container: str, path: str) -> bytes:
-    code, out, err = _in_container(api, container, READ, absolute(path))
+def read_file(api: Any, container: str, run_as: RunAs, path: str) -> bytes:
+    code, out, err = _in_container(api, container, run_as, READ, path)
     _checked(code, err, path, "regular file")
     return out
 
 
-def put_archive(api: Any, container: str, directory: str, tar: bytes) -> None:
+def put_archive(api: Any, container: str, run_as: RunAs, directory: str, tar: bytes) -> None:
     _check_tar(tar)
-    code, _, err = _in_container(api, container, PUT_TAR, absolute(directory), tar)
+    code, _, err = _in_container(api, container, run_as, PUT_TAR, directory, tar)
     _checked(code, err, directory, "directory")
 
 
-def get_archive(api: Any, container: str, directory: str) -> bytes:
+def get_archive(api: Any, container: str, run_as: RunAs, directory: str) -> bytes:
     """The directory as a tar with names relative to it (``./...``), like the local backend's."""
-    code, out, err = _in_container(api, container, GET_TAR, absolute(directory))
+    code, out, err = _in_container(api, container, run_as, GET_TAR, directory)
     _checked(code, err, directory, "directory")
     buffer = io.BytesIO()
     with tarfile.open(fileobj=io.BytesIO(out)) as source, tarfile.open(fileobj=buffer, mode="w") as result:

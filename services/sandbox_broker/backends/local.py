@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from services.protocol.errors import PlatformError
-from services.protocol.sandboxes import ExecRequest, ExecResult
+from services.protocol.sandboxes import GATEWAY_SOCKET, ExecRequest, ExecResult
 from services.protocol.status import ErrorCode
 from services.sandbox_broker.backends import disk, imageroot, leftovers, netns, overlay, snapshots
 from services.sandbox_broker.backends.agents import AgentRequest, ExecAgents, agent_command
 from services.sandbox_broker.backends.base import OutputSink, Sandbox, SandboxSpec, bad_path, sandbox_gone
 from services.sandbox_broker.backends.bwrap import HostProbe, SandboxPaths, probe_bwrap
 from services.sandbox_broker.backends.cgroups import Cgroups
+from services.sandbox_broker.backends.gateway_forwarder import GatewayForwarders, relay_command
 from services.sandbox_broker.backends.leftovers import teardown
 from services.sandbox_broker.backends.local_commands import (
     AGENT_ENV,
@@ -73,6 +74,7 @@ class LocalBackend:
         self.agents = ExecAgents()
         self.use_agents = settings.exec_agents
         self.known = KnownSandboxes()
+        self.gateways = GatewayForwarders()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -114,6 +116,7 @@ class LocalBackend:
         return {"disk_quota": disk.KIND if self.disk_quota else "none (file-size rlimit only)", "egress": egress}
 
     async def close(self) -> None:
+        await self.gateways.close()
         await self.agents.close()
         await asyncio.to_thread(self.cgroups.remove_scope)
         await asyncio.to_thread(self.images.clean_leftovers)
@@ -143,6 +146,14 @@ class LocalBackend:
             raise
         return Sandbox(sandbox_id, spec.labels, workdir_of(meta), float(str(meta["created_at"])),
                        float(str(meta.get("cloned_s", 0.0))))  # fmt: skip
+
+    async def bind_gateway(self, sandbox_id: str, session: str, upstream: str, ttl_s: float) -> None:
+        """Serve the sandbox's gateway socket, relaying ``/e/{session}/...`` only (gateway_forwarder.py)."""
+        known = self.known.get(sandbox_id) or self.known.read(sandbox_id, self._paths(sandbox_id))
+        if image_of(known.meta) is not None:
+            raise PlatformError(ErrorCode.BAD_REQUEST, "the gateway socket is not bound into image sandboxes yet",
+                                field="template")  # fmt: skip
+        await self.gateways.bind(sandbox_id, known.paths.gateway, session, upstream, ttl_s)
 
     async def snapshot(self, sandbox_id: str) -> str:
         return await asyncio.to_thread(snapshots.take, self._existing(sandbox_id).disk, self.root.parent)
@@ -187,8 +198,9 @@ class LocalBackend:
         return True
 
     def _layout(self, paths: SandboxPaths) -> None:
-        for d in (paths.workspace, paths.tmp, paths.etc):
+        for d in (paths.workspace, paths.tmp, paths.etc, paths.gateway):
             d.mkdir(parents=True, exist_ok=True)
+        paths.gateway.chmod(0o755)  # the sandbox user connects to the socket in it, writes nothing
         paths.tmp.chmod(0o1777)
         self._own(paths.workspace)
         self._own(paths.tmp)
@@ -208,6 +220,7 @@ class LocalBackend:
         paths = self._paths(sandbox_id)
         paths.meta.unlink(missing_ok=True)  # first: a command cut short now reports the sandbox gone
         self.known.drop(sandbox_id)
+        await self.gateways.unbind(sandbox_id)
         await self.agents.stop(sandbox_id)
         await asyncio.to_thread(self.cgroups.remove, sandbox_id)
         await asyncio.to_thread(teardown, paths)
@@ -249,6 +262,8 @@ class LocalBackend:
             why = "local commands run in their own pid namespace: their processes always end with them"
             raise PlatformError(ErrorCode.BAD_REQUEST, why, field="keep_background")
         command, cwd, env = command_of(request, meta), cwd_of(request, meta), env_of(request, meta)
+        if request.gateway_port is not None:  # the in-sandbox end of the lease's gateway forwarder
+            command = relay_command(agent_python(meta) or "python3", request.gateway_port, GATEWAY_SOCKET, command)
         cap = min(request.max_output_bytes, self.max_output_bytes)
         agent = self.agents.take(sandbox_id)
         if agent is None:
