@@ -64,7 +64,8 @@ class Fleet:
         ]  # fmt: skip
         if jobs:
             args += ["--jobs", ",".join(jobs)]
-        worker = start_service(args, log_dir=self.logs, env={**SECRETS.env(), **WORKER_ENV, **env}, name="worker")
+        secrets = {k: v for k, v in SECRETS.env().items() if k != "ROLLOUT_ADMIN_TOKEN"}  # as deployed: none
+        worker = start_service(args, log_dir=self.logs, env={**secrets, **WORKER_ENV, **env}, name="worker")
         self.workers.append(worker)
         return worker
 
