@@ -9,12 +9,12 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from services.runtime.settings import UsesAdminToken, UsesRedis, UsesServiceToken
+from services.runtime.settings import ServesHttp, UsesAdminToken, UsesRedis, UsesServiceToken
 
 BackendName = Literal["local", "docker", "e2b"]
 
 
-class BrokerSettings(UsesRedis, UsesAdminToken, UsesServiceToken):
+class BrokerSettings(UsesRedis, UsesAdminToken, UsesServiceToken, ServesHttp):
     """Built once in ``main()`` and passed down."""
 
     model_config = SettingsConfigDict(env_prefix="ROLLOUT_BROKER_")
@@ -22,6 +22,7 @@ class BrokerSettings(UsesRedis, UsesAdminToken, UsesServiceToken):
 
     host: str = "127.0.0.1"
     port: int = 8200  # the workers' default broker URL
+    http_keepalive_s: float = Field(30.0, gt=0)  # the workers' clients close theirs after 4 s idle
     backend: BackendName = "local"
     redis_connections: int = Field(1024, gt=0)  # pool size; requests wait for a free connection past it
     instance: str = ""  # replica name, stable across restarts; default "<hostname>:<port>"
