@@ -162,6 +162,14 @@ class UsesServiceToken(ServiceSettings):
         return self.service_token.split(",")[0].strip()
 
 
+class ServesHttp(ServiceSettings):
+    """An HTTP server's limits on slow clients (``services/runtime/slow_clients.py``)."""
+
+    http_header_timeout_s: float = Field(10.0, gt=0)  # a request's headers must all arrive within this
+    http_body_timeout_s: float = Field(60.0, gt=0)  # and its whole body within this after the headers
+    http_keepalive_s: float = Field(5.0, gt=0)  # a kept-alive connection idle this long is closed
+
+
 class RedisSettings(BaseSettings):
     """``ROLLOUT_REDIS_*`` (bar ``ROLLOUT_REDIS_URL``, a shared setting): the embedded server, every client pool."""
 

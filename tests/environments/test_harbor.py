@@ -87,3 +87,22 @@ def test_the_set_version_follows_the_content(tmp_path: Path) -> None:
     before = set_version([tmp_path / "hello-world"])
     (tmp_path / "hello-world" / "instruction.md").write_text("changed\n")
     assert set_version([tmp_path / "hello-world"]) != before and before.startswith("sha256:")
+
+
+def test_the_bench_summary_counts_an_episode_off_its_reference_against_the_source() -> None:
+    from services.benchmarks.envs import summary
+    from services.environments.harbor_sets import HarborImport
+    from services.protocol import Status, Trajectory
+
+    task = harbor.load(TASKS / "hello-world")
+    done = HarborImport(tasks=[harbor.to_task(task, "t", "v")], build_s=[0.5], loaded=[task])
+
+    def traj(mode: str, reward: float) -> Trajectory:
+        return Trajectory(trajectory_id=f"{mode}:0", attempt=1, job=mode, rollout_id="r", task_id="hello-world",
+                          group_id="g", sample_index=0, group_size=1, status=Status.COMPLETED, reward=reward,
+                          source="harbor")  # fmt: skip
+
+    good = summary(done, {"oracle": [traj("oracle", 1.0)], "noop": [traj("noop", 0.0)]})
+    assert (good["sources_ok"], good["reward_matches_package"], good["episodes"]) == (["harbor"], 1.0, 2)
+    bad = summary(done, {"oracle": [traj("oracle", 1.0)], "noop": [traj("noop", 1.0)]})
+    assert (bad["sources_ok"], bad["reward_matches_package"], bad["harbor_noop_reward_mean"]) == ([], 0.5, 1.0)
