@@ -24,8 +24,11 @@ lint:
 typecheck:
 	$(BIN)/mypy
 
+# The suite in PYTEST_WORKERS processes, a test file per process at a time (module-scoped fleets start
+# once); each process has its own Redis, ports and tmp dirs. The files with slow tests start first.
+PYTEST_WORKERS ?= 4
 pytest:
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

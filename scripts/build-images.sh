@@ -51,29 +51,36 @@ if [[ $relock == 1 ]]; then
   mv deploy/service.lock.new deploy/service.lock
   echo "== deploy/service.lock: $(wc -l < deploy/service.lock) pins"
 fi
-load_or_build() {  # name tag key dockerfile target
+image_ok() {  # tag python-statement: the image's venv imports what it must (a build under heavy load has
+  # produced an image whose venv layer was cut short: a third of site-packages and no platform code)
+  docker run --rm --network none --entrypoint /opt/venv/bin/python "$1" -c "$2" >/dev/null 2>&1
+}
+load_or_build() {  # name tag key dockerfile target check
   local saved="$CACHE/$1-$3.tar"
   if [[ -f $saved ]]; then
     echo "== $2 from the cache"
     docker load -q -i "$saved" >/dev/null
-    return
+    image_ok "$2" "$6" && return
+    echo "== $2 from the cache is incomplete: building it again"
+    rm -f "$saved"
   fi
   echo "== building $2"
   local attempt
   for attempt in 1 2 3; do  # a daemon under heavy load has lost a layer mid-build: try again
     docker build -q --network host -f "$4" ${5:+--target "$5"} --build-arg "BASE=rollout-base:$SUITE" \
-      --build-arg DEPS=rollout-deps:latest -t "$2" . >/dev/null && break
+      --build-arg DEPS=rollout-deps:latest -t "$2" . >/dev/null && image_ok "$2" "$6" && break
     [[ $attempt == 3 ]] && return 1
-    echo "== building $2 failed (attempt $attempt), retrying"
+    echo "== building $2 failed or gave an incomplete image (attempt $attempt), retrying"
   done
   docker save -o "$saved.partial" "$2" && mv "$saved.partial" "$saved"
   find "$CACHE" -name "$1-*.tar" ! -name "$(basename "$saved")" -delete  # keep one of each
 }
 deps_key=$( { echo "$base_key"; sha256sum deploy/service.lock deploy/deps.Dockerfile; } | sha256sum | cut -c1-16)
-load_or_build deps rollout-deps:latest "$deps_key" deploy/deps.Dockerfile ""
+load_or_build deps rollout-deps:latest "$deps_key" deploy/deps.Dockerfile "" "import fastapi, uvicorn, redis, aiohttp, pydantic, msgspec"
 content_key=$( { echo "$deps_key"; git ls-files -z -- Dockerfile pyproject.toml README.md services trainer_client \
   | xargs -0 sha256sum; } | sha256sum | cut -c1-16)
 for target in "${targets[@]}"; do
-  load_or_build "$target" "rollout-platform$([[ $target == service ]] || echo "-$target"):latest" "$content_key" Dockerfile "$target"
+  load_or_build "$target" "rollout-platform$([[ $target == service ]] || echo "-$target"):latest" "$content_key" Dockerfile "$target" \
+    "import services.cli.main, trainer_client"
 done
 echo "== images: ${targets[*]} ($content_key)"

@@ -79,3 +79,17 @@ def tarpit() -> Iterator[str]:
     finally:
         for sock in (*fillers, server):
             sock.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with the longest tests run first: in a parallel run (``make test``) the longest files
+    then overlap the many short ones instead of finishing alone at the end. A file's weight is the
+    largest ``timeout`` mark among its ``slow`` tests (what its author allowed it, a proxy for its
+    length); files without slow tests come last, in their collection order."""
+    weight: dict[object, float] = {}
+    for item in items:
+        if item.get_closest_marker("slow"):
+            timeout = item.get_closest_marker("timeout")
+            allowed = float(timeout.args[0]) if timeout and timeout.args else 120.0
+            weight[item.path] = max(weight.get(item.path, 0.0), allowed)
+    items.sort(key=lambda item: -weight.get(item.path, 0.0))  # stable: the order within a file is kept

@@ -131,6 +131,8 @@ def test_every_service_gets_its_secrets(container: Container) -> None:
     assert settings.service_token, f"{container.name} has no service token"
     if container.command != "worker":
         assert settings.admin_token, f"{container.name} has no admin token"
+    else:  # a worker runs tenants' episodes: the operators' token stays out of its environment
+        assert "ROLLOUT_ADMIN_TOKEN" not in container.env, f"{container.name} is given the admin token"
     if container.command == "proxy":
         assert settings.require_token, "the proxy's data plane must require a token"
     assert "@" in str(settings.redis_url), f"{container.name}'s Redis URL carries no password"

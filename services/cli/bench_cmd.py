@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from services.benchmarks import broker, codec, fleet, gateway, proxy, swe, trainer, turn
+from services.benchmarks import broker, codec, envs, fleet, gateway, proxy, swe, trainer, trainers, turn
 
-BENCHMARKS = (codec, proxy, broker, fleet, trainer, swe, gateway, turn)
+BENCHMARKS = (codec, proxy, broker, fleet, trainer, trainers, swe, envs, gateway, turn)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -24,6 +24,25 @@ def register(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     swe.add_argument("--source-version", default=None, help="the set's version (default: the file's content hash)")
     swe.add_argument("--out", type=Path, default=None, help="write the bodies here (a JSON list; default: stdout)")
     swe.set_defaults(handler=import_swe)
+    _register_harbor(kinds)
+
+
+def _register_harbor(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    harbor = kinds.add_parser("harbor", help="Harbor task directories (Terminal-Bench): build each image offline, "
+                              "register its template, write the POST /rollouts body")  # fmt: skip
+    harbor.add_argument("dirs", type=Path, nargs="+", help="task directories, or directories of them")
+    harbor.add_argument("--out", type=Path, required=True, help="images/ and rollout.json go here")
+    harbor.add_argument("--job", default="harbor", help="the job of the written request body")
+    harbor.add_argument("--base", action="append", default=[], help="IMAGE=BASE: the local base of a FROM image "
+                        "(a path, an image store name or 'mmdebstrap'; repeatable)")  # fmt: skip
+    harbor.add_argument("--network", action="store_true", help="RUN steps reach the network (apt-get, pip)")
+    harbor.add_argument("--host-usr", action="store_true", help="the templates bind the host's /usr (test bases)")
+    harbor.add_argument("--broker-url", default=None, help="register the templates with this broker (admin token "
+                        "from ROLLOUT_ADMIN_TOKEN)")  # fmt: skip
+    harbor.add_argument("--source-version", default=None, help="the set's version (default: its content hash)")
+    harbor.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "rollout" / "tasks")
+    harbor.add_argument("--state-dir", type=Path, default=None, help="the broker's state dir (store names as bases)")
+    harbor.set_defaults(handler=import_harbor)
 
 
 def import_swe(args: argparse.Namespace) -> int:
@@ -47,4 +66,43 @@ def import_swe(args: argparse.Namespace) -> int:
     for request in imported.requests:
         source = request.instances[0].source
         print(f"{source}: {len(request.instances)} instances", file=sys.stderr)
+    return 0
+
+
+def import_harbor(args: argparse.Namespace) -> int:
+    import os
+
+    import httpx
+
+    from services.cli.images_cmd import _store
+    from services.environments.harbor import HarborError
+    from services.environments.harbor_sets import import_tasks
+    from services.protocol import RolloutRequest
+
+    bases = dict(item.split("=", 1) for item in args.base if "=" in item)
+    if len(bases) != len(args.base):
+        print("error: --base takes IMAGE=BASE", file=sys.stderr)
+        return 2
+    names = {name: entry["source"] for name, entry in _store(args).refs().items()}
+    try:
+        done = import_tasks(args.dirs, args.out, args.cache, bases=bases, network=args.network,
+                            host_usr=args.host_usr, source_version=args.source_version, store_names=names)  # fmt: skip
+    except (HarborError, ValueError, OSError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for note in done.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if args.broker_url:
+        headers = {"Authorization": f"Bearer {os.environ.get('ROLLOUT_ADMIN_TOKEN', '')}"}
+        for template in done.templates:
+            answer = httpx.post(f"{args.broker_url}/templates", json=template, headers=headers, timeout=60)
+            if answer.status_code >= 400:
+                print(f"error: registering {template['name']}: {answer.status_code} {answer.text}", file=sys.stderr)
+                return 1
+    body = RolloutRequest(job=args.job, tasks=done.tasks)
+    (args.out / "rollout.json").write_text(body.model_dump_json(indent=1, exclude_defaults=True))
+    (args.out / "templates.json").write_text(json.dumps(done.templates, indent=1))
+    for task, seconds in zip(done.tasks, done.build_s, strict=True):
+        print(f"{task.id:<32} {task.sandbox.template:<40} built in {seconds:.1f}s")
+    print(f"{len(done.tasks)} tasks in {args.out / 'rollout.json'}")
     return 0

@@ -16,8 +16,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     export = actions.add_parser("export", help="write every trajectory of a job's stream to FILE (.gz: gzip)")
     export.add_argument("--job", required=True)
     export.add_argument("--out", type=Path, required=True)
+    export.add_argument("--format", default="jsonl", choices=("jsonl", "atif"),
+                        help="jsonl: the platform's records; atif: one Harbor ATIF document per line")  # fmt: skip
     export.set_defaults(handler=run_export)
-    load = actions.add_parser("import", help="append a dump's trajectories to their job's stream (or --job's)")
+    load = actions.add_parser("import", help="append a dump's trajectories (records or ATIF) to their job's stream")
     load.add_argument("--file", type=Path, required=True)
     load.add_argument("--job", default=None, help="put every record into this job's stream instead")
     load.set_defaults(handler=run_import)
@@ -37,7 +39,7 @@ def run_export(args: argparse.Namespace) -> int:
     from services.rollout_api.dump import export_job
 
     with _client(args) as client:
-        count = export_job(client, args.job, args.out)
+        count = export_job(client, args.job, args.out, args.format)
     print(f"exported {count} trajectories of job {args.job!r} to {args.out}")
     return 0
 

@@ -78,6 +78,10 @@ def k8s_containers(source: str, objects: list[Obj]) -> Iterator[Container]:
                 kind, key = ("ConfigMap", "configMapRef") if "configMapRef" in ref else ("Secret", "secretRef")
                 env.update({k: str(v) for k, v in maps.get((kind, ref[key]["name"]), {}).items() if v is not None})
             env.update({e["name"]: str(e["value"]) for e in c.get("env", []) if "value" in e})
+            for e in c.get("env", []):  # a single key of a Secret
+                ref = e.get("valueFrom", {}).get("secretKeyRef")
+                if ref and ref.get("key") in maps.get(("Secret", ref["name"]), {}):
+                    env[e["name"]] = str(maps[("Secret", ref["name"])][ref["key"]])
             ports = [p["containerPort"] for p in c.get("ports", [])]
             for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
                 port = c.get(probe, {}).get("httpGet", {}).get("port")

@@ -10,6 +10,7 @@ from aiohttp import web
 from services.engines.batching import Generation
 from services.engines.engine import Engine, EngineRequestError, GenerateParams
 from services.engines.native import ENGINE
+from services.engines.openai_logprobs import LogprobRequest, chat_logprobs, completion_logprobs
 from services.engines.responses import json_response, openai_error, read_json, stream_sse, wait_done
 from services.engines.tokenization import render_chat
 
@@ -54,6 +55,14 @@ class _Call:
         )
         self.created = int(time.time())
         self.model = str(body.get("model") or engine.settings.served_model_name)
+        self.logprobs = LogprobRequest.of(body, chat=chat)
+
+    def choice_logprobs(self, gen: Generation, start: int = 0) -> dict[str, Any] | None:
+        """The tokens' logprobs from ``start`` on, when the call asked for them."""
+        if self.logprobs is None:
+            return None
+        shape = chat_logprobs if self.chat else completion_logprobs
+        return shape(self.engine, gen, self.prompt_ids, self.logprobs, start)
 
     def head(self, gen: Generation, kind: str) -> dict[str, Any]:
         return {"id": gen.rid, "object": kind, "created": self.created, "model": self.model}
@@ -67,7 +76,7 @@ class _Call:
             choice = {"index": 0, "text": _text(e, gen)}
             doc = self.head(gen, "text_completion")
         choice["finish_reason"] = _finish(e, gen)
-        choice["logprobs"] = None
+        choice["logprobs"] = self.choice_logprobs(gen)
         return {**doc, "choices": [choice], "usage": _usage(e, gen), "metadata": {"weight_version": e.weight_version}}
 
     def frames(self, gen: Generation, sent: int, final: bool) -> list[dict[str, Any]]:
@@ -81,6 +90,8 @@ class _Call:
             choice = {"index": 0, "text": piece}
             doc = self.head(gen, "text_completion")
         choice["finish_reason"] = _finish(e, gen) if final else None
+        if self.logprobs is not None:
+            choice["logprobs"] = self.choice_logprobs(gen, sent)
         frame = {**doc, "choices": [choice]}
         if final:
             frame["usage"] = _usage(e, gen)

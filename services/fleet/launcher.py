@@ -92,11 +92,12 @@ class Fleet:
             "api", "--port", "{port}", "--broker-url", self.url("broker"),
             "--proxy-url", self.url("proxy"), "--tokenizer-path", str(cfg.model_dir),
         ], env)  # fmt: skip
+        worker_env = {k: v for k, v in env.items() if k != "ROLLOUT_ADMIN_TOKEN"}  # a worker needs no admin token
         self._start("worker", [
             "worker", "--port", "{port}", "--proxy-url", self.url("proxy"),
             "--broker-url", self.url("broker"), "--model-path", str(cfg.model_dir),
             "--concurrency", str(cfg.worker_concurrency),
-        ], env)  # fmt: skip
+        ], worker_env)  # fmt: skip
 
     def _start(self, name: str, args: list[str], env: dict[str, str], health: str = "/healthz") -> None:
         service = start_service(

@@ -61,7 +61,7 @@ class GatewayCall(msgspec.Struct, kw_only=True):
     finish_reason: str  # the engine's: "stop" | "length" | "abort"
     weight_version: str = ""
     engine_id: str = ""
-    route: Literal["chat", "completions", "messages", "responses"] = "chat"
+    route: Literal["chat", "completions", "messages", "responses", "gemini"] = "chat"
     merged: bool = False  # the prompt extended the segment's previous prompt + output
     mismatch: bool = False  # re-rendering the history gave other ids than recorded; recorded ids won
     tool_calls: int = 0  # calls parsed from the output

@@ -21,6 +21,7 @@ from services.rollout_api.templates import TemplateCatalog
 from services.runtime.http_errors import install_error_handlers
 from services.runtime.redis_pool import observe_pools, open_redis
 from services.runtime.settings import RedisSettings
+from services.runtime.slow_clients import ClientLimits, ConnectionCollector, ConnectionStats
 from services.runtime.tasks import cancel_and_wait
 
 
@@ -31,13 +32,20 @@ def http_client(settings: ApiSettings) -> httpx.AsyncClient:
     return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(5.0, pool=settings.http_pool_wait_s))
 
 
-def create_app(settings: ApiSettings, redis_url: str, redis_settings: RedisSettings | None = None) -> FastAPI:
+def create_app(
+    settings: ApiSettings,
+    redis_url: str,
+    redis_settings: RedisSettings | None = None,
+    connections: tuple[ClientLimits, ConnectionStats] | None = None,  # the server's, for /metrics
+) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = open_redis(redis_url, redis_settings)
         streams = open_redis(redis_url, redis_settings, size=settings.sse_connections)
         metrics = ApiMetrics()
         observe_pools(metrics.registry, "api", {"commands": redis, "streams": streams})
+        if connections is not None:
+            metrics.registry.register(ConnectionCollector("rollout_api", *connections))
         async with http_client(settings) as http:
             metrics.observe_http(http, settings.http_connections)
             app.state.ctx = ApiContext(

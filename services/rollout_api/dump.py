@@ -1,4 +1,5 @@
-"""Dumps of a job's trajectories: JSON lines, one ``trajectory_to_json`` record per line (``.gz`` too).
+"""Dumps of a job's trajectories: JSON lines, one ``trajectory_to_json`` record per line (``.gz`` too),
+or one ATIF document per line (``fmt="atif"``: Harbor's trajectory format, ``services.protocol.atif``).
 
 ``export_job`` reads the job's trajectory stream oldest first with XRANGE (no consumer group, so a
 trainer's group is untouched); ``import_dump`` appends a dump to a job's stream, so a trainer can
@@ -18,6 +19,7 @@ from pydantic_settings import SettingsConfigDict
 
 from services.protocol import Trajectory, from_stream_fields, keys, to_stream_fields, trajectory_from_json
 from services.protocol import trajectory_to_json as to_json
+from services.protocol.atif import AtifTrajectory, from_atif, to_atif
 from services.runtime.settings import UsesRedis
 
 PAGE = 500
@@ -47,14 +49,32 @@ def stream_entries(client: redis.Redis, job: str, mode: str = "train") -> Iterat
         low = "(" + batch[-1][0].decode()
 
 
-def export_job(client: redis.Redis, job: str, out: Path) -> int:
-    """Write every trajectory of ``job`` to ``out``; returns how many."""
+FORMATS = ("jsonl", "atif")
+
+
+def atif_line(traj: Trajectory) -> bytes:
+    """One trajectory as an ATIF document (one JSON line)."""
+    return to_atif(msgspec.json.decode(to_json(traj))).model_dump_json(exclude_none=True).encode()
+
+
+def export_job(client: redis.Redis, job: str, out: Path, fmt: str = "jsonl") -> int:
+    """Write every trajectory of ``job`` to ``out`` (``fmt``: one of ``FORMATS``); returns how many."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown dump format {fmt!r}: one of {FORMATS}")
     count = 0
     with _open(out, "w") as f:
         for _, traj in stream_entries(client, job):
-            f.write(to_json(traj) + b"\n")
+            f.write((atif_line(traj) if fmt == "atif" else to_json(traj)) + b"\n")
             count += 1
     return count
+
+
+def _record(line: bytes) -> Trajectory:
+    """A dump line: a trajectory record, or an ATIF document (it has ``schema_version``)."""
+    if b'"schema_version"' in line[:200]:
+        doc = AtifTrajectory.model_validate_json(line)
+        return trajectory_from_json(msgspec.json.encode(from_atif(doc)))
+    return trajectory_from_json(line)
 
 
 def read_dump(path: Path) -> Iterator[Trajectory]:
@@ -62,8 +82,8 @@ def read_dump(path: Path) -> Iterator[Trajectory]:
         for number, line in enumerate(f, 1):
             if line.strip():
                 try:
-                    yield trajectory_from_json(line)
-                except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                    yield _record(line)
+                except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
                     raise ValueError(f"{path}:{number}: not a trajectory record: {exc}") from exc
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from services.runtime.settings import UsesAdminToken, UsesRedis, UsesServiceToken
+from services.runtime.settings import ServesHttp, UsesAdminToken, UsesRedis, UsesServiceToken
 
 
-class ApiSettings(UsesRedis, UsesAdminToken, UsesServiceToken):
+class ApiSettings(UsesRedis, UsesAdminToken, UsesServiceToken, ServesHttp):
     """``ROLLOUT_API_*``: the rollout API process."""
 
     model_config = SettingsConfigDict(env_prefix="ROLLOUT_API_")

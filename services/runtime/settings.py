@@ -10,6 +10,11 @@ A shared setting (``redis_url``, ``admin_token``, ``log_level``) is taken, highe
 
 An empty variable counts as unset. Each process's class picks the shared fields it uses by
 inheriting :class:`UsesRedis` and/or :class:`UsesAdminToken`; every one has ``log_level``.
+
+Every secret setting (a token, a key, a password, the Redis URL, which carries the password) can
+also be read from a file, as Docker and Kubernetes mount secrets: ``<VARIABLE>_FILE`` names it
+(``ROLLOUT_ADMIN_TOKEN_FILE``, ``ROLLOUT_API_REDIS_URL_FILE``); its content, less the trailing
+newline, counts as the variable, just below the variable itself.
 """
 
 from __future__ import annotations
@@ -55,6 +60,46 @@ def _environ() -> dict[str, str]:
     return {k.upper(): v for k, v in os.environ.items()}
 
 
+SECRET_SUFFIXES = ("password", "_api_key", "redis_url")  # beside the fields hidden from repr
+
+
+def is_secret(name: str, info: FieldInfo) -> bool:
+    """A setting that holds a credential: hidden from ``repr``, or named like one."""
+    return info.repr is False or name.endswith(SECRET_SUFFIXES)
+
+
+def read_secret_file(variable: str, path: str) -> str:
+    try:
+        return Path(path).read_text().rstrip("\r\n")
+    except OSError as exc:
+        raise ValueError(f"{variable}: cannot read {path}: {exc.strerror}") from None
+
+
+class SecretFileSource(PydanticBaseSettingsSource):
+    """``<VARIABLE>_FILE`` of each secret field: the class's own variables, or the shared ones."""
+
+    def __init__(self, settings_cls: type[BaseSettings], *, shared: bool) -> None:
+        super().__init__(settings_cls)
+        self.shared = shared
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def variable(self, name: str) -> str | None:
+        if self.shared:
+            return shared_variable(name) + "_FILE" if name in SHARED_FIELDS else None
+        return (str(self.settings_cls.model_config.get("env_prefix", "")) + name).upper() + "_FILE"
+
+    def __call__(self) -> dict[str, Any]:
+        env = _environ()
+        found = {}
+        for name, info in self.settings_cls.model_fields.items():
+            variable = self.variable(name) if is_secret(name, info) else None
+            if variable and env.get(variable):
+                found[name] = read_secret_file(variable, env[variable])
+        return found
+
+
 class ServiceSettings(BaseSettings):
     """Base of every process's settings class: its own prefix first, then the shared variables."""
 
@@ -73,7 +118,11 @@ class ServiceSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         shared = SharedEnvSource(settings_cls)
-        return init_settings, env_settings, shared, dotenv_settings, file_secret_settings
+        own_file, shared_file = (
+            SecretFileSource(settings_cls, shared=False),
+            SecretFileSource(settings_cls, shared=True),
+        )
+        return init_settings, env_settings, own_file, shared, shared_file, dotenv_settings, file_secret_settings
 
     @classmethod
     def variable(cls, field: str) -> str:
@@ -113,10 +162,30 @@ class UsesServiceToken(ServiceSettings):
         return self.service_token.split(",")[0].strip()
 
 
+class ServesHttp(ServiceSettings):
+    """An HTTP server's limits on slow clients (``services/runtime/slow_clients.py``)."""
+
+    http_header_timeout_s: float = Field(10.0, gt=0)  # a request's headers must all arrive within this
+    http_body_timeout_s: float = Field(60.0, gt=0)  # and its whole body within this after the headers
+    http_keepalive_s: float = Field(5.0, gt=0)  # a kept-alive connection idle this long is closed
+
+
 class RedisSettings(BaseSettings):
     """``ROLLOUT_REDIS_*`` (bar ``ROLLOUT_REDIS_URL``, a shared setting): the embedded server, every client pool."""
 
     model_config = SettingsConfigDict(env_prefix="ROLLOUT_REDIS_", extra="ignore")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        own_file = SecretFileSource(settings_cls, shared=False)  # ROLLOUT_REDIS_PASSWORD_FILE
+        return init_settings, env_settings, own_file, dotenv_settings, file_secret_settings
 
     port: int = 0  # for the embedded server; 0 picks a free one
     appendonly: bool = False  # AOF persistence for the embedded server

@@ -18,6 +18,7 @@ from services.protocol.status import ErrorCode
 from services.runtime.http_errors import install_error_handlers
 from services.runtime.redis_pool import observe_pools, open_redis
 from services.runtime.settings import RedisSettings
+from services.runtime.slow_clients import ClientLimits, ConnectionCollector, ConnectionStats
 from services.runtime.tasks import cancel_and_wait
 from services.sandbox_broker import hot_routes
 from services.sandbox_broker.auth import Caller, Callers, authenticator, hide_others, listed_job, sandbox_access
@@ -33,8 +34,12 @@ from services.sandbox_broker.templates import Templates, default_template
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: BrokerSettings, redis_url: str) -> FastAPI:
+def create_app(
+    settings: BrokerSettings, redis_url: str, connections: tuple[ClientLimits, ConnectionStats] | None = None
+) -> FastAPI:
     metrics = BrokerMetrics()
+    if connections is not None:  # the server's client connections (services/runtime/slow_clients.py)
+        metrics.registry.register(ConnectionCollector("rollout_broker", *connections))
     auth = authenticator(settings)  # refuses to build a broker with no tokens (unless anonymous is allowed)
 
     @contextlib.asynccontextmanager

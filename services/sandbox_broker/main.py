@@ -14,6 +14,7 @@ from services.runtime.http_writes import BatchedWritesHttp
 from services.runtime.limits import raise_fd_limit
 from services.runtime.logs import configure_logging
 from services.runtime.redis_server import redis_url_or_embedded
+from services.runtime.slow_clients import ClientLimits, ConnectionStats, uvicorn_options
 from services.sandbox_broker import hot_routes
 from services.sandbox_broker.app import create_app
 from services.sandbox_broker.settings import BrokerSettings
@@ -25,8 +26,10 @@ def run(settings: BrokerSettings) -> int:
     configure_logging(settings.log_level)
     raise_fd_limit()
     with redis_url_or_embedded(settings.redis_url) as redis_url:
-        app = hot_routes.Front(create_app(settings, redis_url))
+        limits = ClientLimits(settings.http_header_timeout_s, settings.http_body_timeout_s, settings.http_keepalive_s)
+        connections = ConnectionStats()
+        app = hot_routes.Front(create_app(settings, redis_url, connections=(limits, connections)))
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
-                                timeout_keep_alive=30, loop="asyncio", http=BatchedWritesHttp)  # fmt: skip
+                                loop="asyncio", **uvicorn_options(BatchedWritesHttp, limits, connections))  # fmt: skip
         uvicorn.Server(config).run()
     return 0

@@ -9,12 +9,12 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from services.runtime.settings import UsesAdminToken, UsesRedis, UsesServiceToken
+from services.runtime.settings import ServesHttp, UsesAdminToken, UsesRedis, UsesServiceToken
 
 BackendName = Literal["local", "docker", "e2b"]
 
 
-class BrokerSettings(UsesRedis, UsesAdminToken, UsesServiceToken):
+class BrokerSettings(UsesRedis, UsesAdminToken, UsesServiceToken, ServesHttp):
     """Built once in ``main()`` and passed down."""
 
     model_config = SettingsConfigDict(env_prefix="ROLLOUT_BROKER_")
@@ -22,6 +22,7 @@ class BrokerSettings(UsesRedis, UsesAdminToken, UsesServiceToken):
 
     host: str = "127.0.0.1"
     port: int = 8200  # the workers' default broker URL
+    http_keepalive_s: float = Field(30.0, gt=0)  # the workers' clients close theirs after 4 s idle
     backend: BackendName = "local"
     redis_connections: int = Field(1024, gt=0)  # pool size; requests wait for a free connection past it
     instance: str = ""  # replica name, stable across restarts; default "<hostname>:<port>"
@@ -40,6 +41,9 @@ class BrokerSettings(UsesRedis, UsesAdminToken, UsesServiceToken):
     pids_max: int = Field(512, gt=0)  # cgroup pids limit per sandbox
     nofile: int = Field(4096, gt=0)  # RLIMIT_NOFILE per command
     image_store_mb: int = Field(20_480, gt=0)  # unpacked images kept (LRU beyond it, never one in use)
+    # agent bundles (``rollout agents install NAME --dir DIR``), bound read-only at /opt/agents in every
+    # local sandbox without an image; None: none
+    agents_dir: Path | None = None
     exec_agents: bool = True  # a resident exec agent per sandbox (backends/exec_agent.py); off: a bwrap per command
 
     # docker backend

@@ -23,6 +23,7 @@ RULES = {
     "find the files": [THOUGHT + "Let me look.\n" + LS, "There are two files."],
     "count the files": [LS, "Two."],
     "plain question": ["forty-two"],
+    "break the call": ['<tool_call>\n{"name": "bash", "arguments": \n</tool_call>'],
 }
 TOOL: Any = {
     "type": "function",
@@ -198,3 +199,24 @@ def test_generation_changing_fields_are_400_on_every_route(
     assert response.status_code == 400, response.text
     assert response.json()["error"]["field"] == field
     assert fleet.calls(sid) == []
+
+
+def fidelity(fleet: GatewayFleet) -> dict[str, float]:
+    text = httpx.get(fleet.proxy.url + "/metrics").text
+    prefix = 'rollout_gateway_tool_fidelity_total{outcome="'
+    lines = [line for line in text.splitlines() if line.startswith(prefix) and 'pool="default"' in line]
+    return {line[len(prefix) :].split('"')[0]: float(line.split()[-1]) for line in lines}
+
+
+def test_tool_call_fidelity_per_pool_in_metrics(fleet: GatewayFleet) -> None:
+    sid, token = fleet.session()
+    client = fleet.openai(sid, token)
+    before = fidelity(fleet)
+    client.responses.create(model="policy", input="Please count the files.", tools=[TOOL])  # bash: known
+    shell: Any = {**TOOL, "name": "shell"}
+    client.responses.create(model="policy", input="Please count the files.", tools=[shell])
+    broken = client.responses.create(model="policy", input="Please break the call.", tools=[TOOL])
+    assert broken.output_text.startswith("<tool_call>")  # what did not parse is kept as text
+    after = fidelity(fleet)
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in ("parsed", "unknown_tool", "malformed")}
+    assert delta == {"parsed": 1, "unknown_tool": 1, "malformed": 1}

@@ -21,6 +21,7 @@ from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.tokenizer import write_tokenizer_dir
 from tests.llm_proxy.fleet import engine_states, generate, start_engines, start_proxy, wait_until
 
+EOS = 258  # the bundled tokenizer's end of sequence
 LONG = {"max_new_tokens": 2000, "ignore_eos": True}  # ~10 s at 5 ms a step: only ends by abort
 
 
@@ -106,6 +107,44 @@ def test_openai_routes_and_unknown_pool(fleet: Fleet) -> None:
     assert [m["id"] for m in httpx.get(fleet.proxy + "/v1/models").json()["data"]] == ["default"]
     unknown = generate(fleet.proxy, {"input_ids": [1]}, {h.HEADER_POOL: "nope"})
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_pool"
+
+
+def test_openai_routes_return_the_engines_logprobs(fleet: Fleet) -> None:
+    """``logprobs`` / ``top_logprobs`` on the plain OpenAI routes: the values ``/generate`` gives for the
+    same prompt on the same engine (they answered ``"logprobs": null`` before, issue 29)."""
+    from services.engines.tokenization import TextCodec, render_chat
+
+    codec = TextCodec.bundled()
+    messages = [{"role": "user", "content": "count the lines"}]
+    pin = {h.HEADER_SESSION: "logprobs-1"}  # one engine for every call below
+    ids = codec.encode(render_chat(messages))
+    body = {"input_ids": ids, "return_logprob": True, "top_logprobs_num": 3, "sampling_params": {"max_new_tokens": 6}}
+    native = generate(fleet.proxy, body, pin).json()
+    want = [(codec.decode([t]), lp) for lp, t, _ in native["meta_info"]["output_token_logprobs"] if t != EOS]
+    top = [[(codec.decode([t]), lp) for lp, t, _ in pos] for pos in native["meta_info"]["output_top_logprobs"]]
+    chat = {"model": "default", "messages": messages, "max_tokens": 6, "logprobs": True, "top_logprobs": 3}
+    got = httpx.post(fleet.proxy + "/v1/chat/completions", json=chat, headers=pin, timeout=30).json()
+    content = got["choices"][0]["logprobs"]["content"]
+    assert [(c["token"], c["logprob"]) for c in content] == want and want
+    assert [[(a["token"], a["logprob"]) for a in c["top_logprobs"]] for c in content] == top[: len(content)]
+    assert all(c["bytes"] == list(c["token"].encode()) for c in content)
+    legacy = {"model": "default", "prompt": ids, "max_tokens": 6, "logprobs": 2}
+    done = httpx.post(fleet.proxy + "/v1/completions", json=legacy, headers=pin, timeout=30).json()
+    lp = done["choices"][0]["logprobs"]
+    everything = [(codec.decode([t]), v) for v, t, _ in native["meta_info"]["output_token_logprobs"]]
+    assert list(zip(lp["tokens"], lp["token_logprobs"], strict=True)) == everything
+    assert [list(d.values()) for d in lp["top_logprobs"]] == [[v for _, v in pos[:2]] for pos in top]
+    with httpx.stream("POST", fleet.proxy + "/v1/chat/completions", json={**chat, "stream": True}, headers=pin,
+                      timeout=30) as resp:  # fmt: skip
+        frames = [json.loads(ln[6:]) for ln in resp.iter_lines() if ln.startswith("data: {")]
+    streamed = [
+        (c["token"], c["logprob"]) for f in frames for c in (f["choices"][0]["logprobs"] or {}).get("content", [])
+    ]
+    assert streamed == want
+    plain = httpx.post(fleet.proxy + "/v1/chat/completions", json={**chat, "logprobs": False, "top_logprobs": None})
+    assert plain.json()["choices"][0]["logprobs"] is None
+    bad = httpx.post(fleet.proxy + "/v1/chat/completions", json={**chat, "top_logprobs": 21}, timeout=30)
+    assert bad.status_code == 400 and "top_logprobs" in bad.text
 
 
 def _pool_seen_everywhere(proxy: str, pool: str) -> bool:

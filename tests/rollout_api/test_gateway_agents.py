@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import minisweagent
@@ -138,6 +139,23 @@ def test_a_worker_without_the_operator_setting_refuses_a_host_agent(fleet: tuple
     (traj,) = trajectories(fleet[0].redis_url, "strict")
     assert traj.status is Status.INFRA_ERROR and traj.infra is not None, traj
     assert traj.infra.code == "forbidden" and "ROLLOUT_WORKER_ALLOW_HOST_AGENTS" in traj.infra.message, traj.infra
+
+
+def test_the_attack_probe_on_the_host_finds_the_platform_secrets(fleet: tuple[Fleet, ChatTemplate]) -> None:
+    """What ``test_sandbox_agents``' attacker would get where agents ran before (the host mode):
+    the worker's service token in ``/proc/*/environ`` and the broker, Redis and the proxy on the
+    loopback. The same probe finds nothing of it inside the sandbox."""
+    probe = Path(__file__).parent / "agent_probe.py"
+    ports = {"broker": urlsplit(fleet[0].broker.url).port, "redis": urlsplit(fleet[0].redis_url).port}
+    env = {"PROBE_PORTS": ",".join(f"{k}={v}" for k, v in ports.items())}
+    agent = {"kind": "command", "argv": [sys.executable, str(probe)], "where": "host", "env": env,
+             "output_max_bytes": 1_000_000}  # fmt: skip
+    traj = run_one(fleet[0], "PROBE-HOST", agent)
+    assert traj.agent is not None and traj.agent.exit_code == 0, traj.agent
+    line = next(x for x in traj.agent.last_output.splitlines() if x.startswith("PROBE "))
+    report = json.loads(line[6:])
+    assert SECRETS.service_token in json.dumps(report["environ"]), "the host probe should read the worker's token"
+    assert report["tcp"] == {"broker": "connected", "redis": "connected"}, report["tcp"]
 
 
 def assert_token_exact(fleet: tuple[Fleet, ChatTemplate], traj: Trajectory, *, calls: int, tool_calls: int) -> None:

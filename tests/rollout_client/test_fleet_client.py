@@ -5,6 +5,7 @@ through the proxy's transaction and served, every error typed after its code."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ RULES: dict[str, list[Any]] = {"SOLVE": ["```bash\necho 42 > answer.txt\n```", S
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     with running_fleet(tmp_path_factory.mktemp("client-fleet"), RULES, "client") as fleet:
-        fleet.start_worker(jobs=["c-sync", "c-async"], concurrency=8)
+        fleet.start_worker(jobs=["c-sync", "c-async", "c-frameworks"], concurrency=8)
         yield fleet
 
 
@@ -68,6 +69,8 @@ def test_sync_client_submits_follows_and_reads_every_trajectory_once(fleet: Flee
         assert all(e.trajectory.reward == 1.0 and e.trajectory.status is Status.COMPLETED for e in streamed)
         rest = list(client.trajectories("c-sync", after=streamed[1].entry_id, limit=2))  # resumed after an entry
         assert [e.entry_id for e in rest] == [e.entry_id for e in streamed[2:]]
+        with pytest.raises(TimeoutError):  # nothing more comes: the wait ends at the next keep-alive
+            list(client.trajectories("c-sync", after=streamed[-1].entry_id, idle_timeout_s=0.1))
 
         with open_sync_redis(fleet.redis_url) as r:
             consumer = TrajectoryConsumer(r, "c-sync")
@@ -113,3 +116,26 @@ def test_weights_posted_through_the_proxy_are_served(fleet: Fleet, tmp_path: Pat
     assert outcome.ok and outcome.result is not None and outcome.result.version == "7", outcome
     served = httpx.get(fleet.engines["default"].url + "/get_weight_version", timeout=30).json()
     assert served["weight_version"] == "7", served
+
+
+async def test_slime_and_verl_adapters_run_episodes_on_the_fleet(fleet: Fleet) -> None:
+    from argparse import Namespace
+
+    from rollout_client import episodes, slime, verl
+    from tests.rollout_client.framework_types import SlimeSample, VerlAgentLoopMetrics, VerlAgentLoopOutput
+
+    async with AsyncRolloutClient(fleet.api.url) as admin:
+        token = (await admin.create_job(JobCreate(job="c-frameworks"), admin_token=ADMIN)).token
+    runner = episodes.configure(episodes.EpisodeConfig(fleet.api.url, token, "c-frameworks"))
+    task = {"id": "solve", "reward": {"command": 'test "$(cat answer.txt)" = 42'}}
+    samples = [SlimeSample(prompt="SOLVE it", metadata={"task": task}) for _ in range(2)]
+    done = await asyncio.gather(*(slime.generate(Namespace(), s, {"temperature": 1.0, "max_new_tokens": 64})
+                                  for s in samples))  # fmt: skip
+    for sample in done:
+        assert sample.status is SlimeSample.Status.COMPLETED and sample.reward == 1.0 and not sample.remove_sample
+        assert sample.loss_mask is not None and len(sample.loss_mask) == sample.response_length > 0
+        assert 0 in sample.loss_mask and len(sample.weight_versions) == 2  # two turns, an observation between
+    traj = await runner.run(episodes.task_of("SOLVE it", {"task": task}))
+    out = verl.to_output(traj, VerlAgentLoopOutput, VerlAgentLoopMetrics)
+    assert out.reward_score == 1.0 and out.response_mask == traj.loss_mask.tolist()
+    await runner.client.aclose()

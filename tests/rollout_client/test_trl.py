@@ -1,25 +1,22 @@
 """TRL 1.16's real ``GRPOTrainer`` trains a tiny byte-level Llama on CPU through a real fleet (API,
-worker, proxy, a torch engine, the broker with local sandboxes): every step's completions are the
-platform's trajectories token for token, the env mask is their loss mask, each step's rollout is
-served by the weights the previous step posted, and an infra-failed sample never reaches the loss."""
+worker, proxy, a torch engine, the broker with local sandboxes; ``services.benchmarks.trl_recipe``):
+every step's completions are the platform's trajectories token for token, the env mask is their loss
+mask, each step's rollout is served by the weights the previous step posted, and an infra-failed
+sample never reaches the loss."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rollout_client.trl import WeightSyncCallback, platform_reward, rollout_func
-from services.protocol.agents import BashAgent
+from services.benchmarks.trl_recipe import Recipe, figures, fleet_root, random_reward_task, start_fleet, train
 from services.protocol.status import Status
-from services.protocol.tasks import AgentLimits, RewardSpec, Task
+from services.protocol.tasks import RewardSpec, Task
 from services.protocol.weights import version_label
-from tests.rollout_api.fleet import trajectories
 from tests.sandbox_broker.conftest import needs_bwrap
 
 pytestmark = [
@@ -28,29 +25,21 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:.*gradient_checkpointing.*:FutureWarning"),
 ]  # fmt: skip
 
-JOB = "trl"
 STEPS = 3
 BROKEN = "this task's reward program does not exist"
-AGENT = BashAgent(system_template="Reply with one bash block.", instance_template="{{task}}")
 
 
 def make_task(prompt: str) -> Task:
-    """A reward that varies between samples (a random byte: the plumbing, not learning, is tested here);
-    the broken prompt's reward program is missing, which the platform reports as an infra error."""
-    command = "python3.99 -c 1" if prompt == BROKEN else "od -An -N1 -tu1 /dev/urandom"
-    return Task(id="t", prompt=prompt, reward=RewardSpec(command=command, parse_float=True, timeout_s=10))
+    """The broken prompt's reward program is missing, which the platform reports as an infra error."""
+    if prompt == BROKEN:
+        return Task(id="t", prompt=prompt, reward=RewardSpec(command="python3.99 -c 1", timeout_s=10))
+    return random_reward_task(prompt)
 
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[Any]:
-    from services.fleet.demo import ModelShape, initial_model
-    from services.fleet.launcher import Fleet, FleetConfig
-
-    root = Path(tempfile.mkdtemp(prefix="rollout-trl-"))
-    root.chmod(0o755)  # the sandbox user must reach the sandboxes' directories (pytest's tmp root is 0700)
-    model = initial_model(root / "model", ModelShape(hidden=32, layers=2, heads=4, kv_heads=2), seed=0)
-    fleet = Fleet(FleetConfig(work_dir=root, model_dir=model, engines=1, worker_concurrency=8, context_tokens=1024))
-    fleet.start()
+    root = fleet_root()
+    fleet = start_fleet(root)
     try:
         yield fleet
     finally:
@@ -59,44 +48,17 @@ def fleet() -> Iterator[Any]:
 
 
 def test_grpo_trainer_trains_through_the_fleet(fleet: Any, tmp_path: Path) -> None:
-    os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
-    from datasets import Dataset
-    from transformers import AutoTokenizer
-    from trl.trainer.grpo_config import GRPOConfig
-    from trl.trainer.grpo_trainer import GRPOTrainer
+    recipe = Recipe(steps=STEPS, prompts=("Write the number 7 to answer.txt", BROKEN), make_task=make_task)
+    run = train(fleet, recipe, tmp_path)
 
-    model_dir = fleet.config.model_dir
-    token = fleet.create_job(JOB)
-    rollout = rollout_func(fleet.url("api"), token, JOB, make_task, agent=AGENT, max_attempts=1, reruns=1,
-                           limits=AgentLimits(max_turns=2, max_tokens_per_turn=12, command_timeout_s=5))  # fmt: skip
-    sync = WeightSyncCallback(fleet.url("proxy"), token, "default", tmp_path / "exports")
-    seen: list[dict[str, Any]] = []
-
-    class Recording(GRPOTrainer):
-        """Keeps what TRL computed from each rollout: the tensors its loss is built from."""
-
-        def _generate_and_score_completions(self, inputs: Any) -> Any:
-            out = super()._generate_and_score_completions(inputs)
-            seen.append({**out, "samples": list(rollout.last)})
-            return out
-
-    args = GRPOConfig(
-        output_dir=str(tmp_path / "trl"), per_device_train_batch_size=8, num_generations=4, max_steps=STEPS,
-        learning_rate=5e-3, logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, seed=0,
-        dataloader_num_workers=0, activation_checkpointing=False,
-    )  # fmt: skip
-    dataset = Dataset.from_dict({"prompt": ["Write the number 7 to answer.txt", BROKEN]})
-    trainer = Recording(model=str(model_dir), reward_funcs=platform_reward, args=args, train_dataset=dataset,
-                        processing_class=AutoTokenizer.from_pretrained(model_dir), rollout_func=rollout,
-                        callbacks=[sync])  # fmt: skip
-    trainer.train()
-
-    assert trainer.state.global_step == STEPS and len(seen) == STEPS
-    assert [v for v, o in sync.outcomes] == [version_label(s, 1) for s in range(1, STEPS + 1)]
-    assert all(o.ok for _, o in sync.outcomes)
-    published = {t.trajectory_id: t for t in trajectories(fleet.redis_url, JOB)}  # the stream itself
-    for step, batch in enumerate(seen):
-        check_batch(batch, published, version_label(step, 1))
+    assert run.global_step == STEPS and len(run.batches) == STEPS
+    assert run.versions_posted == [version_label(s, 1) for s in range(1, STEPS + 1)] and run.posts_ok
+    for step, batch in enumerate(run.batches):
+        check_batch(batch, run.published, version_label(step, 1))
+    found = figures(run)
+    assert found["trl_steps"] == STEPS and found["trl_tokens_match"] == 1.0
+    assert found["served_versions"] == sorted(version_label(s, 1) for s in range(STEPS))
+    assert 0 < found["wait_rollouts_share"] < 1 and found["samples_checked"] == 4 * STEPS
 
 
 def check_batch(batch: dict[str, Any], published: dict[str, Any], served_by: str) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from services.cli.redis_cmd import masked
 from services.runtime.net import free_port
 from services.runtime.redis_server import EmbeddedRedis, find_server_binary, redis_url_or_embedded
 from tests.support.processes import REPO_ROOT, python_env
@@ -53,12 +54,14 @@ def test_binary_is_found_without_apt() -> None:
     assert find_server_binary().is_file()
 
 
-def test_rollout_redis_runs_in_the_foreground_and_stops_on_sigterm() -> None:
+def test_rollout_redis_runs_in_the_foreground_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """It never prints its password: the URL is masked, and written whole to a file only its user reads."""
     port = free_port()
+    (tmp_path / "pw").write_text("pw-1\n")
+    env = {"ROLLOUT_REDIS_PASSWORD_FILE": str(tmp_path / "pw"), "HOME": str(tmp_path)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "redis", "--port", str(port)],
-        cwd=REPO_ROOT, env=python_env({"ROLLOUT_REDIS_PASSWORD": "pw-1"}), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        cwd=REPO_ROOT, env=python_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
         with pytest.raises(redis.RedisError):  # no password, no access (once it is up)
@@ -81,7 +84,34 @@ def test_rollout_redis_runs_in_the_foreground_and_stops_on_sigterm() -> None:
         if proc.poll() is None:
             proc.kill()
         out = proc.communicate(timeout=5)[0].decode()
-    assert f"redis://:pw-1@127.0.0.1:{port}/0" in out
+    assert f"redis://:***@127.0.0.1:{port}/0" in out and "pw-1" not in out, out
+    url_file = tmp_path / ".rollout" / "redis.url"  # the default: under the user's home
+    assert url_file.read_text() == f"redis://:pw-1@127.0.0.1:{port}/0\n"
+    assert url_file.stat().st_mode & 0o777 == 0o600 and url_file.parent.stat().st_mode & 0o777 == 0o700
+    assert str(url_file) in out
+
+
+def test_rollout_redis_writes_its_url_where_asked_and_masks_it(tmp_path: Path) -> None:
+    url_file = tmp_path / "url"
+    url_file.write_text("old")
+    url_file.chmod(0o644)  # an existing file is made private too
+    assert masked("redis://user:secret@[::1]:6379/0") == "redis://:***@[::1]:6379/0"
+    assert masked("redis://h:1/0") == "redis://h:1/0"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "redis", "--port", str(free_port()), "--url-file", str(url_file)],
+        cwd=REPO_ROOT, env=python_env({"ROLLOUT_REDIS_PASSWORD": "pw-2"}), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = ""
+        while "redis listening" not in line and proc.poll() is None:
+            line = proc.stdout.readline()
+        assert "redis listening: redis://:***@" in line and "pw-2" not in line, line
+        assert url_file.read_text().startswith("redis://:pw-2@") and url_file.stat().st_mode & 0o777 == 0o600
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
 
 
 def _wait_up(port: int) -> None:

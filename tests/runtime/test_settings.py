@@ -9,12 +9,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic_settings import BaseSettings
 
 from services.engines.settings import EngineSettings
 from services.llm_proxy.settings import ProxySettings
 from services.rollout_api.dump import DumpSettings
 from services.rollout_api.settings import ApiSettings, WorkerSettings
-from services.runtime.settings import SHARED_FIELDS, ServiceSettings, UsesRedis, shared_variable
+from services.runtime.settings import (
+    SHARED_FIELDS,
+    RedisSettings,
+    ServiceSettings,
+    UsesRedis,
+    is_secret,
+    shared_variable,
+)
 from services.sandbox_broker.settings import BrokerSettings
 from trainer_client.settings import TrainSettings
 
@@ -110,3 +118,43 @@ def _leaf_subclasses(cls: type) -> set[type]:
     for s in subs - leaves:
         leaves |= _leaf_subclasses(s)
     return leaves
+
+
+SETTINGS: list[type[BaseSettings]] = [*PROCESSES, RedisSettings]
+SECRETS = [(cls, name) for cls in SETTINGS for name, info in cls.model_fields.items() if is_secret(name, info)]
+
+
+def test_every_credential_is_a_secret_setting() -> None:
+    names = {name for _, name in SECRETS}
+    assert {"admin_token", "service_token", "redis_url", "password", "e2b_api_key", "api_token"} <= names
+    assert "require_token" not in names and "prefill_s_per_token" not in names  # flags and figures are no secrets
+
+
+@pytest.mark.parametrize(("cls", "field"), SECRETS, ids=[f"{c.__name__}-{f}" for c, f in SECRETS])
+def test_every_secret_setting_reads_from_a_file(
+    cls: type[BaseSettings], field: str, clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``<VARIABLE>_FILE``, as Docker and Kubernetes mount secrets; just below the variable itself."""
+    own = str(cls.model_config.get("env_prefix", "")).upper() + field.upper()
+    (tmp_path / "own").write_text("from-own-file\n")
+    clean_env.setenv(own + "_FILE", str(tmp_path / "own"))
+    assert getattr(cls(), field) == "from-own-file"  # the trailing newline is no part of it
+    clean_env.setenv(own, "from-variable")
+    assert getattr(cls(), field) == "from-variable"
+    clean_env.delenv(own)
+    if field in SHARED_FIELDS:
+        (tmp_path / "shared").write_text("from-shared-file")
+        clean_env.setenv(shared_variable(field) + "_FILE", str(tmp_path / "shared"))
+        assert getattr(cls(), field) == "from-own-file"  # the process's own file beats the shared one
+        clean_env.setenv(shared_variable(field), "from-shared-variable")
+        assert getattr(cls(), field) == "from-own-file"
+        clean_env.delenv(own + "_FILE")
+        assert getattr(cls(), field) == "from-shared-variable"
+        clean_env.delenv(shared_variable(field))
+        assert getattr(cls(), field) == "from-shared-file"
+
+
+def test_an_unreadable_secret_file_names_its_variable(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clean_env.setenv("ROLLOUT_ADMIN_TOKEN_FILE", str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="ROLLOUT_ADMIN_TOKEN_FILE"):
+        ApiSettings()

@@ -7,6 +7,8 @@ import shutil
 import tarfile
 from pathlib import Path
 
+import pytest
+
 from services.sandbox_broker.images.archive import layer_from_dir, write_docker_archive
 from services.sandbox_broker.images.sources import ImageConfig
 
@@ -77,4 +79,39 @@ def calc_repo_image(work: Path) -> Path:
     layers = [work / "bb" / "l1.tar", layer_from_dir(layer, work / "repo.tar")]
     out = work / "calc.tar"
     write_docker_archive(out, layers, ImageConfig(env=("PATH=/usr/bin:/bin", "CALC=1"), workdir="/testbed"), "t/calc:1")
+    return out
+
+
+PYTEST_PACKAGES = ("_pytest", "pytest", "pluggy", "iniconfig", "packaging", "py.py")  # pure Python
+CALC_PYTESTS = (
+    "from calc import add, sub\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\n"
+    "def test_sub():\n    assert sub(5, 3) == 2\n"
+)
+
+
+def pytest_repo_image(work: Path) -> Path:
+    """``calc_repo_image``'s repository with pytest tests, and pytest itself (this process's, pure
+    Python, copied to /opt/pydeps on the image's PYTHONPATH) for the host's Python (``host_usr``)."""
+    busybox_image(work / "bb", user="root", workdir="/testbed")
+    layer = work / "repo"
+    (layer / "testbed" / "tests").mkdir(parents=True)
+    (layer / "testbed" / "calc.py").write_text(CALC)
+    (layer / "testbed" / "tests" / "test_calc.py").write_text(CALC_PYTESTS)
+    site = Path(pytest.__file__).parent.parent
+    metadata = [
+        p.name
+        for p in site.glob("*.dist-info")
+        if p.name.split("-")[0] in ("pytest", "pluggy", "iniconfig", "packaging")
+    ]
+    for name in (*PYTEST_PACKAGES, *metadata):
+        source, target = site / name, layer / "opt" / "pydeps" / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source, target)
+    layers = [work / "bb" / "l1.tar", layer_from_dir(layer, work / "repo.tar")]
+    env = ("PATH=/usr/bin:/bin", "PYTHONPATH=/opt/pydeps", "PYTHONDONTWRITEBYTECODE=1")
+    out = work / "pycalc.tar"
+    write_docker_archive(out, layers, ImageConfig(env=env, workdir="/testbed"), "t/pycalc:1")
     return out

@@ -28,6 +28,13 @@ class GatewayMetrics:
             "confirm (planned again; the early engine call was aborted)",
             registry=r,
         )
+        self.fidelity = Counter(
+            "rollout_gateway_tool_fidelity",
+            "Tool calls per pool by what the pool's parser made of them: parsed (a known tool), "
+            "unknown_tool (parsed, but not one of the request's tools), malformed (markup that did not parse)",
+            ["pool", "outcome"],
+            registry=r,
+        )
         self.caps = Counter("rollout_gateway_caps", "Calls refused by an episode cap", ["cap"], registry=r)
         self.refused = Counter("rollout_gateway_errors", "Gateway calls answered with an error", ["code"], registry=r)
         self.added = Histogram(
@@ -37,8 +44,22 @@ class GatewayMetrics:
             registry=r,
         )
 
-    def observe(self, route: str, plan: Plan, parsed: ParsedReply, added_s: float) -> None:
+    def observe(
+        self,
+        route: str,
+        plan: Plan,
+        parsed: ParsedReply,
+        added_s: float,
+        pool: str = "",
+        tools: frozenset[str] = frozenset(),
+    ) -> None:
+        """One recorded call; ``tools``: the names of the tools the request offered."""
         self.calls.labels(route, "merged" if plan.merged else "new_segment").inc()
+        unknown = sum(1 for name, _ in parsed.calls if name not in tools)
+        if parsed.calls or parsed.errors:
+            self.fidelity.labels(pool, "parsed").inc(len(parsed.calls) - unknown)
+            self.fidelity.labels(pool, "unknown_tool").inc(unknown)
+            self.fidelity.labels(pool, "malformed").inc(len(parsed.errors))
         if plan.mismatch:
             self.mismatches.inc()
         if parsed.errors:

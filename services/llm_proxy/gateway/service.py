@@ -6,9 +6,11 @@
 - ``POST /e/{s}/v1/responses`` (function tools, reasoning items, streaming and not): OpenAI Responses;
 - ``POST /e/{s}/v1/messages`` (tools, thinking, streaming and not; ``?beta=true`` and the
   ``anthropic-beta`` headers as Claude Code sends them), ``POST /e/{s}/v1/messages/count_tokens``
-  (the pool's tokenizer): Anthropic (base URL ``{proxy}/e/{s}``).
+  (the pool's tokenizer): Anthropic (base URL ``{proxy}/e/{s}``);
+- ``POST /e/{s}/v1beta/models/{model}:generateContent`` / ``:streamGenerateContent`` /
+  ``:countTokens``: Gemini (base URL ``{proxy}/e/{s}``; the key also as ``x-goog-api-key`` or ``?key=``).
 
-Authenticated by the session's token as ``Authorization: Bearer`` or ``x-api-key``. Errors are
+Authenticated by the session's token as ``Authorization: Bearer``, ``x-api-key`` or ``x-goog-api-key``. Errors are
 the platform's ``ErrorBody`` with the keys each SDK reads added.
 """
 
@@ -22,7 +24,7 @@ from redis.asyncio import Redis
 
 from services.llm_proxy.calls import Forwarder
 from services.llm_proxy.fleet import FleetView
-from services.llm_proxy.gateway import anthropic_wire, openai_wire, responses_wire
+from services.llm_proxy.gateway import anthropic_wire, gemini_wire, openai_wire, responses_wire
 from services.llm_proxy.gateway.fields import audit, tools_offered
 from services.llm_proxy.gateway.metrics import GatewayMetrics
 from services.llm_proxy.gateway.pools import PoolConfigs
@@ -76,13 +78,15 @@ class Gateway:
         app.router.add_post("/e/{session}/v1/messages/count_tokens", self._serve(self.count_tokens, anthropic))
         app.router.add_get("/e/{session}/v1/models", self._serve(self.models, openai))
         app.router.add_get("/e/{session}/v1/models/{model}", self._serve(self.model, openai))
+        app.router.add_post("/e/{session}/v1beta/models/{target}", self._serve(self.gemini, gemini_wire.error_doc))
 
     def _serve(
         self, handler: Handler, error_doc: Callable[[PlatformError], dict[str, Any]]
     ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def serve(request: web.Request) -> web.StreamResponse:
             try:
-                session = await self.store.authorize(request.match_info["session"], request_token(request.headers))
+                token = request_token(request.headers) or request.query.get("key")
+                session = await self.store.authorize(request.match_info["session"], token)
                 body = await read_json(request) if request.method == "POST" else {}
                 return await handler(request, session, body)
             except PlatformError as exc:
@@ -243,6 +247,35 @@ class Gateway:
                 field="previous_response_id",
             )
         return [*view.last.messages, view.last.reply]
+
+    async def gemini(self, request: web.Request, session: GatewaySession, body: dict[str, Any]) -> web.StreamResponse:
+        name, _, action = request.match_info["target"].rpartition(":")
+        if action not in ("generateContent", "streamGenerateContent", "countTokens"):
+            raise PlatformError(ErrorCode.NOT_FOUND, f"no Gemini method {action!r} (generateContent, "
+                                "streamGenerateContent, countTokens)")  # fmt: skip
+        if action == "countTokens" and isinstance(body.get("generateContentRequest"), dict):
+            body = body["generateContentRequest"]
+        req = gemini_wire.GeminiRequest(body)
+        tools, messages = gemini_wire.tools(body), gemini_wire.messages(body, req)
+        if action == "countTokens":
+            chat = self.pools.template(session.pool)
+            return json_response({"totalTokens": len(chat.encode(chat.render(messages, True, tools)))})
+        turn = TurnRequest(
+            route="gemini",
+            messages=messages,
+            tools=tools if req.offered else None,
+            prompt=None,
+            max_tokens=req.max_tokens,
+            stop=req.stop,
+            unused=req.unused,
+        )
+        model, thoughts = name or session.model, req.thoughts
+        if action == "streamGenerateContent":
+            docs = await self.turns.run(request, session, turn, lambda r: gemini_wire.chunks(r, model, thoughts))
+            return await gemini_wire.send_stream(request, docs)
+        return await self.turns.run(
+            request, session, turn, lambda r: json_response(gemini_wire.response(r, model, thoughts))
+        )
 
 
 def _top_logprobs(logprobs: bool, top: int | None) -> int | None:

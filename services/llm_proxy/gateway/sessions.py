@@ -102,11 +102,12 @@ class Recorded:
 
 
 def request_token(headers: Any) -> str | None:
-    """``Authorization: Bearer <token>`` (OpenAI, Anthropic >= 2.0) or ``x-api-key`` (Anthropic < 2.0)."""
+    """``Authorization: Bearer <token>`` (OpenAI, Anthropic >= 2.0), ``x-api-key`` (Anthropic < 2.0)
+    or ``x-goog-api-key`` (Gemini)."""
     auth = headers.get("Authorization", "")
     if auth[:7].lower() == "bearer ":
         return str(auth[7:].strip())
-    key = headers.get("x-api-key")
+    key = headers.get("x-api-key") or headers.get("x-goog-api-key")
     return None if key is None else str(key)
 
 

@@ -35,7 +35,7 @@ from services.protocol import Cap, ErrorCode, PlatformError
 from services.protocol.gateway import GatewayCall, GatewaySession
 from services.protocol.trajectory import logprobs, token_ids
 
-Route = Literal["chat", "completions", "messages", "responses"]
+Route = Literal["chat", "completions", "messages", "responses", "gemini"]
 T = TypeVar("T")
 MAX_MOVES = 16  # records tried per call when other calls of the session keep being recorded first
 
@@ -114,7 +114,8 @@ class Turns:
                 recorded = await recording
             if recorded.outcome == "recorded":
                 added_s = time.perf_counter() - started - reply.llm_s
-                self.metrics.observe(turn.route, result.plan, result.parsed, added_s)
+                names = frozenset(t["function"]["name"] for t in turn.tools or [])
+                self.metrics.observe(turn.route, result.plan, result.parsed, added_s, session.pool, names)
                 return built
             if recorded.outcome == "turn_cap":
                 self.metrics.caps.labels(Cap.TURNS.value).inc()

@@ -15,7 +15,7 @@ _state = {}  # type: dict[str, IO[str]]
 
 
 def pytest_configure(config):  # type: (Any) -> None
-    path = os.environ.get("ROLLOUT_PYTEST_REPORT")
+    path = os.environ.pop("ROLLOUT_PYTEST_REPORT", None)  # not left for the code under test to find
     if path and "out" not in _state and not hasattr(config, "workerinput"):  # xdist: the controller writes
         _state["out"] = open(path, "w")  # noqa: SIM115 (open for the whole session)
         _write({"started": True})

@@ -49,6 +49,9 @@ class Worker:
         self.stopping = asyncio.Event()
         self._tasks: dict[tuple[str, str, str], Task] = {}  # (job, rollout, task id) -> the rollout's task
         self._next_reclaim = 0.0  # monotonic time of the next XAUTOCLAIM scan
+        # jobs whose last scan stopped for want of free slots: reclaimable items may be left, so these
+        # jobs are scanned every round and no new item of theirs is read until the scan gets through
+        self.reclaim_backlog: set[str] = set()
         self.renewing: dict[str, asyncio.Task[None]] = {}  # lease renewals in flight
 
     @property
@@ -101,6 +104,7 @@ class Worker:
             if record.job not in self.fair.jobs:
                 await ensure_group_async(self.redis, keys.work_stream(record.job), WORKERS_GROUP)
         self.fair.set_jobs({r.job: r.weight for r in records})
+        self.reclaim_backlog &= set(self.fair.jobs)
         self.max_in_flight = {r.job: r.quotas.max_in_flight for r in records}
 
     async def _fill(self) -> None:
@@ -138,9 +142,10 @@ class Worker:
 
     async def _take_round(self) -> int:
         """Fill free slots one item at a time, each from the job first in fair-share order; items
-        reclaimed from dead workers go first (they have waited longest)."""
+        reclaimed from dead workers go first (they have waited longest): a job with reclaimable items
+        left takes no new one until they are all running."""
         took = await self._reclaim_due()
-        exhausted: set[str] = set()
+        exhausted: set[str] = set(self.reclaim_backlog)
         while self.free > 0 and not self.stopping.is_set():
             order = [job for job in self.fair.order() if job not in exhausted]
             if not order:
@@ -250,12 +255,15 @@ class Worker:
                 log.warning("renewal of lease %s failed: the broker holds no live lease of that id", lease)
 
     async def _reclaim_due(self) -> int:
-        """Reclaim, at most every ``reclaim_interval_s``; how many items were taken over."""
-        if time.monotonic() < self._next_reclaim:
-            return 0
-        self._next_reclaim = time.monotonic() + self.settings.reclaim_interval_s
+        """Reclaim every job's idle items at most every ``reclaim_interval_s``, and the jobs with a
+        backlog of reclaimable items every round; how many items were taken over."""
         before = len(self.running)
-        await self.reclaim()
+        if time.monotonic() >= self._next_reclaim:
+            self._next_reclaim = time.monotonic() + self.settings.reclaim_interval_s
+            await self.reclaim()
+        else:
+            for job in self.fair.order(self.reclaim_backlog):
+                await self._reclaim_job(job)
         return len(self.running) - before
 
     async def reclaim(self) -> None:
@@ -267,6 +275,9 @@ class Worker:
     async def _reclaim_job(self, job: str) -> None:
         idle_ms = int(self.settings.reclaim_idle_s * 1000)
         cursor = "0-0"
+        if self.free <= 0:
+            return  # nothing learnt: the job keeps its backlog mark, if any
+        self.reclaim_backlog.add(job)  # until a scan reaches the end of the pending list
         while self.free > 0 and not self.stopping.is_set():
             reply: Any = await self.redis.xautoclaim(
                 keys.work_stream(job), WORKERS_GROUP, self.name, idle_ms, start_id=cursor, count=self.free
@@ -279,6 +290,7 @@ class Worker:
                     await self._start(job, (entry_id, fields), reclaimed=True, deliveries=deliveries)
             cursor = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
             if cursor == "0-0":  # the whole pending list was scanned
+                self.reclaim_backlog.discard(job)
                 return
 
     async def watch_cancellations(self) -> None:

@@ -1,0 +1,3 @@
+#!/bin/bash
+chmod +x /app/run.sh
+/app/run.sh

@@ -1,0 +1,2 @@
+#!/bin/bash
+tr ' ' '\n' < /app/words.txt | grep -v '^$' | sort -u > /app/sorted.txt

@@ -1,0 +1,7 @@
+#!/bin/bash
+# Writes 1 to /logs/verifier/reward.txt when the task is done, else 0.
+if [ "$(cat /app/sorted.txt 2>/dev/null | tr '\n' ' ')" = "apple banana fig kiwi pear " ]; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
+fi

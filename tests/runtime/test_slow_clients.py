@@ -1,0 +1,100 @@
+"""Slowloris against the real API process (issue 29): 100 connections on loopback that send their
+headers or their body a byte at a time, and some that send nothing at all, are closed by the server
+once the limits this test sets pass; other clients are served all the while; ``/metrics`` counts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from services.runtime.redis_server import EmbeddedRedis
+from tests.support.processes import ServiceProcess, start_service
+
+SLOW = 100  # connections: half trickle their headers, half their body
+GIVE_UP_S = 30.0  # a connection the server has not closed by then is a failure (the limits are 1 s)
+
+
+@pytest.fixture(scope="module")
+def api(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    env = {"ROLLOUT_API_ADMIN_TOKEN": "slow-admin", "ROLLOUT_API_HTTP_HEADER_TIMEOUT_S": "1",
+           "ROLLOUT_API_HTTP_BODY_TIMEOUT_S": "1", "ROLLOUT_API_HTTP_KEEPALIVE_S": "1"}  # fmt: skip
+    service = start_service(
+        ["-m", "services.cli", "api", "--port", "{port}", "--redis-url", redis_server.url],
+        log_dir=tmp_path_factory.mktemp("api-slow-logs"), env=env, name="api",
+    )  # fmt: skip
+    yield service
+    service.stop()
+
+
+async def trickle(port: int, head: bytes, drip: bytes) -> bool:
+    """Send ``head``, then ``drip`` a byte every 0.2 s; True once the server closes the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head)
+        for _ in range(int(GIVE_UP_S / 0.2)):
+            await writer.drain()
+            try:
+                if await asyncio.wait_for(reader.read(1024), 0.2) == b"":
+                    return True
+            except TimeoutError:
+                pass
+            writer.write(drip)
+        return False
+    except ConnectionError:
+        return True
+    finally:
+        writer.close()
+
+
+async def siege(port: int, url: str) -> tuple[list[bool], list[int]]:
+    header = b"POST /rollouts HTTP/1.1\r\nHost: x\r\nX-Slow: "
+    body = b"POST /rollouts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"
+    slow = [asyncio.create_task(trickle(port, header if i % 2 else body, b"a")) for i in range(SLOW)]
+    silent = [asyncio.create_task(trickle(port, b"", b"")) for _ in range(5)]  # connect, then say nothing
+    served: list[int] = []
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+        while not all(t.done() for t in slow) and len(served) < 200:
+            served.append((await client.get("/healthz")).status_code)
+            await asyncio.sleep(0.05)
+    return list(await asyncio.gather(*slow, *silent)), served
+
+
+def metric(text: str, name: str) -> float:
+    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    assert found, name
+    return float(found.group(1))
+
+
+def test_slow_clients_are_cut_and_others_served(api: ServiceProcess) -> None:
+    closed, served = asyncio.run(siege(api.port, api.url))
+    assert all(closed), f"{closed.count(False)} slow connections were never closed"
+    assert served and set(served) == {200}  # other clients were served while the slow ones were held
+    with httpx.Client(base_url=api.url, timeout=10) as client:
+        text = client.get("/metrics").text
+    assert metric(text, 'rollout_api_http_connections_cut_total{phase="header"}') >= SLOW // 2 + 5
+    assert metric(text, 'rollout_api_http_connections_cut_total{phase="body"}') >= SLOW // 2
+    assert metric(text, 'rollout_api_http_client_timeout_seconds{phase="header"}') == 1.0
+    assert metric(text, "rollout_api_http_connections_open") >= 1  # this one
+
+
+def test_an_idle_kept_alive_connection_is_closed(api: ServiceProcess) -> None:
+    with httpx.Client(base_url=api.url, timeout=10) as client:
+        before = metric(client.get("/metrics").text, 'rollout_api_http_connections_cut_total{phase="idle"}')
+
+    async def idle() -> bool:
+        reader, writer = await asyncio.open_connection("127.0.0.1", api.port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        await reader.readuntil(b'{"status":"ok"}')
+        closed = await asyncio.wait_for(reader.read(), GIVE_UP_S) == b""  # then nothing more is sent
+        writer.close()
+        return closed
+
+    assert asyncio.run(idle())
+    with httpx.Client(base_url=api.url, timeout=10) as client:
+        after = metric(client.get("/metrics").text, 'rollout_api_http_connections_cut_total{phase="idle"}')
+    assert after >= before + 1
