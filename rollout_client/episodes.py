@@ -37,6 +37,7 @@ class EpisodeConfig:
     limits: AgentLimits = field(default_factory=AgentLimits)
     agent: AgentSpec = field(default_factory=BashAgent)
     max_attempts: int = 3
+    idle_timeout_s: float = 3600.0  # TimeoutError when the job's stream brought nothing for this long
 
     @classmethod
     def from_env(cls) -> EpisodeConfig:
@@ -84,7 +85,8 @@ class EpisodeRunner:
             async with self._reading:  # one reader at a time; the others find theirs in ``found``
                 if self.found.get(rollout_id):
                     break
-                async with aclosing(self.client.trajectories(c.job, after=self.cursor)) as events:
+                stream = self.client.trajectories(c.job, after=self.cursor, idle_timeout_s=c.idle_timeout_s)
+                async with aclosing(stream) as events:
                     async for event in events:
                         self.cursor = event.entry_id
                         self.found.setdefault(event.trajectory.rollout_id, []).append(event.trajectory)

@@ -105,6 +105,21 @@ class _SseParser:
         return None
 
 
+class _Idle:
+    """TimeoutError once ``limit_s`` passed without an event (checked on every line, keep-alives included)."""
+
+    def __init__(self, limit_s: float | None) -> None:
+        self.limit_s = limit_s
+        self.last = time.monotonic()
+
+    def reset(self) -> None:
+        self.last = time.monotonic()
+
+    def check(self) -> None:
+        if self.limit_s is not None and time.monotonic() - self.last > self.limit_s:
+            raise TimeoutError(f"no trajectory for {self.limit_s} s")
+
+
 def _finished(status: RolloutStatus) -> bool:
     return status.finished >= status.total
 
@@ -168,21 +183,31 @@ class RolloutClient:
         return self._do(_Call("GET", f"/rollouts/{rollout_id}/eval"), EvalReport)
 
     def trajectories(
-        self, job: str, *, after: str | None = None, limit: int | None = None, mode: str = "train"
+        self,
+        job: str,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+        mode: str = "train",
+        idle_timeout_s: float | None = None,
     ) -> Iterator[StreamedTrajectory]:
         """The job's trajectories in stream order, after entry ``after`` (from the first without);
-        with ``limit`` the stream ends after that many, else it waits for new ones."""
+        with ``limit`` the stream ends after that many, else it waits for new ones. With
+        ``idle_timeout_s``, TimeoutError when no trajectory came for that long (the server's
+        keep-alives let the wait be checked while nothing arrives)."""
         params = _sse_params(after, limit, mode)
         kwargs = _kwargs(_Call("GET", ""), self.token)
         with self.http.stream("GET", f"/jobs/{job}/trajectories", params=params, timeout=None, **kwargs) as response:
             if not response.is_success:
                 response.read()
                 _raise_for(response)
-            parser = _SseParser()
+            parser, idle = _SseParser(), _Idle(idle_timeout_s)
             for line in response.iter_lines():
                 event = parser.feed(line)
                 if event is not None:
+                    idle.reset()
                     yield event
+                idle.check()
 
     def close(self) -> None:
         self.http.close()
@@ -246,7 +271,13 @@ class AsyncRolloutClient:
         return await self._do(_Call("GET", f"/rollouts/{rollout_id}/eval"), EvalReport)
 
     async def trajectories(
-        self, job: str, *, after: str | None = None, limit: int | None = None, mode: str = "train"
+        self,
+        job: str,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+        mode: str = "train",
+        idle_timeout_s: float | None = None,
     ) -> AsyncGenerator[StreamedTrajectory, None]:
         params = _sse_params(after, limit, mode)
         kwargs = _kwargs(_Call("GET", ""), self.token)
@@ -256,11 +287,13 @@ class AsyncRolloutClient:
             if not response.is_success:
                 await response.aread()
                 _raise_for(response)
-            parser = _SseParser()
+            parser, idle = _SseParser(), _Idle(idle_timeout_s)
             async for line in response.aiter_lines():
                 event = parser.feed(line)
                 if event is not None:
+                    idle.reset()
                     yield event
+                idle.check()
 
     async def aclose(self) -> None:
         await self.http.aclose()

@@ -165,7 +165,8 @@ class PlatformRollout:
         while slots:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{len(slots)} samples did not finish within {self.timeout_s} s")
-            for event in self.client.trajectories(self.job, after=self.cursor):
+            remaining = max(0.0, deadline - time.monotonic())
+            for event in self.client.trajectories(self.job, after=self.cursor, idle_timeout_s=remaining):
                 self.cursor = event.entry_id
                 traj = event.trajectory
                 found = slots.pop((traj.rollout_id, traj.task_id, traj.sample_index), None)

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from services.cli import (
+    agents_cmd,
     api_cmd,
     bench_cmd,
     broker_cmd,
@@ -31,7 +32,7 @@ from services.cli import (
 from services.runtime.logs import configure_logging
 
 COMMANDS = (up_cmd, redis_cmd, engine_cmd, proxy_cmd, broker_cmd, api_cmd, worker_cmd, bench_cmd, deploy_cmd,
-            images_cmd, tasks_cmd, tokenizer_cmd, trajectories_cmd, secrets_cmd, settings_cmd)  # fmt: skip
+            images_cmd, tasks_cmd, tokenizer_cmd, trajectories_cmd, secrets_cmd, settings_cmd, agents_cmd)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
@@ -129,11 +129,36 @@ class CommandAgent(_Agent):
     env: dict[str, str] = Field(default_factory=dict)  # added to the program's environment
     model: str = "policy"  # the model name the program is told to use (OPENAI_MODEL / ROLLOUT_MODEL)
     output_max_bytes: int = Field(10_000, ge=256)  # tail of stdout+stderr kept on the trajectory
+    # an agent bundle installed on the broker's host (``rollout agents install NAME``), read-only at
+    # /opt/agents/NAME in the sandbox: its bin/ goes first on PATH, its name/version/digest on the trajectory
+    bundle: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")] | None = None
+
+    @model_validator(mode="after")
+    def _bundles_run_in_the_sandbox(self) -> CommandAgent:
+        if self.bundle is not None and self.where != "sandbox":
+            raise ValueError('an agent bundle is mounted in the sandbox: it needs where "sandbox"')
+        return self
 
     @field_validator("where", mode="before")
     @classmethod
     def _beside_is_host(cls, value: Any) -> Any:
         return "host" if value == "beside" else value  # the name of the host mode before "sandbox" existed
+
+
+AGENTS_DIR = "/opt/agents"  # agent bundles inside a sandbox: AGENTS_DIR/NAME/{bundle.json,bin/...}
+BUNDLE_MANIFEST = "bundle.json"
+
+
+class AgentBundle(BaseModel):
+    """``bundle.json`` of an agent bundle: written by ``rollout agents install``, read by the worker."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str
+    source: str  # "pypi:mini-swe-agent", "npm:@anthropic-ai/claude-code"
+    version: str
+    digest: str  # "sha256:<hex>" over every file of the bundle but this manifest
+    commands: list[str] = Field(default_factory=list)  # in bin/
 
 
 AgentSpec = Annotated[BashAgent | ToolsAgent | CommandAgent, Field(discriminator="kind")]

@@ -60,3 +60,4 @@ class SweBenchRolloutRequest(RolloutOptions):
     log_parser: Literal["auto", "pytest", "unittest", "django"] = "auto"
     reward_timeout_s: float = Field(1_800.0, gt=0)
     grade_in: Literal["fresh", "same"] = "fresh"  # the tests run in a new sandbox with the agent's diff
+    hide_history: bool = True  # after ``setup``: the repository keeps only its base commit (no later objects)

@@ -114,6 +114,10 @@ class AgentRun(msgspec.Struct, kw_only=True):
     retokenization_mismatches: int = 0  # calls whose re-rendered history differed from the recorded ids
     format_errors: int = 0  # malformed tool calls fed back to the model
     session: str = ""  # the gateway session id
+    # a command agent run from an agent bundle (``/opt/agents/NAME``): what exactly ran
+    bundle: str = ""  # the bundle's name
+    bundle_version: str = ""  # its package's version
+    bundle_digest: str = ""  # ``sha256:<hex>`` over the bundle's files
 
 
 class RewardDetails(msgspec.Struct, kw_only=True):

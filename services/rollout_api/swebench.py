@@ -27,6 +27,18 @@ NON_TEST_SUFFIXES = (".json", ".png", "csv", ".txt", ".md", ".jpg", ".jpeg", ".p
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 _UNITTEST_ID = re.compile(r"^\w+ \(([\w.]+)\)$")  # "test_x (module.Class)"
 
+# the repository keeps only the base commit (a new root commit of its tree): no later objects, no
+# other branch or tag, no remote, no reflog, no stash; a no-op where the workdir is not a git repository
+HIDE_HISTORY = """if git rev-parse --verify -q HEAD >/dev/null 2>&1; then
+set -e
+base=$(git -c user.name=rollout -c user.email=rollout@localhost commit-tree 'HEAD^{tree}' -m base)
+for remote in $(git remote); do git remote remove "$remote"; done
+git for-each-ref --format='delete %(refname)' | git update-ref --stdin
+git update-ref refs/heads/main "$base" && git symbolic-ref HEAD refs/heads/main && git reset -q
+rm -rf .git/logs .git/packed-refs .git/shallow .git/ORIG_HEAD .git/FETCH_HEAD .git/refs/original
+git reflog expire --expire=now --all && git -c gc.packRefs=false gc -q --prune=now
+fi"""
+
 PROMPT = """Please solve this issue in the repository at {repo_dir} ({repo}).
 
 <issue>
@@ -100,7 +112,11 @@ def instance_task(instance: SweInstance, request: SweBenchRolloutRequest) -> Tas
         prompt=PROMPT.format(repo_dir=request.repo_dir, repo=instance.repo, problem=instance.problem_statement),
         sandbox=SandboxSpec(
             template=request.template or template_for(image),
-            setup=[*request.setup, *([APPLY_SETUP_PATCH] if instance.setup_patch else [])],
+            setup=[
+                *request.setup,
+                *([APPLY_SETUP_PATCH] if instance.setup_patch else []),
+                *([HIDE_HISTORY] if request.hide_history else []),
+            ],
             files={SETUP_PATCH_PATH: instance.setup_patch} if instance.setup_patch else {},
             workdir=request.repo_dir,
             env={**request.env, **instance.env},

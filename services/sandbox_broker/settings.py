@@ -41,6 +41,9 @@ class BrokerSettings(UsesRedis, UsesAdminToken, UsesServiceToken, ServesHttp):
     pids_max: int = Field(512, gt=0)  # cgroup pids limit per sandbox
     nofile: int = Field(4096, gt=0)  # RLIMIT_NOFILE per command
     image_store_mb: int = Field(20_480, gt=0)  # unpacked images kept (LRU beyond it, never one in use)
+    # agent bundles (``rollout agents install NAME --dir DIR``), bound read-only at /opt/agents in every
+    # local sandbox without an image; None: none
+    agents_dir: Path | None = None
     exec_agents: bool = True  # a resident exec agent per sandbox (backends/exec_agent.py); off: a bwrap per command
 
     # docker backend

@@ -143,8 +143,9 @@ def start_engine(script: Path, model_path: Path, logs: Path, name: str) -> Servi
 
 
 def start_fleet(
-    redis_url: str, script: Path, model_path: Path, logs: Path, state_dir: Path, api_env: dict[str, str] | None = None
-) -> Fleet:
+    redis_url: str, script: Path, model_path: Path, logs: Path, state_dir: Path, api_env: dict[str, str] | None = None,
+    broker_env: dict[str, str] | None = None, context_cap: int = 4000,
+) -> Fleet:  # fmt: skip
     started: list[ServiceProcess] = []
     try:
         engines = {"default": start_engine(script, model_path, logs, "engine")}
@@ -155,7 +156,7 @@ def start_fleet(
             [
                 "-m", "services.cli", "proxy", "--port", "{port}", "--workers", "1",
                 "--engines", engines["default"].url, "--pools", f"llmfail={engines['llmfail'].url}",
-                "--context-cap", "4000", "--health-interval-s", "0.5", "--eject-after-failures", "1",
+                "--context-cap", str(context_cap), "--health-interval-s", "0.5", "--eject-after-failures", "1",
             ],
             log_dir=logs, env={**SECRETS.env(), "ROLLOUT_REDIS_URL": redis_url}, name="proxy",
         )  # fmt: skip
@@ -165,7 +166,8 @@ def start_fleet(
                 "-m", "services.cli", "broker", "--port", "{port}", "--backend", "local",
                 "--redis-url", redis_url, "--state-dir", str(state_dir),
             ],
-            log_dir=logs, env={**SECRETS.env(), "ROLLOUT_BROKER_TEMPLATE_ROOTS": tempfile.gettempdir()}, name="broker",
+            log_dir=logs, name="broker",
+            env={**SECRETS.env(), "ROLLOUT_BROKER_TEMPLATE_ROOTS": tempfile.gettempdir(), **(broker_env or {})},
             timeout_s=120,  # its host probe (bubblewrap) may take up to a minute on a loaded machine
         )  # fmt: skip
         started.append(broker)
@@ -185,8 +187,9 @@ def start_fleet(
 
 @contextmanager
 def running_fleet(
-    root: Path, rules: dict[str, list[Any]], name: str, api_env: dict[str, str] | None = None
-) -> Iterator[Fleet]:
+    root: Path, rules: dict[str, list[Any]], name: str, api_env: dict[str, str] | None = None,
+    broker_env: dict[str, str] | None = None, context_cap: int = 4000,
+) -> Iterator[Fleet]:  # fmt: skip
     """Redis, scripted engines answering ``rules``, the proxy, the broker and the API (no worker
     yet: ``fleet.start_worker``), stopped and cleaned up afterwards."""
     model = write_tokenizer_dir(root / "model")
@@ -194,7 +197,7 @@ def running_fleet(
     state = Path(tempfile.mkdtemp(prefix=f"rollout-{name}-"))
     state.chmod(0o755)  # the sandbox user must reach the sandboxes' directories (pytest's tmp root is 0700)
     with EmbeddedRedis() as server:
-        fleet = start_fleet(server.url, script, model, root / "logs", state, api_env)
+        fleet = start_fleet(server.url, script, model, root / "logs", state, api_env, broker_env, context_cap)
         try:
             yield fleet
         finally:

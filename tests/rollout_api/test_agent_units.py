@@ -15,7 +15,7 @@ from services.protocol.llm import HEADER_JOB
 from services.protocol.sandboxes import ExecResult
 from services.protocol.swebench import SweBenchRolloutRequest, SweInstance
 from services.rollout_api.figures import percentile, rate_per_hour, tail_share
-from services.rollout_api.swebench import image_for, instance_task, patched_files, template_for
+from services.rollout_api.swebench import HIDE_HISTORY, image_for, instance_task, patched_files, template_for
 from services.rollout_api.worker.clients import BrokerClient, InfraError, ProxyClient, parse_generation
 from services.rollout_api.worker.conversation import (
     SUBMIT_COMMAND,
@@ -124,7 +124,8 @@ def test_swebench_adapter() -> None:
     assert task.reward.restore == ["t/test_x.py", "u/test_y.py"]  # put back before the test patch is applied
     assert task.reward.setup and "git apply" in task.reward.setup[0]
     assert task.reward.tests is not None and task.reward.tests.fail_to_pass == ["t/test_x.py::test_a"]
-    assert task.sandbox.setup == []  # the image is the repository at its base commit
+    assert task.sandbox.setup == [HIDE_HISTORY]  # the image is the repository at its base commit; no later history
+    assert task.reward.grade_in == "fresh"
 
     django = SweInstance(instance_id="django__django-11099", repo="django/django", base_commit="b",
                          problem_statement="p", FAIL_TO_PASS=["test_a (auth_tests.test_validators.T)"])  # fmt: skip

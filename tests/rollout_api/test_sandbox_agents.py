@@ -5,6 +5,8 @@ host agents off as an operator leaves them."""
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import redis
 
 from services.protocol import Status, Trajectory, keys
 from services.runtime.chat import ChatTemplate
+from services.sandbox_broker.bundles import installed, publish, wrapper
 from tests.rollout_api.fleet import (
     SECRETS,
     Fleet,
@@ -78,12 +81,25 @@ print("base", base)
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    with running_fleet(tmp_path_factory.mktemp("sbfleet"), RULES, "sb") as fleet:
+    agents = Path(tempfile.mkdtemp(prefix="rollout-agents-"))
+    agents.chmod(0o755)  # bubblewrap binds it as the sandbox user: pytest's tmp root (0700) is out of its reach
+    publish(agents, "hello", "local:test", ["hello"], hello_bundle)
+    AGENTS_DIRS[:] = [agents]
+    env = {"ROLLOUT_BROKER_AGENTS_DIR": str(agents)}
+    with running_fleet(tmp_path_factory.mktemp("sbfleet"), RULES, "sb", broker_env=env) as fleet:
         fleet.start_worker(jobs=["inside", "victim"], concurrency=4)
         yield fleet
+    shutil.rmtree(agents)
+
+
+def hello_bundle(tree: Path) -> str:
+    """A bundle whose one command answers the task where it runs."""
+    wrapper(tree / "bin" / "hello", "/bin/sh -c 'echo 42 > answer.txt; echo hello from $0' /opt/agents/hello/bin")
+    return "1.0"
 
 
 _HEADERS: dict[str, str] = {}
+AGENTS_DIRS: list[Path] = []  # the broker's agents_dir, set by the fleet
 
 
 def _job(client: Any) -> dict[str, str]:
@@ -218,3 +234,19 @@ def test_an_attacking_agent_reads_and_reaches_nothing_of_the_platform_or_another
     assert own == 200, report  # its own session answers: the refusals below are the forwarder's
     assert set(report["gateway"].values()) == {403} and set(report["sockets"].values()) == {403}, report
     assert report["files"]["/etc/shadow"] == "FileNotFoundError" and report["files"]["/run/rollout"] == ["gateway.sock"]
+
+
+def test_an_agent_from_a_bundle_runs_by_its_command_name_and_is_recorded(fleet: Fleet) -> None:
+    (bundle,) = installed(AGENTS_DIRS[0])
+    traj = run_one(fleet, "BUNDLE", {"kind": "command", "bundle": "hello", "argv": ["hello"]})
+    assert traj.status is Status.COMPLETED and traj.reward == 1.0, traj.infra
+    assert traj.agent is not None and traj.agent.exit_code == 0, traj.agent
+    assert traj.agent.last_output == "hello from /opt/agents/hello/bin\n"
+    assert (traj.agent.bundle, traj.agent.bundle_version, traj.agent.bundle_digest) == ("hello", "1.0", bundle.digest)
+
+
+def test_a_bundle_that_is_not_installed_ends_the_attempt_naming_it(fleet: Fleet) -> None:
+    traj = run_one(fleet, "NOBUNDLE", {"kind": "command", "bundle": "nowhere", "argv": ["nowhere"]})
+    assert traj.status is Status.INFRA_ERROR and traj.infra is not None, traj
+    assert traj.infra.code == "bad_request" and "rollout agents install nowhere" in traj.infra.message, traj.infra
+    assert traj.infra.attempts == 1

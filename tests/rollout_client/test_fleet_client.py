@@ -69,6 +69,8 @@ def test_sync_client_submits_follows_and_reads_every_trajectory_once(fleet: Flee
         assert all(e.trajectory.reward == 1.0 and e.trajectory.status is Status.COMPLETED for e in streamed)
         rest = list(client.trajectories("c-sync", after=streamed[1].entry_id, limit=2))  # resumed after an entry
         assert [e.entry_id for e in rest] == [e.entry_id for e in streamed[2:]]
+        with pytest.raises(TimeoutError):  # nothing more comes: the wait ends at the next keep-alive
+            list(client.trajectories("c-sync", after=streamed[-1].entry_id, idle_timeout_s=0.1))
 
         with open_sync_redis(fleet.redis_url) as r:
             consumer = TrajectoryConsumer(r, "c-sync")

@@ -15,9 +15,10 @@ from collections.abc import Callable
 
 import aiohttp
 import orjson
+from pydantic import ValidationError
 
 from services.protocol import ErrorCode, InfraStage
-from services.protocol.agents import CommandAgent
+from services.protocol.agents import AGENTS_DIR, BUNDLE_MANIFEST, AgentBundle, CommandAgent
 from services.protocol.sandboxes import ExecChunk, ExecRequest, ExecResult
 from services.protocol.trajectory import AgentRun
 from services.rollout_api.worker.clients import BrokerClient, InfraError
@@ -30,7 +31,11 @@ async def run_in_sandbox(
     """Run the program to its end (behind the broker's relay of the gateway on ``gateway_port``);
     whether its timeout (the episode's wall clock) ended it. A cancellation closes the stream, and
     the broker then kills the program with its sandbox's agent."""
-    request = ExecRequest(argv=spec.argv, env=env, cwd=cwd, timeout_s=timeout_s, gateway_port=gateway_port,
+    argv = spec.argv
+    if spec.bundle is not None:  # its commands first on PATH, whatever PATH the sandbox has
+        await read_bundle(broker, lease_id, spec.bundle, record)
+        argv = ["/bin/sh", "-c", f'PATH={AGENTS_DIR}/{spec.bundle}/bin:$PATH; export PATH; exec "$@"', "sh", *argv]
+    request = ExecRequest(argv=argv, env=env, cwd=cwd, timeout_s=timeout_s, gateway_port=gateway_port,
                           max_output_bytes=spec.output_max_bytes)  # fmt: skip
     tail = bytearray()
 
@@ -44,6 +49,21 @@ async def run_in_sandbox(
         record.last_output = tail.decode(errors="replace")
     record.exit_code = result.exit_code
     return result.timed_out
+
+
+async def read_bundle(broker: BrokerClient, lease_id: str, name: str, record: AgentRun) -> None:
+    """The bundle's manifest as the sandbox sees it: its name, version and digest go on the record."""
+    path = f"{AGENTS_DIR}/{name}/{BUNDLE_MANIFEST}"
+    result = await broker.exec(lease_id, ExecRequest(argv=["cat", path], timeout_s=30, max_output_bytes=65_536))
+    try:
+        bundle = AgentBundle.model_validate_json(result.stdout) if result.exit_code == 0 else None
+    except ValidationError:
+        bundle = None
+    if bundle is None:
+        raise InfraError(InfraStage.SANDBOX_EXEC, ErrorCode.BAD_REQUEST, f"no agent bundle {name!r} in the sandbox "
+                         f"({path}): install it on the broker's host (rollout agents install {name} --dir DIR, "
+                         "ROLLOUT_BROKER_AGENTS_DIR=DIR)", retryable=False)  # fmt: skip
+    record.bundle, record.bundle_version, record.bundle_digest = bundle.name, bundle.version, bundle.digest
 
 
 async def stream_exec(

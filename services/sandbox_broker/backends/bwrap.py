@@ -27,6 +27,7 @@ HOST_ETC = (
 )
 SANDBOX_NET_ETC = ("resolv.conf", "hosts")  # written per sandbox (netns.py): DNS through slirp4netns only
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+AGENTS_DIR = "/opt/agents"  # agent bundles (services.protocol.agents.AGENTS_DIR)
 GATEWAY_DIR = "/run/rollout"  # where the lease's gateway socket is, inside (``GATEWAY_SOCKET``)
 
 
@@ -78,8 +79,9 @@ class SandboxPaths:
 
 
 def bwrap_argv(
-    bwrap: str, paths: SandboxPaths, *, uid: int, network: bool, cwd: str, hostname: str = "sandbox"
-) -> list[str]:
+    bwrap: str, paths: SandboxPaths, *, uid: int, network: bool, cwd: str, hostname: str = "sandbox",
+    agents_dir: str | None = None,
+) -> list[str]:  # fmt: skip
     """bwrap flags: new pid/mount/ipc/uts/user (and net unless ``network``) namespaces, no capabilities,
     the host's /usr read-only, a private /workspace and /tmp, the rest of / read-only.
 
@@ -106,6 +108,8 @@ def bwrap_argv(
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--bind", str(paths.workspace), "/workspace", "--bind", str(paths.tmp), "/tmp"]
     argv += ["--ro-bind-try", str(paths.gateway), GATEWAY_DIR]
+    if agents_dir:
+        argv += ["--ro-bind-try", agents_dir, AGENTS_DIR]
     argv += ["--remount-ro", "/", "--chdir", cwd]
     return argv
 

@@ -74,6 +74,7 @@ class LocalBackend:
         self.agents = ExecAgents()
         self.use_agents = settings.exec_agents
         self.known = KnownSandboxes()
+        self.agents_dir = str(settings.agents_dir.resolve()) if settings.agents_dir else None
         self.gateways = GatewayForwarders()
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -128,7 +129,7 @@ class LocalBackend:
         paths = self._paths(sandbox_id)
         unpack_s = await asyncio.to_thread(self.images.unpack, spec.template, self.overlay)  # before its dir exists
         meta: dict[str, object] = {"labels": spec.labels, "network": spec.network, "created_at": time.time(),
-                                   "image_prepare_s": unpack_s}  # fmt: skip
+                                   "image_prepare_s": unpack_s, "agents_dir": self.agents_dir}  # fmt: skip
         try:
             text = await asyncio.to_thread(self._prepare, paths, spec, meta)
             self.known.add(sandbox_id, paths, json.loads(text))  # as its commands would read it back

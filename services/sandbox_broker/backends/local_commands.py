@@ -41,7 +41,7 @@ def sandbox_prefix(bwrap: str, paths: SandboxPaths, meta: dict[str, Any], *, uid
     if image is not None:
         argv = imageroot.bwrap_image_argv(bwrap, paths, image, uid=uid, network=network, cwd=cwd)
     else:
-        argv = bwrap_argv(bwrap, paths, uid=uid, network=network, cwd=cwd)
+        argv = bwrap_argv(bwrap, paths, uid=uid, network=network, cwd=cwd, agents_dir=meta.get("agents_dir"))
     if meta.get("netns"):
         argv = [*netns.enter_prefix(paths.root), *argv]
     return [*limits_prefix(meta.get("rlimits", {}), cgroup_procs), *argv]
