@@ -22,13 +22,20 @@ from services.cli.main import build_parser
 from services.deploy.check import settings_classes, unknown_variables
 from services.engines.settings import EngineSettings
 from services.llm_proxy.settings import ProxySettings
-from services.rollout_api.settings import ApiSettings
+from services.rollout_api.settings import ApiSettings, WorkerSettings
 from services.sandbox_broker.settings import BrokerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"```(?:bash|sh|console)?\n(.*?)```", re.S)
-DEFAULT_PORTS = {ApiSettings().port, ProxySettings().port, BrokerSettings().port, EngineSettings().port}
+# every service's port, and the loopback port an agent in a sandbox reaches its gateway session on
+DEFAULT_PORTS = {
+    ApiSettings().port,
+    ProxySettings().port,
+    BrokerSettings().port,
+    EngineSettings().port,
+    WorkerSettings().sandbox_gateway_port,
+}
 
 
 def commands(doc: Path) -> list[str]:
