@@ -2,13 +2,16 @@
 imported as ``rollout tasks import harbor`` does (each image built offline over one shared base,
 its template registered), then run through the real API, a worker, the proxy, a scripted engine
 and the broker (local backend, authentication on) twice: with the oracle (each task's
-``solution/solve.sh``: 1.0) and with a no-op agent (0.0).
+``solution/solve.sh``: 1.0) and with a no-op agent (0.0). Then one file per SWE instance format
+(swe_fixtures.py: SWE-bench, SWE-Gym, SWE-smith, R2E-Gym rows) through ``POST /rollouts/swebench``
+as ``rollout tasks import swe`` maps it, with the gold fix (1.0) and a no-op (0.0).
 
 JSON keys: ``harbor_tasks``, ``harbor_oracle_reward_mean``, ``harbor_noop_reward_mean``,
-``infra_errors``, ``image_build_s_p50`` (per image, the shared base's unpacking included),
-``episodes``, ``sources_ok`` (the sources whose every episode scored as its definition says),
-``reward_matches_package`` (the share of episodes whose reward equals the set's own reference:
-the oracle's 1.0, the no-op's 0.0), ``per_task``."""
+``infra_errors`` (every source), ``image_build_s_p50`` (per Harbor image, the shared base's
+unpacking included), ``episodes`` (every source), ``sources_ok`` (the sources whose every episode
+scored as its definition says), ``reward_matches_package`` (the share of episodes whose reward
+equals the reference of the set's own definition: the oracle's or gold fix's 1.0, the no-op's
+0.0), ``per_task`` (Harbor)."""
 
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ from services.benchmarks.report import write_json
 from services.environments import harbor
 from services.environments.fixture_base import HARBOR_FIXTURES, busybox_base
 from services.environments.harbor_sets import HarborImport, import_tasks
+from services.environments.swe_files import import_files
+from services.environments.swe_fixtures import GIT_INIT, ROWS, TEST_COMMAND, calc_images, write_jsonl
 from services.protocol import Task, Trajectory
 from services.rollout_api.dump import stream_entries
 from services.runtime.redis_server import EmbeddedRedis
@@ -39,6 +44,10 @@ from services.sandbox_broker.backends.leftovers import remove_state_dir
 SECRETS = FleetSecrets.generate()
 SUBMIT = "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"
 MODES = {"oracle": 1.0, "noop": 0.0}  # the reference reward of each mode
+SWE_GOLD = (
+    "```bash\nprintf 'def add(a, b):\\n    return a + b\\n\\n\\ndef sub(a, b):\\n    return a - b\\n' > calc.py\n```"
+)
+Episode = tuple[str, float, Trajectory]  # source, reference reward, what ran
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -61,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(figures, indent=1))
     write_json(args.json, figures)
-    return 0 if figures["sources_ok"] == ["harbor"] and figures["infra_errors"] == 0 else 1
+    return 0 if len(figures["sources_ok"]) == 1 + len(ROWS) and figures["infra_errors"] == 0 else 1
 
 
 def measure(args: argparse.Namespace, root: Path, redis_url: str) -> dict[str, Any]:
@@ -72,6 +81,7 @@ def measure(args: argparse.Namespace, root: Path, redis_url: str) -> dict[str, A
     done = import_tasks([args.harbor_dir], root / "harbor", root / "cache", bases=bases, host_usr=host_usr)
     rules = [{"match": f"RUN-ORACLE {t.name}\n", "replies": [f"```bash\n{harbor.oracle_command(t)}\n```", SUBMIT]}
              for t in done.loaded] + [{"match": "RUN-NOOP\n", "replies": [SUBMIT]}]  # fmt: skip
+    rules += [{"match": "MODE-GOLD", "replies": [SWE_GOLD, SUBMIT]}, {"match": "MODE-NOOP", "replies": [SUBMIT]}]
     (root / "script.json").write_text(json.dumps({"rules": rules, "default": SUBMIT, "latency_s": 0.0}))
     model = write_tokenizer_dir(root / "model")
     (root / "logs").mkdir()
@@ -87,18 +97,47 @@ def measure(args: argparse.Namespace, root: Path, redis_url: str) -> dict[str, A
         api = stack.start("api", ["api", "--port", "{port}", "--redis-url", redis_url]).url
         stack.start("worker", ["worker", "--port", "{port}", "--redis-url", redis_url, "--proxy-url", proxy,
                                "--broker-url", broker, "--model-path", str(model)])  # fmt: skip
-        register_templates(broker, done)
+        swe_templates = [{"name": n, "image": str(p), "host_usr": True} for n, p in calc_images(root / "swe").items()]
+        register_templates(broker, [*done.templates, *swe_templates])
         results = {mode: run_mode(api, redis_url, done.tasks, mode) for mode in MODES}
+        swe = run_swe(api, redis_url, root / "swe")
     finally:
         stack.stop()
-    return summary(done, results)
+    return summary(done, results, swe)
 
 
-def register_templates(broker: str, done: HarborImport) -> None:
+def register_templates(broker: str, templates: list[dict[str, object]]) -> None:
     headers = {"Authorization": f"Bearer {SECRETS.admin_token}"}
     with httpx.Client(base_url=broker, timeout=120, headers=headers) as http:
-        for template in done.templates:
+        for template in templates:
             http.post("/templates", json=template).raise_for_status()
+
+
+def run_swe(api: str, redis_url: str, work: Path) -> list[Episode]:
+    """Each SWE format's file (a gold and a no-op row) mapped and run through the SWE route."""
+    job = "envs-swe"
+    with httpx.Client(base_url=api, timeout=60) as http:
+        created = http.post("/jobs", json={"job": job}, headers={"Authorization": f"Bearer {SECRETS.admin_token}"})
+        created.raise_for_status()
+        headers = {"Authorization": f"Bearer {created.json()['token']}"}
+        rollouts = []
+        for fmt, row in ROWS.items():
+            path = write_jsonl(work / f"{fmt}.jsonl", [row("GOLD"), row("NOOP")])
+            template = "calc-r2e" if fmt == "r2e-gym" else "calc"
+            imported = import_files([path], fmt, job=job, group_size=1, template=template, setup=[GIT_INIT],
+                                    test_command=TEST_COMMAND, env={"PYTHONDONTWRITEBYTECODE": "1"})  # fmt: skip
+            for request in imported.requests:
+                response = http.post("/rollouts/swebench", json=request.model_dump(mode="json"), headers=headers)
+                response.raise_for_status()
+                rollouts.append(response.json()["rollout_id"])
+        for rollout in rollouts:
+            while (status := http.get(f"/rollouts/{rollout}", headers=headers).json())["finished"] < status["total"]:
+                time.sleep(0.5)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return [(t.source, 1.0 if t.task_id.endswith("gold") else 0.0, t) for _, t in stream_entries(client, job)]
+    finally:
+        client.close()
 
 
 def run_mode(api: str, redis_url: str, tasks: list[Task], mode: str) -> list[Trajectory]:
@@ -123,23 +162,23 @@ def run_mode(api: str, redis_url: str, tasks: list[Task], mode: str) -> list[Tra
         client.close()
 
 
-def summary(done: HarborImport, results: dict[str, list[Trajectory]]) -> dict[str, Any]:
+def summary(done: HarborImport, results: dict[str, list[Trajectory]], swe: list[Episode]) -> dict[str, Any]:
     def reward_mean(mode: str) -> float | None:
         scored = [t.reward for t in results[mode] if t.status.trainable and t.reward is not None]
         return round(statistics.fmean(scored), 4) if scored else None
 
-    every = [(mode, t) for mode in MODES for t in results[mode]]
-    matching = sum(1 for mode, t in every if t.reward == MODES[mode] and t.source == harbor.SOURCE)
-    expected = len(done.tasks) * len(MODES)
+    every = [(harbor.SOURCE, MODES[mode], t) for mode in MODES for t in results[mode]] + swe
+    expected = {harbor.SOURCE: len(done.tasks) * len(MODES), **{fmt: 2 for fmt in ROWS}}  # episodes per source
+    matching = [source for source, reference, t in every if t.reward == reference and t.source == source]
     return {
         "harbor_tasks": len(done.tasks),
         "harbor_oracle_reward_mean": reward_mean("oracle"),
         "harbor_noop_reward_mean": reward_mean("noop"),
-        "infra_errors": sum(1 for _, t in every if t.infra is not None),
+        "infra_errors": sum(1 for _, _, t in every if t.infra is not None),
         "image_build_s_p50": round(statistics.median(done.build_s), 3) if done.build_s else None,
         "episodes": len(every),
-        "sources_ok": ["harbor"] if matching == expected == len(every) else [],
-        "reward_matches_package": round(matching / len(every), 4) if every else None,
+        "sources_ok": sorted(s for s, n in expected.items() if matching.count(s) == n == sum(e[0] == s for e in every)),
+        "reward_matches_package": round(len(matching) / len(every), 4) if every else None,
         "per_task": {
             t.id: {m: next((x.reward for x in results[m] if x.task_id == t.id), None) for m in MODES}
             for t in done.tasks

@@ -102,7 +102,7 @@ def test_the_bench_summary_counts_an_episode_off_its_reference_against_the_sourc
                           group_id="g", sample_index=0, group_size=1, status=Status.COMPLETED, reward=reward,
                           source="harbor")  # fmt: skip
 
-    good = summary(done, {"oracle": [traj("oracle", 1.0)], "noop": [traj("noop", 0.0)]})
+    good = summary(done, {"oracle": [traj("oracle", 1.0)], "noop": [traj("noop", 0.0)]}, [])
     assert (good["sources_ok"], good["reward_matches_package"], good["episodes"]) == (["harbor"], 1.0, 2)
-    bad = summary(done, {"oracle": [traj("oracle", 1.0)], "noop": [traj("noop", 1.0)]})
+    bad = summary(done, {"oracle": [traj("oracle", 1.0)], "noop": [traj("noop", 1.0)]}, [])
     assert (bad["sources_ok"], bad["reward_matches_package"], bad["harbor_noop_reward_mean"]) == ([], 0.5, 1.0)

@@ -13,7 +13,7 @@ import pytest
 
 from services.environments.swe_files import import_files
 from services.protocol import Status
-from tests.environments.swe_rows import r2e_calc_image, r2egym_row, swebench_row, swegym_row, swesmith_row, write_jsonl
+from tests.environments.swe_rows import GIT_INIT, ROWS, TEST_COMMAND, calc_images, write_jsonl
 from tests.rollout_api.fleet import (
     ADMIN,
     SUBMIT,
@@ -26,22 +26,18 @@ from tests.rollout_api.fleet import (
 )
 from tests.sandbox_broker.conftest import needs_bwrap
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, needs_bwrap]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, needs_bwrap, pytest.mark.timeout(300)]  # a fleet starts first
 
 FIXED = "def add(a, b):\\n    return a + b\\n\\n\\ndef sub(a, b):\\n    return a - b\\n"
 GOLD = f"```bash\nprintf '{FIXED}' > calc.py\n```"
 RULES: dict[str, list[Any]] = {"MODE-GOLD": [GOLD, SUBMIT], "MODE-NOOP": [SUBMIT]}
 ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
-# the route grades in a fresh sandbox from the agent's diff: the repository must be a git repository
-GIT_INIT = "git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm base"
-ROWS = {"swebench": swebench_row, "swe-gym": swegym_row, "swe-smith": swesmith_row, "r2e-gym": r2egym_row}
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     with running_fleet(tmp_path_factory.mktemp("swe-sources"), RULES, "swe-sources") as fleet:
-        image = r2e_calc_image(fleet.state_dir / "img")
-        for name, path in (("calc", image.parent / "calc.tar"), ("calc-r2e", image)):
+        for name, path in calc_images(fleet.state_dir / "img").items():
             template = {"name": name, "image": str(path), "host_usr": True}
             made = httpx.post(f"{fleet.broker.url}/templates", json=template, headers=bearer(ADMIN))
             assert made.status_code == 201, made.text
@@ -55,7 +51,7 @@ def test_every_format_scores_gold_1_and_noop_0_with_its_source(fleet: Fleet, tmp
     for fmt, path in files.items():
         template = "calc-r2e" if fmt == "r2e-gym" else "calc"
         imported = import_files([path], fmt, job="swe-sources", group_size=1, template=template,
-                                test_command="python3 -m unittest -v {files}", env=ENV, setup=[GIT_INIT])  # fmt: skip
+                                test_command=TEST_COMMAND, env=ENV, setup=[GIT_INIT])  # fmt: skip
         bodies += [request.model_dump(mode="json") for request in imported.requests]
     with fleet.client() as client:
         headers = create_job(client, "swe-sources")

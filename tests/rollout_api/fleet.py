@@ -144,7 +144,7 @@ def start_engine(script: Path, model_path: Path, logs: Path, name: str) -> Servi
 
 def start_fleet(
     redis_url: str, script: Path, model_path: Path, logs: Path, state_dir: Path, api_env: dict[str, str] | None = None,
-    broker_env: dict[str, str] | None = None,
+    broker_env: dict[str, str] | None = None, context_cap: int = 4000,
 ) -> Fleet:  # fmt: skip
     started: list[ServiceProcess] = []
     try:
@@ -156,7 +156,7 @@ def start_fleet(
             [
                 "-m", "services.cli", "proxy", "--port", "{port}", "--workers", "1",
                 "--engines", engines["default"].url, "--pools", f"llmfail={engines['llmfail'].url}",
-                "--context-cap", "4000", "--health-interval-s", "0.5", "--eject-after-failures", "1",
+                "--context-cap", str(context_cap), "--health-interval-s", "0.5", "--eject-after-failures", "1",
             ],
             log_dir=logs, env={**SECRETS.env(), "ROLLOUT_REDIS_URL": redis_url}, name="proxy",
         )  # fmt: skip
@@ -188,7 +188,7 @@ def start_fleet(
 @contextmanager
 def running_fleet(
     root: Path, rules: dict[str, list[Any]], name: str, api_env: dict[str, str] | None = None,
-    broker_env: dict[str, str] | None = None,
+    broker_env: dict[str, str] | None = None, context_cap: int = 4000,
 ) -> Iterator[Fleet]:  # fmt: skip
     """Redis, scripted engines answering ``rules``, the proxy, the broker and the API (no worker
     yet: ``fleet.start_worker``), stopped and cleaned up afterwards."""
@@ -197,7 +197,7 @@ def running_fleet(
     state = Path(tempfile.mkdtemp(prefix=f"rollout-{name}-"))
     state.chmod(0o755)  # the sandbox user must reach the sandboxes' directories (pytest's tmp root is 0700)
     with EmbeddedRedis() as server:
-        fleet = start_fleet(server.url, script, model, root / "logs", state, api_env, broker_env)
+        fleet = start_fleet(server.url, script, model, root / "logs", state, api_env, broker_env, context_cap)
         try:
             yield fleet
         finally:
