@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from services.protocol import keys
 from services.protocol.gateway import segments_from_calls
 from services.runtime.redis_server import EmbeddedRedis
 from tests.llm_proxy.gateway_fleet import GatewayFleet, gateway_fleet
+from tests.llm_proxy.npm_harness import npm_binary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -32,30 +32,7 @@ RULES = {"List the files here": [THOUGHT + "I will list them.\n" + BASH, "There 
 
 @pytest.fixture(scope="module")
 def claude() -> Path:
-    """The claude binary, installed once per machine under ``~/.cache/rollout-harnesses``."""
-    if shutil.which("npm") is None:
-        pytest.skip("npm is not installed: Claude Code is installed from npm")
-    prefix = Path.home() / ".cache" / "rollout-harnesses" / f"claude-code-{VERSION}"
-    binary = prefix / "node_modules" / ".bin" / "claude"
-    if not binary.exists():
-        prefix.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(
-            [
-                "npm",
-                "install",
-                "--no-audit",
-                "--no-fund",
-                "--prefix",
-                str(prefix),
-                f"@anthropic-ai/claude-code@{VERSION}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if done.returncode != 0 or not binary.exists():
-            pytest.skip(f"npm could not install @anthropic-ai/claude-code@{VERSION}: {done.stderr.strip()[-300:]}")
-    return binary
+    return npm_binary("@anthropic-ai/claude-code", VERSION, "claude")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from services.protocol import keys
 from services.protocol.gateway import segments_from_calls
 from services.runtime.redis_server import EmbeddedRedis
 from tests.llm_proxy.gateway_fleet import GatewayFleet, gateway_fleet
+from tests.llm_proxy.npm_harness import npm_binary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -34,23 +34,8 @@ RULES = {"List the files here": ["I will list them.\n" + EXEC, "There are two fi
 
 
 @pytest.fixture(scope="module")
-def codex(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The codex binary, installed once per machine under ``~/.cache/rollout-harnesses``."""
-    if shutil.which("npm") is None:
-        pytest.skip("npm is not installed: Codex CLI is installed from npm")
-    prefix = Path.home() / ".cache" / "rollout-harnesses" / f"codex-{VERSION}"
-    binary = prefix / "node_modules" / ".bin" / "codex"
-    if not binary.exists():
-        prefix.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(
-            ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(prefix), f"@openai/codex@{VERSION}"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if done.returncode != 0 or not binary.exists():
-            pytest.skip(f"npm could not install @openai/codex@{VERSION}: {done.stderr.strip()[-300:]}")
-    return binary
+def codex() -> Path:
+    return npm_binary("@openai/codex", VERSION, "codex")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from services.protocol import keys
 from services.protocol.gateway import segments_from_calls
 from services.runtime.redis_server import EmbeddedRedis
 from tests.llm_proxy.gateway_fleet import GatewayFleet, gateway_fleet
+from tests.llm_proxy.npm_harness import npm_binary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -34,22 +34,7 @@ SETTINGS = {  # the API-key auth, no usage statistics
 
 @pytest.fixture(scope="module")
 def gemini() -> Path:
-    """The gemini binary, installed once per machine under ``~/.cache/rollout-harnesses``."""
-    if shutil.which("npm") is None:
-        pytest.skip("npm is not installed: Gemini CLI is installed from npm")
-    prefix = Path.home() / ".cache" / "rollout-harnesses" / f"gemini-cli-{VERSION}"
-    binary = prefix / "node_modules" / ".bin" / "gemini"
-    if not binary.exists():
-        prefix.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(
-            ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(prefix), f"@google/gemini-cli@{VERSION}"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if done.returncode != 0 or not binary.exists():
-            pytest.skip(f"npm could not install @google/gemini-cli@{VERSION}: {done.stderr.strip()[-300:]}")
-    return binary
+    return npm_binary("@google/gemini-cli", VERSION, "gemini")
 
 
 @pytest.fixture(scope="module")

@@ -5,15 +5,20 @@ trajectory): ``completed``/``truncated`` from the episode, ``infra_error`` when 
 ``cancelled`` when the rollout was cancelled. A worker shutting down hands the item back instead
 (no record, no ack) so another worker takes it. An item whose processing fails outside its
 attempts (publishing or acknowledging it raised) goes to the dead letters (``dead_letters.py``);
-a Redis outage leaves it pending, to be delivered again.
+a Redis outage spends no attempt: the item's own Redis calls are tried again until Redis answers
+(within ``outage_budget_s``), logged once per outage, and an episode that met the outage is run
+again as the same attempt.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from redis.asyncio import Redis
 
@@ -25,12 +30,17 @@ from services.rollout_api.worker.agent import AgentDeps, Episode
 from services.rollout_api.worker.clients import InfraError
 from services.rollout_api.worker.dead_letters import DeadLetters, first_line
 from services.rollout_api.worker.metrics import WorkerMetrics
-from services.runtime.outages import STORE_ERRORS
+from services.runtime.outages import STORE_ERRORS, Outage
 
 log = logging.getLogger(__name__)
 
 STOP_CANCELLED = "cancelled"  # the rollout was cancelled: publish as cancelled
 STOP_SHUTDOWN = "shutdown"  # this worker is stopping: hand the item back
+T = TypeVar("T")
+
+
+class StoreAway(Exception):
+    """The episode met Redis away: no fault of the attempt, which is given back and run again."""
 
 
 @dataclass
@@ -53,6 +63,24 @@ class ItemRunner:
         self.settings = deps.settings
         self.dead = DeadLetters(redis, scripts, metrics, worker_id=deps.worker_id,
                                 maxlen=deps.settings.trajectory_stream_maxlen)  # fmt: skip
+        self.store = Outage("Redis (items' records)", log)  # shared by every item: one line per outage
+
+    async def _stored(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call``, a Redis call safe to repeat, tried again while Redis is away (up to the outage budget)."""
+        give_up = time.monotonic() + self.settings.outage_budget_s
+        delay = 0.1
+        while True:
+            try:
+                result = await call()
+            except STORE_ERRORS as exc:
+                self.store.failed(exc)
+                if time.monotonic() + delay > give_up:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 5.0)
+                continue
+            self.store.ok()
+            return result
 
     async def run(self, delivery: Delivery) -> None:
         try:
@@ -71,7 +99,7 @@ class ItemRunner:
     async def _attempts(self, delivery: Delivery) -> None:
         item = delivery.item
         while True:
-            taken = await self.scripts.take(item.job, item.rollout_id, item.trajectory_id)
+            taken = await self._stored(lambda: self.scripts.take(item.job, item.rollout_id, item.trajectory_id))
             if taken.attempt < 0:  # already has its record (a duplicate delivery)
                 await self._ack(delivery)
                 return
@@ -83,13 +111,20 @@ class ItemRunner:
                 await self._finish(delivery, self._infra(item, taken.attempt - 1, error), ran=False)
                 return
             trips = self._trips()
-            failure = await self._attempt(delivery, taken.attempt)
+            try:
+                failure = await self._attempt(delivery, taken.attempt)
+            except StoreAway:  # wait for Redis, then run the same attempt again
+                await self._stored(self.redis.ping)
+                await self._stored(lambda: self.scripts.give_back(item.job, item.rollout_id, item.trajectory_id))
+                self.metrics.attempts_kept.inc()
+                continue
             if failure is None:
                 return
             if await self._outage_kept(delivery, trips):
                 continue  # the attempt was given back: the same attempt number runs again
             error = failure
-            await self.redis.hincrby(keys.job_stats(item.job), counters.failed_attempts(error.stage.value), 1)
+            await self._stored(functools.partial(self.redis.hincrby, keys.job_stats(item.job),
+                                                 counters.failed_attempts(error.stage.value), 1))  # fmt: skip
             self.metrics.infra.labels(error.stage.value).inc()
             if not error.retryable or taken.attempt >= item.max_attempts:
                 await self._finish(delivery, self._infra(item, taken.attempt, error), ran=True)
@@ -104,6 +139,9 @@ class ItemRunner:
         except InfraError as exc:
             log.info("%s attempt %d failed: %s", item.trajectory_id, attempt, exc)  # the give-up is the WARNING
             return exc
+        except STORE_ERRORS as exc:
+            self.store.failed(exc)
+            raise StoreAway from exc
         except Exception as exc:  # a bug in this worker: record it as the worker's failure, never as reward 0
             log.exception("%s attempt %d crashed", item.trajectory_id, attempt)
             return InfraError(InfraStage.WORKER, ErrorCode.INTERNAL_ERROR, f"worker error: {exc!r}")
@@ -150,7 +188,8 @@ class ItemRunner:
         traj.worker = self.deps.worker_id
         if not ran:
             traj.finished_at = time.time()
-        entry = await publish(self.scripts, traj, maxlen=self.settings.trajectory_stream_maxlen, ran=ran)
+        maxlen = self.settings.trajectory_stream_maxlen
+        entry = await self._stored(lambda: publish(self.scripts, traj, maxlen=maxlen, ran=ran))
         if entry is not None:
             self.metrics.published.labels(traj.job, traj.status.value).inc()
             if (infra := traj.infra) is not None:  # once per trajectory: only its first record is published
@@ -159,6 +198,9 @@ class ItemRunner:
         await self._ack(delivery)
 
     async def _ack(self, delivery: Delivery) -> None:
+        await self._stored(lambda: self._ack_once(delivery))
+
+    async def _ack_once(self, delivery: Delivery) -> None:
         stream = keys.work_stream(delivery.job)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.xack(stream, WORKERS_GROUP, delivery.entry_id)

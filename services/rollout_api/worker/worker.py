@@ -282,7 +282,10 @@ class Worker:
             reply: Any = await self.redis.xautoclaim(
                 keys.work_stream(job), WORKERS_GROUP, self.name, idle_ms, start_id=cursor, count=self.free
             )
+            mine = {d.entry_id for d in self.running.values() if d.job == job}
             for entry_id, fields in reply[1]:
+                if entry_id.decode() in mine:  # running here: its heartbeat missed (Redis away); still ours
+                    continue
                 if fields:
                     deliveries = await self.runner.dead.deliveries(job, entry_id)
                     log.info("reclaimed %s from a dead worker (job %s, delivery %d)", entry_id.decode(), job,
