@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 # the dashboard's browser test (chromium and its driver, driven by selenium; nothing downloads a
 # browser build; fonts-dejavu-core for legible screenshots), the base image of the shipped SWE-style
 # tasks (mmdebstrap).
-SYSTEM_PACKAGES=(bubblewrap busybox-static docker.io iproute2 iptables slirp4netns nftables e2fsprogs btrfs-progs
+SYSTEM_PACKAGES=(bubblewrap busybox-static docker.io iproute2 iptables slirp4netns nftables e2fsprogs btrfs-progs runsc
                  chromium chromium-driver fonts-dejavu-core mmdebstrap)
 missing=()
 for pkg in "${SYSTEM_PACKAGES[@]}"; do

@@ -1,9 +1,10 @@
 """``rollout bench swe``: every shipped SWE-style task (``rollout tasks build``) through the real API,
 a worker, the proxy, a scripted engine and the broker, with a scripted agent in three modes: the
 gold patch (reward must be 1), a no-op (0) and tampering with the failing tests (0: they are put
-back before scoring). Once per backend: ``local`` (the task images unpacked as the sandboxes' root)
-and ``docker`` (the same images loaded into a Docker engine: a private dockerd unless
-``--docker-host``); the docker figures carry a ``docker_`` prefix."""
+back before scoring); with ``--attacks`` also every known attack on the grader
+(``services/benchmarks/attacks.py``: each must score 0). Once per backend: ``local`` (the task
+images unpacked as the sandboxes' root) and ``docker`` (the same images loaded into a Docker
+engine: a private dockerd unless ``--docker-host``); the docker figures carry a ``docker_`` prefix."""
 
 from __future__ import annotations
 
@@ -22,11 +23,12 @@ from typing import Any
 import httpx
 import redis
 
+from services.benchmarks.attacks import attack_scripts
 from services.benchmarks.fleet_stack import Stack
 from services.benchmarks.report import write_json
 from services.protocol import Trajectory
 from services.rollout_api.dump import stream_entries
-from services.rollout_api.swebench import template_for
+from services.rollout_api.swebench import patched_files, template_for
 from services.runtime.dockerd import private_dockerd
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.secrets import FleetSecrets
@@ -57,6 +59,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--backends", default="local,docker", help="comma-separated: local, docker (default both)")
     p.add_argument("--docker-host", default=None, help="a Docker engine (default: start a private dockerd)")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
+    p.add_argument("--attacks", action="store_true", help="also every known attack on the grader (each must score 0)")
     p.set_defaults(handler=run)
 
 
@@ -67,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
     if unknown or not backends:
         raise SystemExit(f"--backends: choose from {', '.join(BACKENDS)} (got {args.backends!r})")
     figures: dict[str, Any] = {"tasks": len(instances), "libraries": len({i["repo"] for i in instances})}
+    if args.attacks:
+        figures["attacks"] = len(ATTACKS)
     for backend in backends:
         found = run_backend(args, instances, backend)
         prefix = "" if backend == "local" else f"{backend}_"
@@ -74,13 +79,14 @@ def run(args: argparse.Namespace) -> int:
     figures.setdefault("docker_gold_reward_mean", None)  # the key is always there: null when not run
     print(json.dumps(figures, indent=1))
     write_json(args.json, figures)
-    return 0 if all(_as_expected(figures, b) for b in backends) else 1
+    return 0 if all(_as_expected(figures, b, args.attacks) for b in backends) else 1
 
 
-def _as_expected(figures: dict[str, Any], backend: str) -> bool:
+def _as_expected(figures: dict[str, Any], backend: str, attacks: bool) -> bool:
     prefix = "" if backend == "local" else f"{backend}_"
     rewards = [figures.get(f"{prefix}{mode}_reward_mean") for mode in MODES]
-    return rewards == [1.0, 0.0, 0.0] and figures.get(f"{prefix}infra_errors") == 0
+    attacked = not attacks or figures.get(f"{prefix}attack_reward_max") == 0.0
+    return rewards == [1.0, 0.0, 0.0] and figures.get(f"{prefix}infra_errors") == 0 and attacked
 
 
 def run_backend(args: argparse.Namespace, instances: list[dict[str, Any]], backend: str) -> dict[str, Any]:
@@ -121,6 +127,9 @@ def load_tasks(args: argparse.Namespace) -> list[dict[str, Any]]:
     return [i for i in instances if not args.only or i["instance_id"] in args.only]
 
 
+ATTACKS = tuple(attack_scripts("t.py", "s.py"))  # the attacks' names
+
+
 def script_rules(instances: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rules = []
     for instance in instances:
@@ -129,7 +138,9 @@ def script_rules(instances: list[dict[str, Any]]) -> list[dict[str, Any]]:
         gold = f"```bash\n{patch}\n```"
         replies = {"gold": [gold, SUBMIT], "noop": [SUBMIT],
                    "tamper": [f"```bash\n{TAMPER.format(path=test_file)}\n```", SUBMIT]}  # fmt: skip
-        rules += [{"match": marker(instance, mode), "replies": replies[mode]} for mode in MODES]
+        attacks = attack_scripts(test_file, patched_files(instance["patch"])[0])
+        replies |= {name: [f"```bash\n{script}```", SUBMIT] for name, script in attacks.items()}
+        rules += [{"match": marker(instance, mode), "replies": replies[mode]} for mode in replies]
     return rules
 
 
@@ -162,7 +173,8 @@ def measure(
             stack.start("worker", ["worker", "--port", "{port}", "--redis-url", redis_url, "--proxy-url", proxy,
                                    "--broker-url", broker, "--model-path", str(model)])  # fmt: skip
         prepare = register_templates(broker, instances)
-        results = {mode: run_mode(api, redis_url, instances, mode) for mode in MODES}
+        modes = (*MODES, *ATTACKS) if args.attacks else MODES
+        results = {mode: run_mode(api, redis_url, instances, mode) for mode in modes}
     finally:
         stack.stop()
     return summary(results, prepare)
@@ -213,9 +225,15 @@ def summary(results: dict[str, list[Trajectory]], prepare: list[float]) -> dict[
         scored = [t.reward for t in results[mode] if t.status.trainable and t.reward is not None]
         return round(statistics.fmean(scored), 4) if scored else None
 
-    every = [t for mode in MODES for t in results[mode]]
+    every = [t for mode in results for t in results[mode]]
     durations = sorted(t.timings.total_s for t in every if t.status.trainable)
+    graded = [t.timings.grade_s for t in every if t.timings.grade_s > 0]
+    attacked = {mode: reward_mean(mode) for mode in results if mode in ATTACKS}
+    attacks = {"attack_rewards": attacked, "attack_reward_max": max(
+        (r if r is not None else 1.0 for r in attacked.values()), default=None)} if attacked else {}  # fmt: skip
     return {
+        **attacks,  # every attack's mean reward (null: none scored), and the largest (a null counts as 1)
+        "grade_s_p50": round(statistics.median(graded), 3) if graded else None,  # fresh grading's sandbox
         **{f"{mode}_reward_mean": reward_mean(mode) for mode in MODES},  # over the scored episodes only
         **{f"{mode}_scored": sum(1 for t in results[mode] if t.status.trainable) for mode in MODES},
         "infra_errors": sum(1 for t in every if t.status.value == "infra_error"),

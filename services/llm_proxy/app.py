@@ -12,6 +12,7 @@ from services.llm_proxy.admin import Admin
 from services.llm_proxy.admission import Admission
 from services.llm_proxy.auth import ProxyAuth, authenticator
 from services.llm_proxy.calls import Forwarder
+from services.llm_proxy.client_limits import ClientGuard
 from services.llm_proxy.errors import Handler, error_bodies
 from services.llm_proxy.fleet import FleetView
 from services.llm_proxy.gateway.metrics import GatewayMetrics
@@ -27,10 +28,12 @@ from services.llm_proxy.upstream import BackgroundTasks, EngineClient, create_se
 from services.llm_proxy.weights import WeightTransaction
 from services.runtime.redis_pool import open_redis, pool_of
 from services.runtime.settings import RedisSettings
+from services.runtime.slow_clients import ClientLimits
 
 VIEW = web.AppKey("view", FleetView)
 METRICS = web.AppKey("metrics", ProxyMetrics)
 AUTH = web.AppKey("auth", ProxyAuth)
+CLIENTS = web.AppKey("clients", ClientGuard)  # the server installs it on its connections (server.py)
 
 
 @web.middleware
@@ -59,9 +62,13 @@ async def models(request: web.Request) -> web.Response:
 
 def create_app(settings: ProxySettings, redis_url: str) -> web.Application:
     authenticator(settings)  # no admin token and no development flag: refuse to start
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_bodies, authenticate])
     proxy_metrics = ProxyMetrics()
+    limits = ClientLimits(settings.http_header_timeout_s, settings.http_body_timeout_s, settings.http_keepalive_s)
+    clients = ClientGuard(limits, proxy_metrics)
+    app = web.Application(client_max_size=settings.max_body_bytes,
+                          middlewares=[clients.middleware, error_bodies, authenticate])  # fmt: skip
     app[METRICS] = proxy_metrics
+    app[CLIENTS] = clients
     gateway_metrics = GatewayMetrics(proxy_metrics.registry)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)

@@ -118,6 +118,18 @@ class ProxyMetrics:
             "rollout_proxy_busy_probes_total", "health probes that timed out on a busy engine (not failures)",
             ["engine"], registry=r,
         )  # fmt: skip
+        self.client_connections = Gauge(
+            "rollout_proxy_http_connections_open", "Client connections open now", registry=r,
+            multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.client_cuts = Counter(
+            "rollout_proxy_http_connections_cut", "Client connections closed for slowness, by phase", ["phase"],
+            registry=r,
+        )  # fmt: skip
+        self.client_timeouts = Gauge(
+            "rollout_proxy_http_client_timeout_seconds", "Slow-client limits, by phase", ["phase"], registry=r,
+            multiprocess_mode="max",
+        )  # fmt: skip
         self.weight_update = Histogram(
             "rollout_proxy_weight_update_seconds", "Weight-update transaction time", ["pool"], buckets=LATENCY_BUCKETS,
             registry=r,

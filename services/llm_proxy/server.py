@@ -16,7 +16,7 @@ from multiprocessing.process import BaseProcess
 from aiohttp import web
 from prometheus_client import multiprocess
 
-from services.llm_proxy.app import create_app
+from services.llm_proxy.app import CLIENTS, create_app
 from services.llm_proxy.auth import authenticator
 from services.llm_proxy.limits import MAX_FIELD_BYTES, MAX_HEADERS, MAX_LINE_BYTES, listen_backlog
 from services.llm_proxy.membership import MembershipStore
@@ -48,11 +48,14 @@ def tune_gc(young_threshold: int) -> None:
 
 
 async def serve_worker(settings: ProxySettings, redis_url: str) -> None:
+    app = create_app(settings, redis_url)
     runner = web.AppRunner(
-        create_app(settings, redis_url), handler_cancellation=True, access_log=None, shutdown_timeout=3.0,
-        max_line_size=MAX_LINE_BYTES, max_field_size=MAX_FIELD_BYTES, max_headers=MAX_HEADERS,
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=3.0, max_line_size=MAX_LINE_BYTES,
+        max_field_size=MAX_FIELD_BYTES, max_headers=MAX_HEADERS, keepalive_timeout=settings.http_keepalive_s,
     )  # fmt: skip
     await runner.setup()
+    assert runner.server is not None
+    app[CLIENTS].install(runner.server)  # slow clients cut off (client_limits.py)
     site = web.TCPSite(
         runner, settings.host, settings.port, reuse_port=True, backlog=listen_backlog(settings, warn=True)
     )

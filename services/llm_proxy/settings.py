@@ -8,10 +8,10 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from services.protocol.tasks import DEFAULT_POOL
-from services.runtime.settings import UsesAdminToken, UsesRedis, UsesServiceToken
+from services.runtime.settings import ServesHttp, UsesAdminToken, UsesRedis, UsesServiceToken
 
 
-class ProxySettings(UsesRedis, UsesAdminToken, UsesServiceToken):
+class ProxySettings(UsesRedis, UsesAdminToken, UsesServiceToken, ServesHttp):
     """Times are seconds, sizes tokens. ``engines``/``pools`` seed membership; the admin API changes it."""
 
     model_config = SettingsConfigDict(env_prefix="ROLLOUT_PROXY_")
@@ -19,6 +19,7 @@ class ProxySettings(UsesRedis, UsesAdminToken, UsesServiceToken):
 
     host: str = "127.0.0.1"
     port: int = 8100  # the workers' default proxy URL
+    http_keepalive_s: float = Field(75.0, gt=0)  # clients' idle connections (aiohttp's own default: 3630 s)
     workers: int = Field(default_factory=lambda: len(os.sched_getaffinity(0)), ge=1)
     engines: str = ""  # "url,url,...": engines of ``pool``
     pool: str = DEFAULT_POOL  # the pool ``engines`` join

@@ -6,6 +6,7 @@ no engine runs (or one must not be touched)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -42,11 +43,12 @@ def mounts_under(root: Path) -> list[str]:
 @contextlib.contextmanager
 def private_dockerd(
     prepare: Callable[[docker.DockerClient], None] | None = None, *, btrfs_mb: int = 0,
-    runtimes: dict[str, str] | None = None,
+    runtimes: dict[str, list[str]] | None = None,
 ) -> Iterator[Dockerd | str]:  # fmt: skip
     """Yield a running dockerd (after ``prepare`` ran against it), or the reason it cannot run here.
     ``btrfs_mb``: its data root on a loop-mounted btrfs of that size, with the btrfs storage
-    driver (per-container size limits); ``runtimes``: OCI runtimes it offers (name -> binary)."""
+    driver (per-container size limits); ``runtimes``: OCI runtimes it offers (name -> the binary
+    and its arguments: ``{"runsc": ["/usr/bin/runsc", "--network=none"]}``)."""
     binary = shutil.which("dockerd")
     if binary is None or os.geteuid() != 0:
         yield "dockerd and root are needed (apt-get install docker.io)"
@@ -58,7 +60,10 @@ def private_dockerd(
     log = (root / "dockerd.log").open("wb")
     argv = [binary, "--data-root", f"{root}/data", "--exec-root", f"{root}/exec", "--pidfile", f"{root}/dockerd.pid",
             "-H", f"unix://{root}/docker.sock", "--bridge=none", "--iptables=false", "--ip-masq=false"]  # fmt: skip
-    argv += [f"--add-runtime={name}={path}" for name, path in (runtimes or {}).items()]
+    if runtimes:
+        config = {"runtimes": {name: {"path": argv[0], "runtimeArgs": argv[1:]} for name, argv in runtimes.items()}}
+        (root / "daemon.json").write_text(json.dumps(config))
+        argv.append(f"--config-file={root}/daemon.json")
     if btrfs_mb:
         reason = _btrfs(root, btrfs_mb)
         if reason:

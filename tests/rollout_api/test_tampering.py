@@ -1,7 +1,7 @@
 """Known attacks on the grader, each through the real API, worker and broker (local sandboxes): none
 may score. A pytest task (``add`` is wrong; FAIL_TO_PASS ``test_add``, PASS_TO_PASS ``test_sub``)
-graded in a fresh sandbox, on the SWE route (its default) and on the plain route
-(``reward.grade_in: "fresh"``); the gold patch scores 1.0 and every attack 0.0.
+graded in a fresh sandbox, on the SWE route (its default; every attack) and on the plain route
+(``reward.grade_in: "fresh"``; a sample); the gold patch scores 1.0 and every attack 0.0.
 
 Not covered (no grader that runs the policy's code in the test process can be): source code that, at
 import, patches pytest's own reports or finds and rewrites the grader's report file.
@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from services.benchmarks.attacks import attack_scripts, write
 from services.protocol import Status
 from tests.rollout_api.fleet import ADMIN, SUBMIT, Fleet, bearer, create_job, running_fleet, trajectories, wait_finished
 from tests.sandbox_broker.conftest import needs_bwrap
@@ -24,51 +25,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, needs_bwrap]
 
 GIT_INIT = "git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm base"
 FIXED = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
-PASSING = "def test_add():\n    pass\n\n\ndef test_sub():\n    pass\n"
-FORCE_PASS = (  # a pytest plugin (conftest.py or any module) that turns every report into a pass
-    "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
-    "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n"
-)
-FAKE_RUN = "#!/bin/sh\necho 'PASSED tests/test_calc.py::test_add'\necho 'PASSED tests/test_calc.py::test_sub'\n"
-FAKE_REPORT = '{"id": "tests/test_calc.py::test_add", "when": "call", "outcome": "passed"}'
-
-
-def _write(path: str, text: str) -> str:
-    return f"mkdir -p $(dirname {path}) && cat > {path} <<'EOF'\n{text}EOF\n"
-
-
-ATTACKS: dict[str, str] = {
-    "edit-tests": _write("tests/test_calc.py", PASSING),
-    "delete-tests": "rm -rf tests\n",
-    "conftest": _write("conftest.py", FORCE_PASS) + _write("tests/conftest.py", FORCE_PASS),
-    "ini-plugin": _write("force_pass.py", FORCE_PASS)
-    + _write("pytest.ini", "[pytest]\naddopts = -p force_pass\n")
-    + _write("pyproject.toml", "[tool.pytest.ini_options]\naddopts = '-p force_pass'\n"),
-    "env-plugin": _write("/opt/pydeps/force_pass.py", FORCE_PASS)
-    + "echo 'export PYTEST_PLUGINS=force_pass' | tee -a /etc/profile > /root/.bashrc\n",
-    "sitecustomize": _write("/opt/pydeps/force_pass.py", FORCE_PASS)
-    + _write("/opt/pydeps/sitecustomize.py", "import os\nos.environ['PYTEST_PLUGINS'] = 'force_pass'\n")
-    + "cp /opt/pydeps/sitecustomize.py sitecustomize.py && cp /opt/pydeps/sitecustomize.py usercustomize.py\n",
-    "pth": _write("force_pass.py", FORCE_PASS)
-    + _write("evil.pth", "import os; os.environ['PYTEST_PLUGINS'] = 'force_pass'\n")
-    + "cp evil.pth /opt/pydeps/evil.pth\n",
-    "fake-python": _write("/bin/python3", FAKE_RUN)
-    + "cp /bin/python3 /bin/pytest && chmod +x /bin/python3 /bin/pytest\n",
-    "symlink": _write("passing.py", PASSING) + "rm tests/test_calc.py && ln -s ../passing.py tests/test_calc.py\n",
-    "markers": _write(
-        "tests/test_calc.py",
-        "import pytest\n\n\n@pytest.mark.xfail\ndef test_add():\n    assert 0\n\n\n"
-        "@pytest.mark.skip\ndef test_sub():\n    assert 0\n",
-    ),
-    "report-file": "mkdir -p /tmp/rollout-grader && for n in 0 1 2; do echo "
-    f"'{FAKE_REPORT}' > /tmp/rollout-grader/report-$n.jsonl; done\n"
-    + _write("/tmp/rollout-grader/rollout_pytest_report.py", FORCE_PASS),
-    "exit-at-import": _write("calc.py", "import os\nprint('PASSED tests/test_calc.py::test_add')\nos._exit(0)\n"),
-    "background": _write("/tmp/pass.py", PASSING)
-    + "(while :; do cp /tmp/pass.py tests/test_calc.py; sleep 0.05; done) >/dev/null 2>&1 &\n",
-}
+ATTACKS = attack_scripts("tests/test_calc.py", "calc.py")
 RULES: dict[str, list[Any]] = {
-    "MODE<gold>": [f"```bash\n{_write('calc.py', FIXED)}```", SUBMIT],
+    "MODE<gold>": [f"```bash\n{write('calc.py', FIXED)}```", SUBMIT],
     "MODE<noop>": [SUBMIT],
     **{f"MODE<{name}>": [f"```bash\n{script}```", SUBMIT] for name, script in ATTACKS.items()},
 }
@@ -102,21 +61,29 @@ def _plain_body(modes: list[str]) -> dict[str, Any]:
                       for m in modes]}  # fmt: skip
 
 
-@pytest.mark.parametrize("route", ["/rollouts/swebench", "/rollouts"])
-def test_no_attack_scores(fleet: Fleet, route: str) -> None:
-    modes = ["gold", "noop", *ATTACKS]
-    body = _swe_body(modes) if route.endswith("swebench") else _plain_body(modes)
-    job = "tamper-swe" if route.endswith("swebench") else "tamper-plain"
+PLAIN_ATTACKS = ["conftest", "ini-plugin", "sitecustomize", "edit-tests"]  # the same grading code: a sample
+
+
+@pytest.mark.timeout(600)  # 21 episodes, each graded in a second sandbox; slow on a loaded machine
+def test_no_attack_scores(fleet: Fleet) -> None:
+    routes = {"/rollouts/swebench": ["gold", "noop", *ATTACKS], "/rollouts": ["gold", "noop", *PLAIN_ATTACKS]}
     with fleet.client() as client:
-        headers = create_job(client, job)
-        response = client.post(route, json={"job": job, "group_size": 1, **body}, headers=headers)
-        assert response.status_code == 202, response.text
-        wait_finished(client, headers, response.json()["rollout_id"], timeout_s=240)
-    found = {t.task_id.removeprefix("calc__"): t for t in trajectories(fleet.redis_url, job)}
-    scores = {mode: (t.status, t.reward) for mode, t in found.items()}
-    expected = {mode: (Status.COMPLETED, 1.0 if mode == "gold" else 0.0) for mode in modes}
-    details = {m: (t.infra, t.reward_details) for m, t in found.items() if scores[m] != expected[m]}
-    assert scores == expected, details
-    gold = found["gold"]
-    assert gold.reward_details is not None and gold.reward_details.tests == {F2P[0]: "PASSED", P2P[0]: "PASSED"}
-    assert gold.timings.grade_s > 0
+        submitted = {}
+        for route, modes in routes.items():
+            job = f"tamper{route.replace('/', '-')}"
+            headers = create_job(client, job)
+            body = _swe_body(modes) if route.endswith("swebench") else _plain_body(modes)
+            response = client.post(route, json={"job": job, "group_size": 1, **body}, headers=headers)
+            assert response.status_code == 202, response.text
+            submitted[route] = (job, headers, response.json()["rollout_id"])
+        for _job, headers, rollout in submitted.values():
+            wait_finished(client, headers, rollout, timeout_s=560)
+    for route, modes in routes.items():
+        found = {t.task_id.removeprefix("calc__"): t for t in trajectories(fleet.redis_url, submitted[route][0])}
+        scores = {mode: (t.status, t.reward) for mode, t in found.items()}
+        expected = {mode: (Status.COMPLETED, 1.0 if mode == "gold" else 0.0) for mode in modes}
+        details = {m: (t.infra, t.reward_details) for m, t in found.items() if scores[m] != expected[m]}
+        assert scores == expected, (route, details)
+        gold = found["gold"]
+        assert gold.reward_details is not None and gold.reward_details.tests == {F2P[0]: "PASSED", P2P[0]: "PASSED"}
+        assert gold.timings.grade_s > 0

@@ -6,7 +6,6 @@ once the limits this test sets pass; other clients are served all the while; ``/
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Iterator
 
 import httpx
@@ -14,9 +13,7 @@ import pytest
 
 from services.runtime.redis_server import EmbeddedRedis
 from tests.support.processes import ServiceProcess, start_service
-
-SLOW = 100  # connections: half trickle their headers, half their body
-GIVE_UP_S = 30.0  # a connection the server has not closed by then is a failure (the limits are 1 s)
+from tests.support.slowloris import GIVE_UP_S, SLOW, metric, siege
 
 
 @pytest.fixture(scope="module")
@@ -29,45 +26,6 @@ def api(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -
     )  # fmt: skip
     yield service
     service.stop()
-
-
-async def trickle(port: int, head: bytes, drip: bytes) -> bool:
-    """Send ``head``, then ``drip`` a byte every 0.2 s; True once the server closes the connection."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(head)
-        for _ in range(int(GIVE_UP_S / 0.2)):
-            await writer.drain()
-            try:
-                if await asyncio.wait_for(reader.read(1024), 0.2) == b"":
-                    return True
-            except TimeoutError:
-                pass
-            writer.write(drip)
-        return False
-    except ConnectionError:
-        return True
-    finally:
-        writer.close()
-
-
-async def siege(port: int, url: str) -> tuple[list[bool], list[int]]:
-    header = b"POST /rollouts HTTP/1.1\r\nHost: x\r\nX-Slow: "
-    body = b"POST /rollouts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"
-    slow = [asyncio.create_task(trickle(port, header if i % 2 else body, b"a")) for i in range(SLOW)]
-    silent = [asyncio.create_task(trickle(port, b"", b"")) for _ in range(5)]  # connect, then say nothing
-    served: list[int] = []
-    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
-        while not all(t.done() for t in slow) and len(served) < 200:
-            served.append((await client.get("/healthz")).status_code)
-            await asyncio.sleep(0.05)
-    return list(await asyncio.gather(*slow, *silent)), served
-
-
-def metric(text: str, name: str) -> float:
-    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
-    assert found, name
-    return float(found.group(1))
 
 
 def test_slow_clients_are_cut_and_others_served(api: ServiceProcess) -> None:

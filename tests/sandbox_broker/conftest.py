@@ -97,6 +97,26 @@ def dockerd() -> Iterator[Dockerd]:
     assert _iptables_chains() == chains_before
 
 
+# gVisor as an OCI runtime of the engine. Its default network mode (its own netstack) refuses to
+# start on a host whose PID 1 network namespace it cannot read ("cannot run with network enabled in
+# root network namespace"), so here it runs with --network=host: the container's own network
+# namespace (docker's veth on the sandbox bridge, or loopback only) through the host's stack.
+RUNSC = {"runsc": ["/usr/bin/runsc", "--network=host"]}
+
+
+@pytest.fixture(scope="module")
+def runsc_dockerd() -> Iterator[Dockerd]:
+    """A private dockerd offering gVisor (``runsc``, apt-get install runsc) as a runtime."""
+    if shutil.which("runsc") is None:
+        pytest.skip("runsc is needed (apt-get install runsc)")
+    chains_before = _iptables_chains()
+    with private_dockerd(runtimes=RUNSC) as daemon:
+        if isinstance(daemon, str):
+            pytest.skip(daemon)
+        yield daemon
+    assert _iptables_chains() == chains_before
+
+
 def docker_env(daemon: Dockerd, **extra: str) -> dict[str, str]:
     return {"ROLLOUT_BROKER_DOCKER_HOST": daemon.url, "ROLLOUT_BROKER_DOCKER_IMAGE": IMAGE,
             "ROLLOUT_BROKER_DOCKER_EXEC_ROOT": daemon.exec_root, **extra}  # fmt: skip

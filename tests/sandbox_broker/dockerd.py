@@ -60,7 +60,7 @@ def _import_busybox(client: docker.DockerClient) -> None:
 
 
 @contextlib.contextmanager
-def private_dockerd(*, btrfs_mb: int = 0, runtimes: dict[str, str] | None = None) -> Iterator[Dockerd | str]:
+def private_dockerd(*, btrfs_mb: int = 0, runtimes: dict[str, list[str]] | None = None) -> Iterator[Dockerd | str]:
     """Yield a running dockerd with the busybox image, or the reason it cannot run here (the caller
     skips); ``btrfs_mb`` and ``runtimes`` as services/runtime/dockerd.py takes them."""
     if shutil.which("busybox") is None:

@@ -1,0 +1,93 @@
+"""Slow clients cut off on the proxy's aiohttp server (the gateway's routes included), as
+``services/runtime/slow_clients.py`` does on the uvicorn servers.
+
+- A connection's first request must have all its headers ``http_header_timeout_s`` after the
+  connection opened; a later one, ``http_keepalive_s + http_header_timeout_s`` after the previous
+  answer (aiohttp itself closes a connection idle for ``http_keepalive_s``).
+- A body must have arrived whole ``http_body_timeout_s`` after its headers.
+
+The server's connection callbacks arm a deadline per connection; the middleware sees each request
+once its headers are in, disarms it, arms the body's (disarmed at the body's end) and, after the
+answer, the next request's. A connection past a deadline is closed without an answer. The time a
+handler takes to answer is never limited here (long generations, SSE). Counted in
+``rollout_proxy_http_connections_open`` and ``rollout_proxy_http_connections_cut_total{phase}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from services.llm_proxy.metrics import ProxyMetrics
+from services.runtime.slow_clients import ClientLimits
+
+log = logging.getLogger(__name__)
+
+
+class ClientGuard:
+    """The deadlines of one server process's connections."""
+
+    def __init__(self, limits: ClientLimits, metrics: ProxyMetrics) -> None:
+        self.limits = limits
+        self.metrics = metrics
+        self._transports: dict[Any, asyncio.Transport] = {}  # request handler (one per connection) -> transport
+        self._deadlines: dict[Any, asyncio.TimerHandle] = {}
+        for phase, value in (("header", limits.header_timeout_s), ("body", limits.body_timeout_s),
+                             ("keepalive", limits.keepalive_s)):  # fmt: skip
+            metrics.client_timeouts.labels(phase).set(value)
+
+    def install(self, server: web.Server) -> None:
+        """Follow the connections of ``server`` (``AppRunner.server``, once set up)."""
+        made, lost = server.connection_made, server.connection_lost
+
+        def connection_made(handler: Any, transport: asyncio.Transport) -> None:
+            made(handler, transport)
+            self._transports[handler] = transport
+            self.metrics.client_connections.inc()
+            self._arm(handler, "header", self.limits.header_timeout_s)
+
+        def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
+            self._disarm(handler)
+            if self._transports.pop(handler, None) is not None:
+                self.metrics.client_connections.dec()
+            lost(handler, exc)
+
+        server.connection_made = connection_made  # type: ignore[method-assign]
+        server.connection_lost = connection_lost  # type: ignore[method-assign]
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        connection = request.protocol
+        if connection not in self._transports:  # a server this guard does not follow (in-process tests)
+            return await handler(request)
+        self._disarm(connection)  # the headers are in
+        if request.body_exists and not request.content.at_eof():
+            self._arm(connection, "body", self.limits.body_timeout_s)
+            request.content.on_eof(lambda: self._disarm(connection))
+        try:
+            return await handler(request)
+        finally:
+            self._arm(connection, "header", self.limits.keepalive_s + self.limits.header_timeout_s)
+
+    def _arm(self, connection: Any, phase: str, after_s: float) -> None:
+        self._disarm(connection)
+        if connection in self._transports:
+            self._deadlines[connection] = asyncio.get_running_loop().call_later(after_s, self._cut, connection, phase)
+
+    def _disarm(self, connection: Any) -> None:
+        deadline = self._deadlines.pop(connection, None)
+        if deadline is not None:
+            deadline.cancel()
+
+    def _cut(self, connection: Any, phase: str) -> None:
+        self._deadlines.pop(connection, None)
+        transport = self._transports.get(connection)
+        if transport is None or transport.is_closing():
+            return
+        self.metrics.client_cuts.labels(phase).inc()
+        log.debug("closed a client connection: its %s took too long", phase)
+        transport.close()
