@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from services.benchmarks import broker, codec, envs, fleet, gateway, proxy, swe, trainer, trainers, turn
+from services.benchmarks import broker, capacity, codec, envs, fleet, gateway, proxy, swe, trainer, trainers, turn
 
-BENCHMARKS = (codec, proxy, broker, fleet, trainer, trainers, swe, envs, gateway, turn)
+BENCHMARKS = (codec, proxy, broker, fleet, trainer, trainers, swe, envs, gateway, turn, capacity)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
