@@ -58,7 +58,7 @@ def test_every_format_scores_gold_1_and_noop_0_with_its_source(fleet: Fleet, tmp
         accepted = [client.post("/rollouts/swebench", json=body, headers=headers) for body in bodies]
         assert [r.status_code for r in accepted] == [202] * len(bodies), [r.text for r in accepted]
         for response in accepted:  # the four rollouts run side by side
-            wait_finished(client, headers, response.json()["rollout_id"], timeout_s=100)
+            wait_finished(client, headers, response.json()["rollout_id"], timeout_s=200)
     found = {(t.source, t.task_id[-4:]): t for t in trajectories(fleet.redis_url, "swe-sources")}
     outcomes = {key: (t.status, t.reward) for key, t in found.items()}
     wanted = {(fmt, mode): (Status.COMPLETED, float(mode == "gold")) for fmt in ROWS for mode in ("gold", "noop")}

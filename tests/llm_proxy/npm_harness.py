@@ -1,7 +1,7 @@
 """Real CLI harnesses from npm for the gateway's dialect tests, installed once per machine under
 ``~/.cache/rollout-harnesses/<name>-<version>``. A test that needs one is skipped, saying why,
 where npm is missing or cannot install the package within ``INSTALL_S`` (no registry, a slow link):
-the suite never waits on a registry for longer than that."""
+the suite never waits on a registry for longer than that. The tests allow 240 s each."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-INSTALL_S = 75  # within the per-test timeout, with the fleet's start and the harness's run
+INSTALL_S = 75  # the tests allow 240 s: this, the fleet's start and the harness's run (90 s at most)
 
 
 def npm_binary(package: str, version: str, binary: str) -> Path:

@@ -26,7 +26,7 @@ from services.runtime.redis_server import EmbeddedRedis
 from tests.llm_proxy.gateway_fleet import GatewayFleet, gateway_fleet
 from tests.llm_proxy.npm_harness import npm_binary
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]  # an install, a fleet, a harness run
 
 VERSION = "0.169.0"
 EXEC = '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "ls"}}\n</tool_call>'

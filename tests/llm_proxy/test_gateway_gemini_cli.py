@@ -21,7 +21,7 @@ from services.runtime.redis_server import EmbeddedRedis
 from tests.llm_proxy.gateway_fleet import GatewayFleet, gateway_fleet
 from tests.llm_proxy.npm_harness import npm_binary
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]  # an install, a fleet, a harness run
 
 VERSION = "0.61.0"
 SHELL = '<tool_call>\n{"name": "run_shell_command", "arguments": {"command": "ls"}}\n</tool_call>'

@@ -103,12 +103,13 @@ class Episode:
                 traj.reward, traj.reward_details = await score(
                     self.deps.broker, lease.id, spec, cwd=self.workdir, env=env, saved=self.saved
                 )
+                traj.timings.reward_s = time.monotonic() - started
         finally:
             self.deps.leases.discard(lease.id)
             await release_quietly(self.deps.broker, lease.id)
-        if spec.grade_in == "fresh":
+        if spec.grade_in == "fresh":  # the change taken, the agent's sandbox released, the grading sandbox
             traj.reward, traj.reward_details = await self._grade_fresh(change)
-        traj.timings.reward_s = time.monotonic() - started
+            traj.timings.reward_s = time.monotonic() - started
         return self._finish()
 
     async def _grade_fresh(self, change: grading.Change | RewardDetails) -> tuple[float, RewardDetails]:
