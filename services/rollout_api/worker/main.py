@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 def status_app(worker: Worker, metrics: WorkerMetrics) -> web.Application:
     async def healthz(_: web.Request) -> web.Response:
         await worker.redis.ping()
-        return web.json_response({"status": "ok", "worker": worker.name, "running": len(worker.running)})
+        return web.json_response({"status": "ok", "worker": worker.name, "running": len(worker.running),
+                                  **worker.generation.health()})  # fmt: skip
 
     async def metrics_route(_: web.Request) -> web.Response:
         body = generate_latest(metrics.registry)
