@@ -162,6 +162,11 @@ def report(
     ])  # fmt: skip
     print(f"Redis: {costs.redis_ops_per_turn:.2f} commands/turn, {costs.shard_ops_per_s:,.0f} commands/s per shard "
           f"core; {costs.leases_per_turn:.3f} leases/turn")  # fmt: skip
+    if "small" in windows and windows["small"].turns:
+        small = windows["small"]
+        top = sorted(small.commands_by_name.items(), key=lambda kv: -kv[1])[:8]
+        per_turn = ", ".join(f"{name} {calls / small.turns:.2f}" for name, calls in top)
+        print(f"Redis commands per turn at N={small.in_flight}: {per_turn}")
     for s in scales:
         rows = [{"component": r, "cores needed": s.cores_by_role[r], "replicas": replicas.get(r, 0) * s.factor or 1,
                  "utilisation": s.utilisation_by_component[r]} for r in ROLES]  # fmt: skip

@@ -19,9 +19,10 @@ from services.benchmarks.fleet_stack import Stack
 SAMPLING_COMMANDS = ("cmdstat_info",)  # this module's own reads, left out of the platform's count
 
 
-def redis_commands(client: redis.Redis) -> float:
+def redis_commands(client: redis.Redis) -> dict[str, float]:
+    """Calls so far per command (``evalsha``, ``xadd``, ...), this module's own reads left out."""
     stats: Any = client.info("commandstats")
-    return float(sum(v["calls"] for k, v in stats.items() if k not in SAMPLING_COMMANDS))
+    return {k.removeprefix("cmdstat_"): float(v["calls"]) for k, v in stats.items() if k not in SAMPLING_COMMANDS}
 
 
 def broker_leases(http: httpx.Client, stack: Stack) -> float:
@@ -40,7 +41,7 @@ class Sample:
     wall: float
     turns: float  # LLM calls answered, all workers
     cpu: dict[str, float]  # CPU seconds by role, Redis included
-    commands: float  # Redis commands served
+    commands: dict[str, float]  # Redis commands served, per command
     leases: float
 
     @classmethod
@@ -58,14 +59,19 @@ class Window:
     seconds: float
     turns: float
     cpu_s: dict[str, float]  # by role of ``ROLES``
-    commands: float
+    commands_by_name: dict[str, float]
     leases: float
 
     @classmethod
     def between(cls, n: int, before: Sample, after: Sample) -> Window:
         cpu = {r: after.cpu.get(r, 0.0) - before.cpu.get(r, 0.0) for r in ROLES}
-        return cls(n, after.wall - before.wall, after.turns - before.turns, cpu, after.commands - before.commands,
-                   after.leases - before.leases)  # fmt: skip
+        commands = {k: v - before.commands.get(k, 0.0) for k, v in after.commands.items()}
+        return cls(n, after.wall - before.wall, after.turns - before.turns, cpu,
+                   {k: v for k, v in commands.items() if v > 0}, after.leases - before.leases)  # fmt: skip
+
+    @property
+    def commands(self) -> float:
+        return sum(self.commands_by_name.values())
 
     @property
     def turns_per_s(self) -> float:
@@ -88,6 +94,7 @@ class Window:
             "control_plane_cores": self.control_plane_cores,
             "control_plane_cpu_ms_per_turn": 1000 * sum(self.cpu_s.values()) / self.turns if self.turns else None,
             "redis_ops_per_s": self.commands / self.seconds,
+            "redis_commands_by_name": self.commands_by_name,
             "leases_per_s": self.leases / self.seconds,
         }
 

@@ -11,8 +11,10 @@ import multiprocessing
 import os
 import signal
 import tempfile
+import time
 from multiprocessing.process import BaseProcess
 
+import redis
 from aiohttp import web
 from prometheus_client import multiprocess
 
@@ -21,12 +23,16 @@ from services.llm_proxy.auth import authenticator
 from services.llm_proxy.limits import MAX_FIELD_BYTES, MAX_HEADERS, MAX_LINE_BYTES, listen_backlog
 from services.llm_proxy.membership import MembershipStore
 from services.llm_proxy.settings import ProxySettings
+from services.protocol.redis_url import redis_target
+from services.runtime.generation import StoreGeneration
 from services.runtime.limits import raise_fd_limit
 from services.runtime.logs import configure_logging
+from services.runtime.outages import STORE_ERRORS, Outage
 from services.runtime.processes import die_with_parent
 from services.runtime.redis_pool import open_redis
 from services.runtime.redis_server import redis_url_or_embedded
 from services.runtime.settings import RedisSettings
+from services.runtime.sync_redis import open_sync_redis
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +92,32 @@ async def seed_membership(settings: ProxySettings, redis_url: str) -> None:
         await redis.aclose()
 
 
+class StoreWatch:
+    """The parent's look at the store every ``store_check_s``: when Redis lost its state, the
+    configured pools and engines are registered again (the children follow membership)."""
+
+    def __init__(self, settings: ProxySettings, redis_url: str) -> None:
+        self.settings, self.redis_url = settings, redis_url
+        self.generation = StoreGeneration("proxy")
+        self.outage = Outage("Redis (store generation)", log)
+        self.due = 0.0
+        target = redis_target(redis_url)
+        self.client = (open_sync_redis(redis_url) if target.cluster else  # never blocks the supervision long
+                       redis.Redis.from_url(target.url, socket_timeout=2.0, socket_connect_timeout=2.0))  # fmt: skip
+
+    def check(self) -> None:
+        if time.monotonic() < self.due:
+            return
+        self.due = time.monotonic() + self.settings.store_check_s
+        try:
+            if self.generation.observe(self.client):
+                asyncio.run(seed_membership(self.settings, self.redis_url))
+                log.warning("proxy: configured pools registered again: %s", ", ".join(self.settings.pool_map()))
+            self.outage.ok()
+        except STORE_ERRORS as exc:
+            self.outage.failed(exc)
+
+
 def run(settings: ProxySettings) -> int:
     """Run the parent until SIGTERM/SIGINT; returns the exit code."""
     configure_logging(settings.log_level)
@@ -115,7 +147,9 @@ def run(settings: ProxySettings) -> int:
 
         children = [start() for _ in range(settings.workers)]
         log.info("proxy on %s:%d with %d worker processes", settings.host, settings.port, settings.workers)
+        store = StoreWatch(settings, redis_url)
         while not stopping:
+            store.check()
             for i, child in enumerate(children):
                 child.join(timeout=0.2)
                 if child.exitcode is not None and not stopping:

@@ -19,6 +19,7 @@ class ProxySettings(UsesRedis, UsesAdminToken, UsesServiceToken, ServesHttp):
 
     host: str = "127.0.0.1"
     port: int = 8100  # the workers' default proxy URL
+    store_check_s: float = Field(5.0, gt=0)  # how often the parent checks that Redis kept its state
     http_keepalive_s: float = Field(75.0, gt=0)  # clients' idle connections (aiohttp's own default: 3630 s)
     workers: int = Field(default_factory=lambda: len(os.sched_getaffinity(0)), ge=1)
     engines: str = ""  # "url,url,...": engines of ``pool``

@@ -223,3 +223,12 @@ def dashboard_fleet_samples() -> str:
 def dashboard_sample_lock() -> str:
     """String lock with a short TTL: one API replica takes each round of samples."""
     return f"{PREFIX}:dash:{{fleet}}:lock"
+
+
+# -- the store itself -----------------------------------------------------------------------
+
+
+def store_generation() -> str:
+    """String: a random id set once by the first service to find it missing. A Redis that restarts
+    empty loses it, which is how every service tells a store that lost its state from an outage."""
+    return f"{PREFIX}:{{store}}:generation"

@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request, Response
@@ -18,11 +19,14 @@ from services.rollout_api.metrics import ApiMetrics
 from services.rollout_api.redis_scripts import Scripts
 from services.rollout_api.settings import ApiSettings
 from services.rollout_api.templates import TemplateCatalog
+from services.runtime.generation import StoreGeneration
 from services.runtime.http_errors import install_error_handlers
 from services.runtime.redis_pool import observe_pools, open_redis
 from services.runtime.settings import RedisSettings
 from services.runtime.slow_clients import ClientLimits, ConnectionCollector, ConnectionStats
 from services.runtime.tasks import cancel_and_wait
+
+STORE_CHECK_S = 5.0  # how often the store's generation is read (services/runtime/generation.py)
 
 
 def http_client(settings: ApiSettings) -> httpx.AsyncClient:
@@ -55,9 +59,12 @@ def create_app(
             )  # fmt: skip
             app.state.dashboard = dashboard.build(settings, redis, http)
             sampling = asyncio.create_task(app.state.dashboard.sampler.run(), name="dashboard-sampler")
+            app.state.generation = StoreGeneration("api")
+            following = asyncio.create_task(app.state.generation.follow(redis, STORE_CHECK_S), name="generation")
             try:
                 yield
             finally:
+                await cancel_and_wait(following)
                 await cancel_and_wait(sampling)
                 await streams.aclose(close_connection_pool=True)
                 await redis.aclose(close_connection_pool=True)
@@ -81,9 +88,10 @@ def create_app(
         return response
 
     @app.get("/healthz")
-    async def healthz(ctx: Ctx) -> dict[str, str]:
+    async def healthz(ctx: Ctx) -> dict[str, Any]:
         await ctx.redis.ping()
-        return {"status": "ok"}
+        generation = getattr(app.state, "generation", None)
+        return {"status": "ok", **(generation.health() if generation is not None else {})}
 
     @app.get("/metrics")
     async def metrics(ctx: Ctx) -> Response:

@@ -33,7 +33,7 @@ from tests.rollout_api.fleet import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]  # bounds for a loaded machine
 
 
 def hermes(name: str, arguments: dict[str, Any]) -> str:
@@ -114,7 +114,7 @@ def run_one(fleet: Fleet, task_id: str, agent: dict[str, Any], files: dict[str, 
         body = {"job": "inside", "group_size": 1, "agent": agent,
                 "tasks": [task(task_id, f"{task_id}: answer 42", sandbox={"files": files or {}})]}  # fmt: skip
         rollout = submit(client, headers, body)
-        wait_finished(client, headers, rollout, timeout_s=120)
+        wait_finished(client, headers, rollout, timeout_s=300)
     (traj,) = [t for t in trajectories(fleet.redis_url, "inside") if t.task_id == task_id]
     return traj
 
@@ -182,6 +182,10 @@ def test_an_agent_in_the_sandbox_finishes_through_the_forwarded_gateway_token_ex
 PROBE = (Path(__file__).parent / "agent_probe.py").read_text()
 
 
+def _text(response: httpx.Response) -> str:
+    return response.text.strip() if response.status_code == 200 else ""
+
+
 def test_an_attacking_agent_reads_and_reaches_nothing_of_the_platform_or_another_job(fleet: Fleet) -> None:
     """Job A's agent tries what an attacker with a job token tried on the code before agents ran
     in the sandbox (the host mode, ``where: "host"``, now off unless an operator allows it): there
@@ -205,9 +209,9 @@ def test_an_attacking_agent_reads_and_reaches_nothing_of_the_platform_or_another
                 "tasks": [task("VICTIM", "VICTIM: wait")]}  # fmt: skip
         b_rollout = submit(client, victim, body)
         try:
-            b_lease = wait_for("B's lease", lambda: [x["id"] for x in broker.get("/leases?job=victim").json()])[0]
-            read = {"path": "/workspace/key.txt"}
-            b_key = wait_for("B's key", lambda: broker.get(f"/leases/{b_lease}/files", params=read).text.strip())
+            leases = wait_for("B's lease", lambda: [x["id"] for x in broker.get("/leases?job=victim").json()], 300)
+            b_lease, read = leases[0], {"path": "/workspace/key.txt"}
+            b_key = wait_for("B's key", lambda: _text(broker.get(f"/leases/{b_lease}/files", params=read)), 300)
             with redis.Redis.from_url(fleet.redis_url) as store:
                 (b_session,) = (k.decode().split("{")[1].split("}")[0] for k in store.keys(keys.gateway_session("*")))
             ports = {"redis": urlsplit(fleet.redis_url).port, "broker": urlsplit(fleet.broker.url).port,

@@ -77,6 +77,9 @@ def test_swe_route_scores_per_test_and_restores_the_tests(fleet: Fleet) -> None:
     assert found["calc__gold"].timings.grade_s > 0  # graded in a fresh sandbox (the route's default)
     tamper = found["calc__tamper"].reward_details
     assert tamper is not None and tamper.dropped == ["tests/test_calc.py"]  # never taken from the agent
+    metrics = httpx.get(f"{fleet.workers[0].url}/metrics").text
+    assert 'rollout_worker_fresh_grades_total{outcome="applied"} 3.0' in metrics
+    assert "rollout_worker_grade_change_max_bytes 1.6e+07" in metrics and "grade_dropped_paths_total 1.0" in metrics
     noop = found["calc__noop"].reward_details
     assert noop is not None and noop.tests == {"tests.test_calc.T.test_add": "FAILED",
                                                "test_sub (tests.test_calc.T)": "PASSED"}  # fmt: skip

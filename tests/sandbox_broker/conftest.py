@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from services.sandbox_broker.backends.leftovers import remove_sandboxes, remove_state_dir
-from tests.sandbox_broker.dockerd import IMAGE, Dockerd, private_dockerd
+from tests.sandbox_broker.dockerd import IMAGE, Dockerd, private_dockerd, runsc_problem
 from tests.sandbox_broker.recording import InProcessFactory, in_process_brokers
 from tests.support.processes import ServiceProcess, start_service
 
@@ -107,8 +107,8 @@ RUNSC = {"runsc": ["/usr/bin/runsc", "--network=host"]}
 @pytest.fixture(scope="module")
 def runsc_dockerd() -> Iterator[Dockerd]:
     """A private dockerd offering gVisor (``runsc``, apt-get install runsc) as a runtime."""
-    if shutil.which("runsc") is None:
-        pytest.skip("runsc is needed (apt-get install runsc)")
+    if problem := runsc_problem():
+        pytest.skip(problem)
     chains_before = _iptables_chains()
     with private_dockerd(runtimes=RUNSC) as daemon:
         if isinstance(daemon, str):

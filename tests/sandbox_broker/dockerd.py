@@ -17,7 +17,7 @@ from services.runtime.dockerd import private_dockerd as _private_dockerd
 
 IMAGE = "rollout/sandbox:test"
 
-__all__ = ["IMAGE", "Dockerd", "private_dockerd"]
+__all__ = ["IMAGE", "Dockerd", "private_dockerd", "runsc_problem"]
 
 
 def _busybox_image(files: dict[str, tuple[bytes | None, int]] | None = None) -> bytes:
@@ -68,3 +68,14 @@ def private_dockerd(*, btrfs_mb: int = 0, runtimes: dict[str, list[str]] | None 
         return
     with _private_dockerd(_import_busybox, btrfs_mb=btrfs_mb, runtimes=runtimes) as found:
         yield found
+
+
+def runsc_problem() -> str:
+    """ "" where gVisor runs a sandbox on this host, else why not (the caller skips): not installed,
+    or its platform refused (ptrace not allowed, say)."""
+    runsc = shutil.which("runsc")
+    if runsc is None:
+        return "runsc is needed (apt-get install runsc)"
+    done = subprocess.run([runsc, "--network=none", "do", "true"], capture_output=True, text=True, cwd="/tmp",
+                          timeout=60, check=False)  # fmt: skip
+    return "" if done.returncode == 0 else f"runsc cannot run here: {done.stderr.strip()[-300:]}"

@@ -4,7 +4,6 @@ cannot (the plain private dockerd: overlay2 on the host's filesystem)."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 
 import httpx
@@ -12,14 +11,14 @@ import pytest
 
 from services.sandbox_broker.backends import docker_disk
 from tests.sandbox_broker.conftest import RUNSC, BrokerFactory, docker_env, lease, run
-from tests.sandbox_broker.dockerd import Dockerd, private_dockerd
+from tests.sandbox_broker.dockerd import Dockerd, private_dockerd, runsc_problem
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def btrfs_dockerd() -> Iterator[Dockerd]:
-    with private_dockerd(btrfs_mb=2048, runtimes=RUNSC if shutil.which("runsc") else None) as daemon:
+    with private_dockerd(btrfs_mb=2048, runtimes=RUNSC if not runsc_problem() else None) as daemon:
         if isinstance(daemon, str):
             pytest.skip(daemon)
         yield daemon
@@ -30,8 +29,8 @@ def test_disk_mb_is_enforced_on_a_btrfs_engine(
     runtime: str, btrfs_dockerd: Dockerd, start_broker: BrokerFactory
 ) -> None:
     """Also under gVisor: its gofer writes the container's layer on the host, inside the qgroup."""
-    if shutil.which(runtime) is None:
-        pytest.skip(f"{runtime} is not installed")
+    if runtime == "runsc" and (problem := runsc_problem()):
+        pytest.skip(problem)
     env = docker_env(btrfs_dockerd, ROLLOUT_BROKER_DOCKER_DISK_QUOTA="require", ROLLOUT_BROKER_DOCKER_RUNTIME=runtime)
     broker = start_broker("--backend", "docker", env=env)
     with httpx.Client(base_url=broker.url, timeout=60) as client:

@@ -115,7 +115,9 @@ class Episode:
     async def _grade_fresh(self, change: grading.Change | RewardDetails) -> tuple[float, RewardDetails]:
         """The reward in a new sandbox with only the agent's (filtered) change applied (``grading``)."""
         if isinstance(change, RewardDetails):
+            self.deps.metrics.fresh_grades.labels("not_taken").inc()
             return 0.0, change
+        self.deps.metrics.grade_dropped_paths.inc(len(change.dropped))
         spec, env = self.item.task.reward, self.item.task.sandbox.env
         started = time.monotonic()
         lease = await self.deps.broker.lease(self._lease_request(grading="1"))
@@ -123,6 +125,7 @@ class Episode:
         try:
             failed = await grading.apply_change(self.deps.broker, lease.id, change, self.workdir, env, spec.timeout_s)
             self.traj.timings.grade_s = time.monotonic() - started
+            self.deps.metrics.fresh_grades.labels("not_applied" if failed else "applied").inc()
             reward, details = (0.0, failed) if failed else await score(self.deps.broker, lease.id, spec,
                                                                       cwd=self.workdir, env=env)  # fmt: skip
         finally:

@@ -14,6 +14,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.rollout_api.settings import WorkerSettings
+from services.rollout_api.worker import grading
 from services.rollout_api.worker.agent import AgentDeps
 from services.rollout_api.worker.clients import BrokerClient, ProxyClient, new_session
 from services.rollout_api.worker.metrics import WorkerMetrics
@@ -33,7 +34,8 @@ log = logging.getLogger(__name__)
 def status_app(worker: Worker, metrics: WorkerMetrics) -> web.Application:
     async def healthz(_: web.Request) -> web.Response:
         await worker.redis.ping()
-        return web.json_response({"status": "ok", "worker": worker.name, "running": len(worker.running)})
+        return web.json_response({"status": "ok", "worker": worker.name, "running": len(worker.running),
+                                  **worker.generation.health()})  # fmt: skip
 
     async def metrics_route(_: web.Request) -> web.Response:
         body = generate_latest(metrics.registry)
@@ -65,6 +67,7 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
     by_pool = {pool: ChatTokenizer.from_dir(path) for pool, path in settings.pool_model_paths.items()}
     worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     metrics = WorkerMetrics(settings.concurrency)
+    metrics.grade_change_max_bytes.set(grading.MAX_CHANGE_BYTES)
     raise_fd_limit()
     redis = open_redis(redis_url, RedisSettings())
     observe_pools(metrics.registry, "worker", {"commands": redis})

@@ -50,6 +50,19 @@ class WorkerMetrics:
             "rollout_worker_attempts_kept_total", "attempts failed by an outage and run again without spending one",
             registry=r,
         )  # fmt: skip
+        self.grade_change_max_bytes = Gauge(
+            "rollout_worker_grade_change_max_bytes", "largest agent diff fresh grading takes (a larger one scores 0)",
+            registry=r,
+        )  # fmt: skip
+        self.fresh_grades = Counter(
+            "rollout_worker_fresh_grades_total",
+            "rewards graded in a fresh sandbox, by outcome: applied, not_taken, not_applied (the last two score 0)",
+            ["outcome"], registry=r,
+        )  # fmt: skip
+        self.grade_dropped_paths = Counter(
+            "rollout_worker_grade_dropped_paths_total", "paths of agents' diffs not applied (tests, test infra)",
+            registry=r,
+        )  # fmt: skip
         self.http_connections = Gauge(
             "rollout_worker_http_connections", "open keep-alive connections (in use + idle; no cap), by service",
             ["service"], registry=r,

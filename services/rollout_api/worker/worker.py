@@ -22,8 +22,9 @@ from services.rollout_api.worker.agent import AgentDeps
 from services.rollout_api.worker.dead_letters import first_line
 from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.outages import BROKER
-from services.rollout_api.worker.runner import STOP_CANCELLED, STOP_SHUTDOWN, Delivery, ItemRunner
+from services.rollout_api.worker.runner import STOP_CANCELLED, STOP_SHUTDOWN, STOP_STORE_LOST, Delivery, ItemRunner
 from services.rollout_api.worker.scheduler import FairShare
+from services.runtime.generation import StoreGeneration
 from services.runtime.groups import ensure_group_async
 from services.runtime.outages import STORE_ERRORS, Outage
 
@@ -52,6 +53,7 @@ class Worker:
         # jobs whose last scan stopped for want of free slots: reclaimable items may be left, so these
         # jobs are scanned every round and no new item of theirs is read until the scan gets through
         self.reclaim_backlog: set[str] = set()
+        self.generation = StoreGeneration("worker")  # read with the job list: a store that lost its state is said
         self.renewing: dict[str, asyncio.Task[None]] = {}  # lease renewals in flight
 
     @property
@@ -97,6 +99,8 @@ class Worker:
     # -- taking work -------------------------------------------------------------------------
 
     async def refresh_jobs(self) -> None:
+        if await self.generation.observe_async(self.redis):
+            self.drop_running(STOP_STORE_LOST)
         records = await read_jobs(self.redis)
         if self.settings.jobs is not None:
             records = [r for r in records if r.job in self.settings.jobs]
@@ -295,6 +299,15 @@ class Worker:
             if cursor == "0-0":  # the whole pending list was scanned
                 self.reclaim_backlog.discard(job)
                 return
+
+    def drop_running(self, reason: str) -> None:
+        """Stop every running episode for ``reason`` (Redis came back empty: their jobs are gone)."""
+        if self.running:
+            log.warning("stopping %d running episodes: %s", len(self.running), reason)
+        for task, delivery in list(self.running.items()):
+            delivery.stop_reason = reason
+            task.cancel()
+        self._tasks.clear()
 
     async def watch_cancellations(self) -> None:
         pairs = {(d.job, d.item.rollout_id) for d in self.running.values()}

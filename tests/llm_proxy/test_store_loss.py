@@ -1,0 +1,49 @@
+"""A Redis that comes back empty (issue 29): the proxy's parent notices that the store lost its
+generation, says so once, and registers its configured pools and engines again, where every call
+used to get 404 ``unknown_pool`` until the proxy was restarted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from services.protocol import keys
+from services.runtime.redis_server import EmbeddedRedis
+from tests.llm_proxy.fleet import DEV_ENV, generate, start_engines, wait_until
+from tests.support.processes import ServiceProcess, start_service
+
+CALL = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}
+
+
+@pytest.fixture
+def proxy(redis_url: str, tmp_path: Path) -> Iterator[ServiceProcess]:
+    engines, urls = start_engines(tmp_path / "logs", 1)
+    env = {"ROLLOUT_REDIS_URL": redis_url, "ROLLOUT_PROXY_STORE_CHECK_S": "0.5", **DEV_ENV}
+    service = None
+    try:
+        service = start_service(["-m", "services.cli", "proxy", "--port", "{port}", "--workers", "2", "--engines",
+                                 urls[0], "--health-interval-s", "0.2"], log_dir=tmp_path / "logs", env=env,
+                                name="proxy")  # fmt: skip
+        yield service
+    finally:
+        if service is not None:
+            service.stop()
+        engines.stop()
+
+
+def test_the_proxy_registers_its_pools_again_when_redis_comes_back_empty(
+    proxy: ServiceProcess, redis_server: EmbeddedRedis
+) -> None:
+    wait_until(lambda: generate(proxy.url, CALL).status_code == 200, what="the engine to serve")
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        client.flushall()  # what a restart without persistence leaves
+        wait_until(lambda: "Redis lost its state" in proxy.log(), what="the proxy to notice")
+        wait_until(lambda: client.hexists(keys.proxy_state(), "pool:default"), what="the pool registered again")
+        wait_until(lambda: generate(proxy.url, CALL).status_code == 200, what="the pool to serve")
+    finally:
+        client.close()
+    assert proxy.log().count("Redis lost its state") == 1  # said once
