@@ -4,9 +4,22 @@ from __future__ import annotations
 
 import argparse
 
-from services.benchmarks import broker, capacity, codec, envs, fleet, gateway, proxy, swe, trainer, trainers, turn
+from services.benchmarks import (
+    agents,
+    broker,
+    capacity,
+    codec,
+    envs,
+    fleet,
+    gateway,
+    proxy,
+    swe,
+    trainer,
+    trainers,
+    turn,
+)
 
-BENCHMARKS = (codec, proxy, broker, fleet, trainer, trainers, swe, envs, gateway, turn, capacity)
+BENCHMARKS = (codec, proxy, broker, fleet, trainer, trainers, swe, envs, gateway, turn, capacity, agents)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 STOP_CANCELLED = "cancelled"  # the rollout was cancelled: publish as cancelled
 STOP_SHUTDOWN = "shutdown"  # this worker is stopping: hand the item back
+STOP_STORE_LOST = "store_lost"  # Redis came back empty: the item's job is gone, record nothing
 T = TypeVar("T")
 
 
@@ -178,6 +179,8 @@ class ItemRunner:
 
     async def _stopped(self, delivery: Delivery) -> None:
         item = delivery.item
+        if delivery.stop_reason == STOP_STORE_LOST:
+            return  # a record or a give-back would recreate keys of a job that no longer exists
         if delivery.stop_reason == STOP_CANCELLED:
             attempt = int(await self.redis.hget(keys.attempts(item.job), item.trajectory_id) or 1)
             await self._finish(delivery, trajectory_shell(item, attempt, Status.CANCELLED), ran=False)

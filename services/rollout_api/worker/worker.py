@@ -22,7 +22,7 @@ from services.rollout_api.worker.agent import AgentDeps
 from services.rollout_api.worker.dead_letters import first_line
 from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.outages import BROKER
-from services.rollout_api.worker.runner import STOP_CANCELLED, STOP_SHUTDOWN, Delivery, ItemRunner
+from services.rollout_api.worker.runner import STOP_CANCELLED, STOP_SHUTDOWN, STOP_STORE_LOST, Delivery, ItemRunner
 from services.rollout_api.worker.scheduler import FairShare
 from services.runtime.generation import StoreGeneration
 from services.runtime.groups import ensure_group_async
@@ -99,7 +99,8 @@ class Worker:
     # -- taking work -------------------------------------------------------------------------
 
     async def refresh_jobs(self) -> None:
-        await self.generation.observe_async(self.redis)
+        if await self.generation.observe_async(self.redis):
+            self.drop_running(STOP_STORE_LOST)
         records = await read_jobs(self.redis)
         if self.settings.jobs is not None:
             records = [r for r in records if r.job in self.settings.jobs]
@@ -298,6 +299,15 @@ class Worker:
             if cursor == "0-0":  # the whole pending list was scanned
                 self.reclaim_backlog.discard(job)
                 return
+
+    def drop_running(self, reason: str) -> None:
+        """Stop every running episode for ``reason`` (Redis came back empty: their jobs are gone)."""
+        if self.running:
+            log.warning("stopping %d running episodes: %s", len(self.running), reason)
+        for task, delivery in list(self.running.items()):
+            delivery.stop_reason = reason
+            task.cancel()
+        self._tasks.clear()
 
     async def watch_cancellations(self) -> None:
         pairs = {(d.job, d.item.rollout_id) for d in self.running.values()}
