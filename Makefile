@@ -25,10 +25,13 @@ typecheck:
 	$(BIN)/mypy
 
 # The suite in PYTEST_WORKERS processes, a test file per process at a time (module-scoped fleets start
-# once); each process has its own Redis, ports and tmp dirs. The files with slow tests start first.
+# once; each process has its own Redis, ports and tmp dirs; the files with the longest tests first),
+# then the tests on private dockerds one after another: a dockerd's container roots are host mounts
+# that vanished under concurrent sandbox churn (exec then fails with "unable to find user root").
 PYTEST_WORKERS ?= 4
 pytest:
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not docker"
+	$(BIN)/python -m pytest -m docker
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

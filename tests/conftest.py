@@ -86,6 +86,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     then overlap the many short ones instead of finishing alone at the end. A file's weight is the
     largest ``timeout`` mark among its ``slow`` tests (what its author allowed it, a proxy for its
     length); files without slow tests come last, in their collection order."""
+    for item in items:  # a test on a private dockerd is a docker test, marked or not (``make test`` runs them apart)
+        if {"dockerd", "runsc_dockerd", "daemon"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.docker)
     weight: dict[object, float] = {}
     for item in items:
         if item.get_closest_marker("slow"):

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from services.benchmarks import fleet
+from services.benchmarks import fleet_workload as workload
 from services.benchmarks.capacity_fleet import Window, measure_window
 from services.benchmarks.capacity_model import (
     ROLES,
@@ -45,8 +46,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--in-flight", type=int, default=64, help="episodes in flight of the cost measurement")
     p.add_argument("--check-in-flight", type=int, default=384, help="N of the check (0: skip it)")
     p.add_argument("--time-scale", type=float, default=10.0, help="divide every field duration by this")
-    p.add_argument("--warmup-s", type=float, default=15.0)
-    p.add_argument("--window-s", type=float, default=30.0, help="measured window per N")
+    p.add_argument("--warmup-s", type=float, default=45.0, help="before each window (about one episode at 1/10)")
+    p.add_argument("--window-s", type=float, default=45.0, help="measured window per N")
     p.add_argument("--idle-s", type=float, default=15.0, help="measured window of the idle stack")
     p.add_argument("--utilisation", type=float, default=0.7, help="target utilisation of a core or a shard")
     p.add_argument("--replicas", default="", help="the seed's replicas, e.g. worker=4,proxy=2 (default k8s/base)")
@@ -108,6 +109,12 @@ def fleet_args(args: argparse.Namespace) -> argparse.Namespace:
                               "--workers", str(args.workers), "--proxy-workers", str(args.proxy_workers)])  # fmt: skip
 
 
+def workload_leases_per_turn(args: argparse.Namespace) -> float:
+    """Leases per turn of the workload in steady state: one per episode, 1 / its mean turns."""
+    shape = fleet_args(args)
+    return 1 / workload.mean_turns(workload.sample_classes(shape.classes, shape.time_scale, shape.seed))
+
+
 def costs_from(idle: Window, busy: Window) -> Costs:
     """Marginal costs: the busy window minus the idle one, per turn of the busy window."""
     if busy.turns <= 0:
@@ -160,8 +167,9 @@ def report(
     print_table("measured costs (marginal CPU ms per turn, idle cores)", [
         {"role": r, "ms/turn": costs.ms_per_turn[r], "idle cores": costs.idle_cores[r]} for r in ROLES
     ])  # fmt: skip
+    steady = workload_leases_per_turn(args)
     print(f"Redis: {costs.redis_ops_per_turn:.2f} commands/turn, {costs.shard_ops_per_s:,.0f} commands/s per shard "
-          f"core; {costs.leases_per_turn:.3f} leases/turn")  # fmt: skip
+          f"core; {costs.leases_per_turn:.4f} leases/turn (the workload's steady state: {steady:.4f})")  # fmt: skip
     if "small" in windows and windows["small"].turns:
         small = windows["small"]
         top = sorted(small.commands_by_name.items(), key=lambda kv: -kv[1])[:8]
@@ -190,5 +198,6 @@ def report(
         "windows": {name: w.as_json() for name, w in windows.items()},
         "scales": [dataclasses.asdict(s) for s in scales],
         "check": check,
+        "workload_leases_per_turn": steady,  # 1 / mean turns: costs measured far from it are not steady
         "load_average": {"before": load[0][0], "after": load[1][0]},
     })  # fmt: skip

@@ -43,7 +43,7 @@ def test_capacity_benchmark_writes_a_consistent_model(tmp_path: Path) -> None:
     assert check["in_flight"] == 4 and check["turns_per_s"] > 0
     assert check["predicted_cpu_cores"] > 0 and check["measured_cpu_cores"] > 0
     assert check["ratio"] == pytest.approx(check["predicted_cpu_cores"] / check["measured_cpu_cores"])
-    assert doc["costs"]["shard_ops_per_s"] > 0
+    assert doc["costs"]["shard_ops_per_s"] > 0 and 0 < doc["workload_leases_per_turn"] <= 1
     small = doc["windows"]["small"]
     assert sum(small["redis_commands_by_name"].values()) == pytest.approx(small["redis_ops_per_s"] * small["seconds"])
     assert "Redis commands per turn at N=2" in out.stdout

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from services.rollout_api.worker.agent import Episode
 
 from services.protocol import Cap, ErrorCode, InfraStage, Trajectory, Turn, WorkItem, keys
-from services.protocol.agents import CommandAgent, ToolsAgent
+from services.protocol.agents import CommandAgent, EnvAgent, ToolsAgent
 from services.protocol.gateway import (
     SESSION_GRACE_S,
     GatewayCall,
@@ -32,6 +32,7 @@ from services.protocol.gateway import (
 from services.protocol.trajectory import AgentRun
 from services.rollout_api.worker.clients import InfraError
 from services.rollout_api.worker.command_agent import command_env, run_command
+from services.rollout_api.worker.env_agent import EnvRun
 from services.rollout_api.worker.sandbox_agent import run_in_sandbox
 from services.rollout_api.worker.tools_agent import ToolsRun
 from services.runtime.auth import mint_lease_token, revoke_lease_token
@@ -153,6 +154,11 @@ async def _run_agent(episode: Episode, lease: Lease, opened: OpenSession, record
             observation_max_bytes=item.limits.observation_max_bytes, max_turns=item.limits.max_turns,
         )  # fmt: skip
         return await run.run(item.task.prompt, record)
+    if isinstance(agent, EnvAgent):
+        env_run = EnvRun(spec=agent, http=deps.proxy.session, base_url=opened.openai_base, token=opened.token,
+                         broker=deps.broker, lease_id=lease.id, workdir=episode.workdir,
+                         max_turns=item.limits.max_turns)  # fmt: skip
+        return await env_run.run(item.task.prompt, record)
     assert isinstance(agent, CommandAgent)
     if agent.where == "sandbox":
         # the broker forwards this session, and nothing else, to a loopback port inside the sandbox

@@ -24,6 +24,7 @@ LO_FLAGS_AUTOCLEAR = 4
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
 MNT_DETACH = 0x2
+UMOUNT_NOFOLLOW = 0x8
 CLAIM_TRIES = 100  # another thread or process may claim the free device first: take the next one
 # struct loop_info64: device, inode, rdevice, offset, sizelimit (u64); number, encrypt_type,
 # encrypt_key_size, flags (u32); file_name, crypt_name (64 bytes), encrypt_key (32); init (2 x u64)
@@ -52,8 +53,10 @@ def points_under(path: Path, points: list[str] | None = None) -> list[Path]:
 def detach(target: Path) -> bool:
     """``umount -l``: detach the mount now, free it once nothing uses it. False where nothing was
     detached (not a mount point, gone, or not allowed), which, like ``umount -l``'s failures
-    before, callers check by reading the mount table where it matters (``leftovers.py``)."""
-    return bool(_libc.umount2(os.fsencode(target), MNT_DETACH) == 0)
+    before, callers check by reading the mount table where it matters (``leftovers.py``). A symbolic
+    link at ``target`` is never followed: the paths named here lie in trees a sandbox wrote, and a
+    link there must not detach a mount of the host's."""
+    return bool(_libc.umount2(os.fsencode(target), MNT_DETACH | UMOUNT_NOFOLLOW) == 0)
 
 
 def loop_mount(image: Path, target: Path, fstype: str, flags: int, options: str) -> None:
