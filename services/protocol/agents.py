@@ -8,8 +8,8 @@
 - ``command``: the user's own agent program, started per episode inside the task sandbox (or,
   where the operator allows it, on the worker's host) with OpenAI/Anthropic environment variables
   pointing at the episode's gateway session.
-- ``env``: an environment of an outside package (SkyRL-Gym, ...) stepped by the worker between LLM
-  turns through the gateway session: its observations become the next messages, its step rewards
+- ``env``: an environment of an outside package (SkyRL-Gym, OpenEnv) stepped by the worker between
+  LLM turns through the gateway session: its observations become the next messages, its step rewards
   are the reward, its ``done`` ends the episode (``services/protocol/environments.py``).
 
 Written by the user, read by the API (validation), carried in the work item, read by the worker.
@@ -148,7 +148,9 @@ class CommandAgent(_Agent):
         return "host" if value == "beside" else value  # the name of the host mode before "sandbox" existed
 
 
-EnvSource = Literal["skyrl-gym"]  # the packages an ``env`` agent can step (services/protocol/environments.py)
+EnvSource = Literal[
+    "skyrl-gym", "openenv"
+]  # the packages an ``env`` agent can step (services/protocol/environments.py)
 
 
 class EnvAgent(_Agent):
@@ -157,7 +159,7 @@ class EnvAgent(_Agent):
 
     kind: Literal["env"] = "env"
     source: EnvSource
-    env: str = Field(min_length=1, max_length=200)  # the package's environment id ("gsm8k", ...)
+    env: str = Field(min_length=1, max_length=2_000)  # the environment: SkyRL-Gym's id ("gsm8k"), OpenEnv's server URL
     config: dict[str, Any] = Field(default_factory=dict)  # the environment's own config (``env_config``)
     extras: dict[str, Any] = Field(default_factory=dict)  # per-task data (SkyRL-Gym's ``reward_spec``, ...)
     # the source's initial chat (OpenAI messages); empty: one user message, the task's prompt

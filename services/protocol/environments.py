@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 ENV_ADAPTERS: dict[str, str] = {  # source (``EnvAgent.source``) -> its adapter module
     "skyrl-gym": "services.environments.skyrl_gym",
+    "openenv": "services.environments.openenv",
 }
 ENV_REWARD_FILE = ".rollout-env-reward"  # in the workdir: the step rewards and, last line, their sum
 ENV_REWARD_COMMAND = f"cat {ENV_REWARD_FILE}"  # the ``RewardSpec.command`` of an ``env`` task (parse_float)

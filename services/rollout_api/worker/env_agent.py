@@ -8,6 +8,7 @@ rewards so far are written to ``ENV_REWARD_FILE`` for the task's reward command.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 from dataclasses import dataclass
@@ -24,10 +25,16 @@ from services.rollout_api.worker.clients import BrokerClient, InfraError
 log = logging.getLogger(__name__)
 
 
-def open_environment(spec: EnvAgent) -> SteppedEnvironment:
+def _open(spec: EnvAgent) -> SteppedEnvironment:
+    env: SteppedEnvironment = importlib.import_module(ENV_ADAPTERS[spec.source]).open_environment(spec)
+    return env
+
+
+async def open_environment(spec: EnvAgent) -> SteppedEnvironment:
+    """The source's adapter opens it, in a thread: a package's first import takes seconds (OpenEnv's
+    pulls in gradio), which the worker's other episodes and its heartbeat must not wait for."""
     try:
-        adapter = importlib.import_module(ENV_ADAPTERS[spec.source])
-        env: SteppedEnvironment = adapter.open_environment(spec)
+        env = await asyncio.to_thread(_open, spec)
     except Exception as exc:  # the package is missing or refused the environment
         raise _failed(spec, "open", exc, retryable=False) from exc  # the same on every attempt
     return env
@@ -51,7 +58,7 @@ class EnvRun:
     max_turns: int
 
     async def run(self, task: str, record: AgentRun) -> Cap | None:
-        env = open_environment(self.spec)
+        env = await open_environment(self.spec)
         rewards: list[float] = []
         try:
             try:
