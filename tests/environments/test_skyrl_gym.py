@@ -8,9 +8,9 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from services.environments import skyrl_gym
+from services.environments.skyrl_fixtures import REPLIES, ROWS, package_reward
 from services.protocol.agents import AgentSpec, EnvAgent
 from services.protocol.environments import ENV_ADAPTERS, ENV_REWARD_COMMAND
-from tests.environments.skyrl_rows import REPLIES, ROWS, package_reward
 
 
 def test_rows_become_env_tasks_with_the_chat_and_extras() -> None:
