@@ -105,3 +105,19 @@ def test_the_stand_in_prompt_is_cached_per_system_message_and_tools() -> None:
         assert delta is not None and delta[1], (system, tools)
         held = [*chat.encode(chat.render(messages, True, tools)), *output]
         assert held + delta[0] == chat.encode(chat.render([*messages, reply, *new], True, tools))
+
+
+def test_mismatches_are_counted_per_route_in_metrics() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from services.llm_proxy.gateway.metrics import GatewayMetrics
+    from services.llm_proxy.gateway.parsers import ParsedReply
+    from services.llm_proxy.gateway.tokens import Plan
+
+    registry = CollectorRegistry()
+    metrics = GatewayMetrics(registry)
+    metrics.observe("responses", Plan([1, 2], 0, True, True), ParsedReply(content="x"), 0.001)
+    metrics.observe("chat", Plan([1, 2], 0, True, False), ParsedReply(content="x"), 0.001)
+    name = "rollout_gateway_retokenization_mismatches_total"
+    assert registry.get_sample_value(name, {"route": "responses"}) == 1.0
+    assert registry.get_sample_value(name, {"route": "chat"}) is None

@@ -15,7 +15,9 @@ class GatewayMetrics:
         self.calls = Counter("rollout_gateway_calls", "Gateway calls recorded", ["route", "kind"], registry=r)
         self.mismatches = Counter(
             "rollout_gateway_retokenization_mismatches",
-            "Calls whose re-rendered history differed from the recorded ids (the recorded ids were used)",
+            "Calls whose re-rendered history differed from the recorded ids (the recorded ids were used), "
+            "per route (dialect); per harness: rollout bench agents and AgentRun.retokenization_mismatches",
+            ["route"],
             registry=r,
         )
         self.tool_errors = Counter(
@@ -61,7 +63,7 @@ class GatewayMetrics:
             self.fidelity.labels(pool, "unknown_tool").inc(unknown)
             self.fidelity.labels(pool, "malformed").inc(len(parsed.errors))
         if plan.mismatch:
-            self.mismatches.inc()
+            self.mismatches.labels(route).inc()
         if parsed.errors:
             self.tool_errors.inc(len(parsed.errors))
         if parsed.calls:
