@@ -88,7 +88,8 @@ class Stack:
 @contextmanager
 def stack(tmp: Path, harnesses: list[Harness], tasks: int) -> Iterator[Stack]:
     model = write_tokenizer_dir(tmp / "tokenizer")
-    rules = [{"match": task_tag(t, h.name), "replies": h.replies(c, a)} for h in harnesses for t, c, a in TASKS[:tasks]]
+    rules = [{"match": m, "replies": r} for h in harnesses for t, c, a in TASKS[:tasks]
+             for m, r in h.rules(task_tag(t, h.name), c, a)]  # fmt: skip
     (tmp / "script.json").write_text(json.dumps({"rules": rules, "default": "I am done."}))
     port = free_port()
     argv = [sys.executable, "-m", "services.cli", "engine", "--mode", "scripted", "--script", str(tmp / "script.json"),
@@ -96,8 +97,15 @@ def stack(tmp: Path, harnesses: list[Harness], tasks: int) -> Iterator[Stack]:
     with EmbeddedRedis() as server, stopping([]) as launched:
         launched.append(launch("engine", argv, f"http://127.0.0.1:{port}", "/health", tmp / "logs"))
         with EngineTap(launched[0].url) as tap:
+            before = os.environ.get("ROLLOUT_REDIS_URL")
             os.environ["ROLLOUT_REDIS_URL"] = server.url  # the sessions live where the bench writes them
-            proxy = start_proxy([tap.url], 1, tmp / "logs", "--gateway-tokenizers", f"default={model}")
+            try:
+                proxy = start_proxy([tap.url], 1, tmp / "logs", "--gateway-tokenizers", f"default={model}")
+            finally:
+                if before is None:
+                    del os.environ["ROLLOUT_REDIS_URL"]
+                else:
+                    os.environ["ROLLOUT_REDIS_URL"] = before
             launched.append(proxy)
             client = redis.Redis.from_url(server.url)
             try:
@@ -117,10 +125,11 @@ def run_episode(
     (work / "a.txt").write_text("a\n")
     (work / "b.txt").write_text("b\n")
     spec: Launch = harness.launch(exe, Episode(st.proxy_url, sid, token, home, work, task_tag(text, harness.name)))
-    error = ""
+    error, stdout = "", ""
     try:
         done = subprocess.run(spec.argv, env={**os.environ, **spec.env}, cwd=spec.cwd, stdin=subprocess.DEVNULL,
                               capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
+        stdout = done.stdout
         if done.returncode != 0:
             error = f"exit {done.returncode}: {done.stderr.strip()[-300:]}"
         elif harness.answer_on_stdout and not done.stdout.strip().endswith(answer):
@@ -128,10 +137,16 @@ def run_episode(
     except subprocess.TimeoutExpired:
         error = f"timed out after {timeout_s:g} s"
     calls = st.calls(sid)
-    if not error and len(calls) < 2:
-        error = f"{len(calls)} gateway calls, 2 scripted"
-    return {"calls": calls, "error": error, "exact": [st.tap.generated(list(c.prompt_ids), list(c.output_ids))
-                                                     for c in calls]}  # fmt: skip
+    if not error and len(calls) < harness.calls:
+        error = f"{len(calls)} gateway calls, {harness.calls} scripted: {stdout.strip()[-300:]}"
+    if not error and harness.edit and answer not in _read(work / "ANSWER.txt"):
+        error = f"ANSWER.txt holds {_read(work / 'ANSWER.txt')[-200:]!r}"
+    exact = [st.tap.generated(list(c.prompt_ids), list(c.output_ids)) for c in calls]
+    return {"sid": sid, "calls": calls, "error": error, "exact": exact}
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def measure_harness(st: Stack, harness: Harness, exe: str, tasks: int, tmp: Path, timeout_s: float) -> dict[str, Any]:
@@ -147,7 +162,7 @@ def measure_harness(st: Stack, harness: Harness, exe: str, tasks: int, tmp: Path
         "episodes": len(episodes),
         "finished": len(episodes) - len(errors),
         "token_exact": round(sum(exact) / len(exact), 4) if exact else 0.0,
-        "merge_rate": round(sum(c.merged for c in later) / len(later), 4) if later else 0.0,
+        "merge_rate": round(sum(c.merged for c in later) / len(later), 4) if later else None,
         "segments_per_episode": round(sum(len({c.segment for c in e["calls"]}) for e in episodes) / len(episodes), 3),
         "calls": len(calls),
         "mismatches": sum(c.mismatch for c in calls),

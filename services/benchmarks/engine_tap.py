@@ -29,6 +29,7 @@ class EngineTap:
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
+        self._client: aiohttp.ClientSession | None = None
         self._thread = threading.Thread(target=self._run, name="engine-tap", daemon=True)
 
     def __enter__(self) -> EngineTap:
@@ -48,13 +49,17 @@ class EngineTap:
             return self.seen[(tuple(prompt_ids), tuple(output_ids))] > 0
 
     def _run(self) -> None:
-        self._loop.run_until_complete(self._serve())
+        try:
+            self._loop.run_until_complete(self._serve())
+        finally:
+            self._loop.close()
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as client:
+            self._client = client
             app = web.Application(client_max_size=256 * 1024 * 1024)
-            app.router.add_route("*", "/{tail:.*}", lambda r: self._relay(client, r))
+            app.router.add_route("*", "/{tail:.*}", self._relay)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", self.port).start()
@@ -62,10 +67,11 @@ class EngineTap:
             await self._stop.wait()
             await runner.cleanup()
 
-    async def _relay(self, client: aiohttp.ClientSession, request: web.Request) -> web.Response:
+    async def _relay(self, request: web.Request) -> web.Response:
+        assert self._client is not None
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
-        async with client.request(request.method, self.engine_url + request.path_qs, data=body,
+        async with self._client.request(request.method, self.engine_url + request.path_qs, data=body,
                                   headers=headers) as upstream:  # fmt: skip
             payload = await upstream.read()
             out = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP | {"content-encoding"}}

@@ -4,14 +4,16 @@ its template registered), then run through the real API, a worker, the proxy, a 
 and the broker (local backend, authentication on) twice: with the oracle (each task's
 ``solution/solve.sh``: 1.0) and with a no-op agent (0.0). Then one file per SWE instance format
 (swe_fixtures.py: SWE-bench, SWE-Gym, SWE-smith, R2E-Gym rows) through ``POST /rollouts/swebench``
-as ``rollout tasks import swe`` maps it, with the gold fix (1.0) and a no-op (0.0).
+as ``rollout tasks import swe`` maps it, with the gold fix (1.0) and a no-op (0.0). Then the
+SkyRL-Gym rows of skyrl_fixtures.py, stepped by the worker (``env`` agents), each against the
+reward the package itself gives the same replies.
 
 JSON keys: ``harbor_tasks``, ``harbor_oracle_reward_mean``, ``harbor_noop_reward_mean``,
 ``infra_errors`` (every source), ``image_build_s_p50`` (per Harbor image, the shared base's
 unpacking included), ``episodes`` (every source), ``sources_ok`` (the sources whose every episode
 scored as its definition says), ``reward_matches_package`` (the share of episodes whose reward
 equals the reference of the set's own definition: the oracle's or gold fix's 1.0, the no-op's
-0.0), ``per_task`` (Harbor)."""
+0.0; for SkyRL-Gym the package's own ``make`` / ``init`` / ``step``), ``per_task`` (Harbor)."""
 
 from __future__ import annotations
 
@@ -29,9 +31,12 @@ import redis
 
 from services.benchmarks.fleet_stack import Stack
 from services.benchmarks.report import write_json
-from services.environments import harbor
+from services.environments import harbor, skyrl_gym
 from services.environments.fixture_base import HARBOR_FIXTURES, busybox_base
 from services.environments.harbor_sets import HarborImport, import_tasks
+from services.environments.skyrl_fixtures import REPLIES as SKYRL_REPLIES
+from services.environments.skyrl_fixtures import ROWS as SKYRL_ROWS
+from services.environments.skyrl_fixtures import package_reward
 from services.environments.swe_files import import_files
 from services.environments.swe_fixtures import GIT_INIT, ROWS, TEST_COMMAND, calc_images, write_jsonl
 from services.protocol import Task, Trajectory
@@ -70,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(figures, indent=1))
     write_json(args.json, figures)
-    return 0 if len(figures["sources_ok"]) == 1 + len(ROWS) and figures["infra_errors"] == 0 else 1
+    return 0 if len(figures["sources_ok"]) == 2 + len(ROWS) and figures["infra_errors"] == 0 else 1
 
 
 def measure(args: argparse.Namespace, root: Path, redis_url: str) -> dict[str, Any]:
@@ -82,6 +87,7 @@ def measure(args: argparse.Namespace, root: Path, redis_url: str) -> dict[str, A
     rules = [{"match": f"RUN-ORACLE {t.name}\n", "replies": [f"```bash\n{harbor.oracle_command(t)}\n```", SUBMIT]}
              for t in done.loaded] + [{"match": "RUN-NOOP\n", "replies": [SUBMIT]}]  # fmt: skip
     rules += [{"match": "MODE-GOLD", "replies": [SWE_GOLD, SUBMIT]}, {"match": "MODE-NOOP", "replies": [SUBMIT]}]
+    rules += [{"match": marker, "replies": replies} for marker, replies in SKYRL_REPLIES.items()]
     (root / "script.json").write_text(json.dumps({"rules": rules, "default": SUBMIT, "latency_s": 0.0}))
     model = write_tokenizer_dir(root / "model")
     (root / "logs").mkdir()
@@ -100,7 +106,7 @@ def measure(args: argparse.Namespace, root: Path, redis_url: str) -> dict[str, A
         swe_templates = [{"name": n, "image": str(p), "host_usr": True} for n, p in calc_images(root / "swe").items()]
         register_templates(broker, [*done.templates, *swe_templates])
         results = {mode: run_mode(api, redis_url, done.tasks, mode) for mode in MODES}
-        swe = run_swe(api, redis_url, root / "swe")
+        swe = run_swe(api, redis_url, root / "swe") + run_skyrl(api, redis_url)
     finally:
         stack.stop()
     return summary(done, results, swe)
@@ -140,10 +146,19 @@ def run_swe(api: str, redis_url: str, work: Path) -> list[Episode]:
         client.close()
 
 
-def run_mode(api: str, redis_url: str, tasks: list[Task], mode: str) -> list[Trajectory]:
-    job = f"envs-harbor-{mode}"
+def run_skyrl(api: str, redis_url: str) -> list[Episode]:
+    """The SkyRL-Gym rows through ``env`` agents; each reference is the package's own reward."""
+    tasks = skyrl_gym.tasks_from_rows(SKYRL_ROWS)
+    trajs = run_mode(api, redis_url, tasks, "skyrl", mark=False)
+    reference = {t.id: package_reward(row, SKYRL_REPLIES[t.prompt.split(":")[0]])[0]
+                 for t, row in zip(tasks, SKYRL_ROWS, strict=True)}  # fmt: skip
+    return [(skyrl_gym.SOURCE, reference[t.task_id], t) for t in trajs]
+
+
+def run_mode(api: str, redis_url: str, tasks: list[Task], mode: str, *, mark: bool = True) -> list[Trajectory]:
+    job = f"envs-harbor-{mode}" if mark else f"envs-{mode}"
     marked = [t.model_copy(update={"prompt": (f"RUN-ORACLE {t.id}\n" if mode == "oracle" else "RUN-NOOP\n")
-                                   + t.prompt}) for t in tasks]  # fmt: skip
+                                   + t.prompt}) for t in tasks] if mark else tasks  # fmt: skip
     with httpx.Client(base_url=api, timeout=60) as http:
         created = http.post("/jobs", json={"job": job}, headers={"Authorization": f"Bearer {SECRETS.admin_token}"})
         created.raise_for_status()
@@ -168,7 +183,8 @@ def summary(done: HarborImport, results: dict[str, list[Trajectory]], swe: list[
         return round(statistics.fmean(scored), 4) if scored else None
 
     every = [(harbor.SOURCE, MODES[mode], t) for mode in MODES for t in results[mode]] + swe
-    expected = {harbor.SOURCE: len(done.tasks) * len(MODES), **{fmt: 2 for fmt in ROWS}}  # episodes per source
+    expected = {harbor.SOURCE: len(done.tasks) * len(MODES), **{fmt: 2 for fmt in ROWS},
+                skyrl_gym.SOURCE: len(SKYRL_ROWS)}  # episodes per source  # fmt: skip
     matching = [source for source, reference, t in every if t.reward == reference and t.source == source]
     return {
         "harbor_tasks": len(done.tasks),

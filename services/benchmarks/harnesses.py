@@ -10,11 +10,12 @@ import json
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from services.benchmarks.npm_harness import HarnessUnavailable, npm_binary
+from services.benchmarks.pip_harness import venv_binary
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "policy"
@@ -49,6 +50,11 @@ class Launch:
     cwd: Path
 
 
+def whole(path: str, content: str) -> str:
+    """A reply in aider's "whole" edit format: the file's path, then its whole content fenced."""
+    return f"I will write it down.\n\n{path}\n```\n{content}\n```"
+
+
 def hermes(name: str, arguments: dict[str, Any]) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
@@ -63,12 +69,17 @@ class Harness:
     launch: Callable[[str, Episode], Launch]
     prefix: str = ""  # before the tool call (Claude Code: a thinking block)
     submit: str = ""  # the second reply's tool command where the harness ends on a tool call
-    answer_on_stdout: bool = True  # else: finished means exit 0 after both scripted calls
-    notes: list[str] = field(default_factory=list)
+    answer_on_stdout: bool = True  # else: finished means exit 0 after all its scripted calls
+    calls: int = 2  # scripted calls per episode
+    edit: bool = False  # edits files instead of calling tools (aider): ANSWER.txt, a draft first
 
-    def replies(self, command: str, answer: str) -> list[str]:
+    def rules(self, tag: str, command: str, answer: str) -> list[tuple[str, list[str]]]:
+        """The scripted engine's rules for one episode (``tag``: its task): the first rule whose
+        ``match`` occurs in the prompt answers; the reply index is the prompt's assistant turns."""
+        if self.edit:  # aider: its example turns shift the index, so the failing test picks the reply
+            return [(aider_test(tag), [whole("ANSWER.txt", answer)]), (tag, [whole("ANSWER.txt", "draft")])]
         first = self.prefix + "I will look.\n" + hermes(self.tool, self.shell(command))
-        return [first, hermes(self.tool, self.shell(self.submit)) if self.submit else answer]
+        return [(tag, [first, hermes(self.tool, self.shell(self.submit)) if self.submit else answer])]
 
 
 def _codex(exe: str, ep: Episode) -> Launch:
@@ -172,6 +183,27 @@ def _sdk(exe: str, ep: Episode) -> Launch:
     return Launch([exe, str(ep.home / "my_agent.py")], env, ep.work)
 
 
+AIDER = "0.86.2"
+
+
+def aider_test(task: str) -> str:
+    """aider's test command: fails while ANSWER.txt is the draft (the comment names the episode)."""
+    return f"! grep -q draft ANSWER.txt  # {task}"
+
+
+def _aider(exe: str, ep: Episode) -> Launch:
+    """aider through litellm's OpenAI provider with the session as ``api_base``; the "whole" edit
+    format, no git, no repository map, no update check or analytics (no other network here). Its
+    test command fails on the draft, so aider sends the failure back: a second, merged call."""
+    argv = [exe, "--model", f"openai/{MODEL}", "--openai-api-base", ep.openai_url, "--openai-api-key", ep.token,
+            "--edit-format", "whole", "--yes-always", "--no-git", "--map-tokens", "0", "--no-check-update",
+            "--no-analytics", "--no-show-model-warnings", "--no-pretty", "--no-fancy-input", "--no-detect-urls",
+            "--no-show-release-notes", "--auto-test", "--test-cmd", aider_test(ep.task),
+            "--message", ep.task]  # fmt: skip
+    env = {"HOME": str(ep.home), "LITELLM_LOCAL_MODEL_COST_MAP": "True", "AIDER_ANALYTICS": "false"}
+    return Launch(argv, env, ep.work)
+
+
 def _npm(package: str, version: str, binary: str) -> Callable[[], str]:
     return lambda: str(npm_binary(package, version, binary))
 
@@ -219,5 +251,15 @@ HARNESSES: dict[str, Harness] = {
             _npm("@google/gemini-cli", "0.61.0", "gemini"),
             _gemini,
         ),
-    )  # fmt: skip
+        Harness(
+            "aider",
+            "chat",
+            "",
+            _command,
+            lambda: str(venv_binary("aider-chat", AIDER, "aider")),
+            _aider,
+            answer_on_stdout=False,
+            edit=True,
+        ),
+    )
 }

@@ -1,4 +1,4 @@
-"""``rollout tasks import swe|harbor``: the field's task sets as the platform's requests
+"""``rollout tasks import swe|harbor|skyrl-gym``: the field's task sets as the platform's requests
 (services/environments, docs/environments.md)."""
 
 from __future__ import annotations
@@ -25,6 +25,13 @@ def register(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     swe.add_argument("--out", type=Path, default=None, help="write the bodies here (a JSON list; default: stdout)")
     swe.set_defaults(handler=import_swe)
     _register_harbor(kinds)
+    skyrl = kinds.add_parser("skyrl-gym", help="JSONL of SkyRL dataset rows (prompt, env_class, reward_spec, ...) "
+                             "-> a POST /rollouts body of env agents")  # fmt: skip
+    skyrl.add_argument("files", type=Path, nargs="+")
+    skyrl.add_argument("--job", required=True)
+    skyrl.add_argument("--group-size", type=int, default=1)
+    skyrl.add_argument("--out", type=Path, default=None, help="write the body here (default: stdout)")
+    skyrl.set_defaults(handler=import_skyrl)
 
 
 def _register_harbor(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -66,6 +73,27 @@ def import_swe(args: argparse.Namespace) -> int:
     for request in imported.requests:
         source = request.instances[0].source
         print(f"{source}: {len(request.instances)} instances", file=sys.stderr)
+    return 0
+
+
+def import_skyrl(args: argparse.Namespace) -> int:
+    from services.environments.skyrl_gym import RowError, tasks_from_rows
+
+    tasks = []
+    try:
+        for path in args.files:
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            tasks += tasks_from_rows(rows, id_prefix=path.stem)
+    except (RowError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    body = {"job": args.job, "group_size": args.group_size, "tasks": [t.model_dump(mode="json") for t in tasks]}
+    text = json.dumps(body, indent=1)
+    if args.out:
+        args.out.write_text(text)
+    else:
+        print(text)
+    print(f"skyrl-gym: {len(tasks)} tasks", file=sys.stderr)
     return 0
 
 

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
+from services.cli.main import main
 from services.environments import skyrl_gym
+from services.environments.skyrl_fixtures import REPLIES, ROWS, package_reward
 from services.protocol.agents import AgentSpec, EnvAgent
 from services.protocol.environments import ENV_ADAPTERS, ENV_REWARD_COMMAND
-from tests.environments.skyrl_rows import REPLIES, ROWS, package_reward
 
 
 def test_rows_become_env_tasks_with_the_chat_and_extras() -> None:
@@ -63,3 +66,15 @@ def test_the_adapter_steps_as_the_package_does(index: int) -> None:
 
     rewards = asyncio.run(episode())
     assert (sum(rewards), len(rewards)) == package_reward(ROWS[index], REPLIES[marker])
+
+
+def test_the_cli_writes_the_rollout_body(tmp_path: Path) -> None:
+    rows = tmp_path / "gsm8k.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    out = tmp_path / "body.json"
+    assert main(["tasks", "import", "skyrl-gym", str(rows), "--job", "j", "--out", str(out)]) == 0
+    body = json.loads(out.read_text())
+    assert body["job"] == "j" and [t["agent"]["env"] for t in body["tasks"]] == ["gsm8k", "gsm8k", "gsm8k_multi_turn"]
+    assert body["tasks"] == [t.model_dump(mode="json") for t in skyrl_gym.tasks_from_rows(ROWS)]
+    rows.write_text(json.dumps({"prompt": "no chat", "env_class": "gsm8k"}) + "\n")
+    assert main(["tasks", "import", "skyrl-gym", str(rows), "--job", "j"]) == 2

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from services.environments import skyrl_gym
+from services.environments.skyrl_fixtures import REPLIES, ROWS, package_reward
 from services.protocol import Status
-from tests.environments.skyrl_rows import REPLIES, ROWS, package_reward
 from tests.rollout_api.fleet import Fleet, create_job, running_fleet, submit, trajectories, wait_finished
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]

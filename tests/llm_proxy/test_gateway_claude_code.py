@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from services.benchmarks.harnesses import HARNESSES, Episode
 from services.protocol import keys
 from services.protocol.gateway import segments_from_calls
 from services.runtime.redis_server import EmbeddedRedis
@@ -27,6 +28,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]  # an
 VERSION = "2.1.328"
 THOUGHT = "<think>\nI should list them.\n</think>\n\n"
 BASH = '<tool_call>\n{"name": "Bash", "arguments": {"command": "ls", "description": "List files"}}\n</tool_call>'
+TASK = "List the files here."
 RULES = {"List the files here": [THOUGHT + "I will list them.\n" + BASH, "There are two files."]}
 
 
@@ -47,24 +49,9 @@ def test_claude_code_tool_use_with_thinking_is_token_exact(claude: Path, fleet: 
     work.mkdir()
     (work / "a.txt").write_text("a")
     (work / "b.txt").write_text("b")
-    env = {
-        **os.environ,
-        "ANTHROPIC_BASE_URL": fleet.anthropic_url(sid),
-        "ANTHROPIC_API_KEY": token,
-        "HOME": str(tmp_path),
-        "DISABLE_TELEMETRY": "1",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "IS_SANDBOX": "1",  # --dangerously-skip-permissions as root
-    }
-    run = subprocess.run(
-        [str(claude), "-p", "List the files here.", "--dangerously-skip-permissions", "--model", "policy"],
-        env=env,
-        cwd=work,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+    spec = HARNESSES["claude-code"].launch(str(claude), Episode(fleet.proxy.url, sid, token, tmp_path, work, TASK))
+    run = subprocess.run(spec.argv, env={**os.environ, **spec.env}, cwd=spec.cwd, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=90)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().endswith("There are two files.")
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from services.benchmarks.harnesses import HARNESSES, Episode
 from services.protocol import keys
 from services.protocol.gateway import segments_from_calls
 from services.runtime.redis_server import EmbeddedRedis
@@ -30,6 +31,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]  # an
 
 VERSION = "0.169.0"
 EXEC = '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "ls"}}\n</tool_call>'
+TASK = "List the files here."
 RULES = {"List the files here": ["I will list them.\n" + EXEC, "There are two files."]}
 
 
@@ -48,35 +50,13 @@ def test_codex_cli_streamed_function_call_round_trip_is_token_exact(
     codex: Path, fleet: GatewayFleet, tmp_path: Path
 ) -> None:
     sid, token = fleet.session(max_trajectory_tokens=500_000)  # Codex's instructions and 8 tools: ~40 KB
-    home, work = tmp_path / "codex-home", tmp_path / "work"
-    home.mkdir()
+    work = tmp_path / "work"
     work.mkdir()
     (work / "a.txt").write_text("a")
     (work / "b.txt").write_text("b")
-    (home / "config.toml").write_text(
-        'model = "policy"\nmodel_provider = "rollout"\n[model_providers.rollout]\nname = "rollout"\n'
-        f'base_url = "{fleet.openai_url(sid)}"\nenv_key = "OPENAI_API_KEY"\nwire_api = "responses"\n'
-    )
-    run = subprocess.run(
-        [
-            str(codex),
-            "exec",
-            "--disable",
-            "multi_agent",
-            "-c",
-            'web_search="disabled"',
-            "--dangerously-bypass-approvals-and-sandbox",
-            "--skip-git-repo-check",
-            "-C",
-            str(work),
-            "List the files here.",
-        ],  # fmt: skip
-        env={**os.environ, "CODEX_HOME": str(home), "HOME": str(tmp_path), "OPENAI_API_KEY": token},
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+    spec = HARNESSES["codex"].launch(str(codex), Episode(fleet.proxy.url, sid, token, tmp_path, work, TASK))
+    run = subprocess.run(spec.argv, env={**os.environ, **spec.env}, cwd=spec.cwd, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=90)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().endswith("There are two files.")
 

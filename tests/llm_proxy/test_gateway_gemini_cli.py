@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from services.benchmarks.harnesses import HARNESSES, Episode
 from services.protocol import keys
 from services.protocol.gateway import segments_from_calls
 from services.runtime.redis_server import EmbeddedRedis
@@ -25,11 +26,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]  # an
 
 VERSION = "0.61.0"
 SHELL = '<tool_call>\n{"name": "run_shell_command", "arguments": {"command": "ls"}}\n</tool_call>'
+TASK = "List the files here."
 RULES = {"List the files here": ["I will list them.\n" + SHELL, "There are two files."]}
-SETTINGS = {  # the API-key auth, no usage statistics
-    "security": {"auth": {"selectedType": "gemini-api-key"}},
-    "privacy": {"usageStatisticsEnabled": False},
-}
 
 
 @pytest.fixture(scope="module")
@@ -47,23 +45,13 @@ def test_gemini_cli_function_response_round_trip_is_token_exact(
     gemini: Path, fleet: GatewayFleet, tmp_path: Path
 ) -> None:
     sid, token = fleet.session(max_trajectory_tokens=500_000)  # Gemini CLI's instructions and 15 tools
-    (tmp_path / ".gemini").mkdir()
-    (tmp_path / ".gemini" / "settings.json").write_text(json.dumps(SETTINGS))
     work = tmp_path / "work"
     work.mkdir()
     (work / "a.txt").write_text("a")
     (work / "b.txt").write_text("b")
-    env = {**os.environ, "GOOGLE_GEMINI_BASE_URL": fleet.anthropic_url(sid), "GEMINI_API_KEY": token,
-           "HOME": str(tmp_path)}  # fmt: skip
-    run = subprocess.run(
-        [str(gemini), "-p", "List the files here.", "--yolo", "--skip-trust", "-m", "policy"],
-        env=env,
-        cwd=work,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+    spec = HARNESSES["gemini-cli"].launch(str(gemini), Episode(fleet.proxy.url, sid, token, tmp_path, work, TASK))
+    run = subprocess.run(spec.argv, env={**os.environ, **spec.env}, cwd=spec.cwd, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=90)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().endswith("There are two files.")
 

@@ -1,11 +1,10 @@
-"""SkyRL dataset rows for the tests (SkyRL's own row format: ``prompt``, ``env_class``, ``reward_spec``,
-``extra_info``) and the replies the scripted engine gives for each, turn by turn."""
+"""SkyRL dataset rows for the tests and ``rollout bench envs`` (SkyRL's own row format: ``prompt``,
+``env_class``, ``reward_spec``, ``extra_info``), the replies the scripted engine gives for each,
+turn by turn, and the reward the package itself gives those replies."""
 
 from __future__ import annotations
 
 from typing import Any
-
-import skyrl_gym
 
 
 def row(marker: str, env_class: str, answer: str, **extra: Any) -> dict[str, Any]:
@@ -33,6 +32,8 @@ REPLIES: dict[str, list[str]] = {
 
 def package_reward(data: dict[str, Any], replies: list[str]) -> tuple[float, int]:
     """The reward SkyRL-Gym itself gives these replies (its own make / init / step), and the steps taken."""
+    import skyrl_gym  # needed only where the fixtures run
+
     extras = {k: v for k, v in data.items() if k not in ("prompt", "env_class")}
     env = skyrl_gym.make(data["env_class"], env_config={}, extras=extras)
     env.init(data["prompt"])
