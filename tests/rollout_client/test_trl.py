@@ -30,9 +30,10 @@ BROKEN = "this task's reward program does not exist"
 
 
 def make_task(prompt: str) -> Task:
-    """The broken prompt's reward program is missing, which the platform reports as an infra error."""
+    """The broken prompt's reward program is missing, which the platform reports as an infra error
+    (a generous timeout: a reward command that times out scores 0 instead, which a loaded host can cause)."""
     if prompt == BROKEN:
-        return Task(id="t", prompt=prompt, reward=RewardSpec(command="python3.99 -c 1", timeout_s=10))
+        return Task(id="t", prompt=prompt, reward=RewardSpec(command="python3.99 -c 1", timeout_s=120))
     return random_reward_task(prompt)
 
 
