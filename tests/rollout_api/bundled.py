@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +45,7 @@ def hermes(name: str, arguments: dict[str, Any]) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
-def bundles_dir(names: list[str]) -> Path:
+def bundles_dir(names: Sequence[str] = ("mini-swe-agent", "claude-code")) -> Path:
     """Where the bundles are: ``ROLLOUT_TEST_AGENT_BUNDLES``, else the cache with the pinned versions
     of ``names`` (built there when missing; a bundle that cannot be built is left out, and the test
     that needs it skips: see :meth:`Harnesses.bundle`)."""
