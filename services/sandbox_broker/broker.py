@@ -35,6 +35,7 @@ from services.sandbox_broker.backends.base import (
     OutputSink,
     Sandbox,
     SandboxSpec,
+    no_gateway,
 )
 from services.sandbox_broker.forks import SetUp, SharedSetups
 from services.sandbox_broker.lease_cache import LeaseCache
@@ -377,8 +378,7 @@ class Broker:
                                                            binding.ttl_s))  # fmt: skip
 
     def _no_gateway(self) -> PlatformError:
-        why = f"the {self.backend.name} backend does not forward the gateway into sandboxes yet (local does)"
-        return PlatformError(ErrorCode.BAD_REQUEST, why, field="gateway")
+        return no_gateway(self.backend.name)
 
     async def write_file(self, lease_id: str, path: str, data: bytes) -> None:
         record = await self.live(lease_id)
