@@ -16,6 +16,7 @@ Framework adapters sit beside it and import their framework only when imported t
 from rollout_client.errors import (
     BadRequest,
     Conflict,
+    JobGone,
     NotFound,
     QuotaExceeded,
     RolloutApiError,
@@ -33,6 +34,7 @@ __all__ = [
     "Conflict",
     "Entry",
     "ExportDir",
+    "JobGone",
     "NotFound",
     "QuotaExceeded",
     "RolloutApiError",

@@ -52,6 +52,19 @@ class NotFound(RolloutApiError):
     """not_found, unknown_job, unknown_pool, lease_not_found."""
 
 
+class JobGone(NotFound):
+    """The job no longer exists while its trajectories were being read: its trajectory stream or its
+    consumer group is gone (the store lost its state, e.g. a Redis restarted without persistence).
+    Nothing more will come: create the job again. ``code`` is ``unknown_job``."""
+
+
+def job_gone(job: str, why: str) -> JobGone:
+    """The error for a job found gone while following it (``why``: what showed it)."""
+    message = f"job {job!r} no longer exists ({why}): create it again"
+    body = ErrorBody.of(ErrorCode.UNKNOWN_JOB, message, field="job")
+    return JobGone(404, body, message)
+
+
 class Conflict(RolloutApiError):
     """conflict (e.g. the pass@k of a rollout that is not an evaluation)."""
 

@@ -24,9 +24,10 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from rollout_client.errors import api_error
+from rollout_client.errors import JobGone, RolloutApiError, api_error
 from services.protocol.api import EvalReport, JobCreate, JobCreated, JobStatus, RolloutAccepted, RolloutStatus
 from services.protocol.errors import ErrorBody
+from services.protocol.status import ErrorCode
 from services.protocol.swebench import SweBenchRolloutRequest
 from services.protocol.tasks import RolloutRequest
 from services.protocol.trajectory import Trajectory, trajectory_from_json
@@ -91,18 +92,34 @@ class _SseParser:
 
     def __init__(self) -> None:
         self.entry_id: str | None = None
+        self.event = ""
         self.data: list[str] = []
 
     def feed(self, line: str) -> StreamedTrajectory | None:
+        """The trajectory an event completes; an ``error`` event raises its error (``JobGone`` for
+        a job that no longer exists)."""
         if line.startswith("id:"):
             self.entry_id = line[3:].strip()
+        elif line.startswith("event:"):
+            self.event = line[6:].strip()
         elif line.startswith("data:"):
             self.data.append(line[5:].removeprefix(" "))
         elif not line and self.data:
-            event = StreamedTrajectory(self.entry_id or "", trajectory_from_json("\n".join(self.data)))
-            self.data = []
-            return event
+            text, event, self.data, self.event = "\n".join(self.data), self.event, [], ""
+            if event == "error":
+                raise _stream_error(text)
+            return StreamedTrajectory(self.entry_id or "", trajectory_from_json(text))
         return None
+
+
+def _stream_error(text: str) -> RolloutApiError:
+    try:
+        body: ErrorBody | None = ErrorBody.model_validate_json(text)
+    except ValidationError:
+        body = None
+    if body is not None and body.error.code is ErrorCode.UNKNOWN_JOB:
+        return JobGone(404, body, text)
+    return api_error(500, body, text)
 
 
 class _Idle:

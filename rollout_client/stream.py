@@ -14,18 +14,23 @@ Together with a record of the ``attempt_key`` values already decided (the traine
 every trajectory is trained on at most once and never lost. :class:`AsyncTrajectoryConsumer` is the
 same over ``redis.asyncio``. An entry that does not decode comes back with ``trajectory`` None (to be
 acknowledged as malformed, never retried forever).
+
+A job that no longer exists while it is read (its stream or group gone: the store lost its state)
+raises :class:`~rollout_client.errors.JobGone` from every call, instead of Redis's NOGROUP.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 import redis.asyncio
 
+from rollout_client.errors import job_gone
 from services.protocol import keys
 from services.protocol.trajectory import Trajectory, from_stream_fields
 from services.runtime.groups import ensure_group, ensure_group_async
@@ -44,6 +49,7 @@ class TrajectoryConsumer:
 
     def __init__(self, client: redis.Redis, job: str, group: str = keys.TRAINERS_GROUP, consumer: str = "trainer-0"):
         self.client = client  # decode_responses=False: bodies are binary
+        self.job = job
         self.stream = keys.trajectory_stream(job)
         self.group = group
         self.consumer = consumer
@@ -58,7 +64,8 @@ class TrajectoryConsumer:
         out: list[Entry] = []
         cursor = "0-0"
         while True:
-            reply: Any = self.client.xautoclaim(self.stream, self.group, self.consumer, 0, cursor, count=batch)
+            with gone_if_missing(self.job):
+                reply: Any = self.client.xautoclaim(self.stream, self.group, self.consumer, 0, cursor, count=batch)
             cursor = _text(reply[0])
             out += [self._entry(eid, fields) for eid, fields in reply[1] if fields is not None]
             if cursor == "0-0":
@@ -69,7 +76,9 @@ class TrajectoryConsumer:
 
     def read(self, count: int, block_ms: int) -> list[Entry]:
         """New entries (never delivered to the group before)."""
-        reply: Any = self.client.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
+        with gone_if_missing(self.job):
+            reply: Any = self.client.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count,
+                                                block=block_ms)  # fmt: skip
         return [self._entry(eid, fields) for _, items in reply or [] for eid, fields in items]
 
     def ack(self, entry_ids: Iterable[str]) -> int:
@@ -79,7 +88,8 @@ class TrajectoryConsumer:
         return int(self.client.xack(self.stream, self.group, *ids))
 
     def pending_count(self) -> int:
-        return int(self.client.xpending(self.stream, self.group)["pending"])
+        with gone_if_missing(self.job):
+            return int(self.client.xpending(self.stream, self.group)["pending"])
 
     def _entry(self, entry_id: bytes | str, fields: dict[bytes, bytes]) -> Entry:
         entry = decode_entry(self.stream, entry_id, fields)
@@ -94,6 +104,7 @@ class AsyncTrajectoryConsumer:
         self, client: redis.asyncio.Redis, job: str, group: str = keys.TRAINERS_GROUP, consumer: str = "trainer-0"
     ) -> None:
         self.client = client
+        self.job = job
         self.stream = keys.trajectory_stream(job)
         self.group = group
         self.consumer = consumer
@@ -106,16 +117,19 @@ class AsyncTrajectoryConsumer:
         out: list[Entry] = []
         cursor = "0-0"
         while True:
-            reply: Any = await self.client.xautoclaim(self.stream, self.group, self.consumer, 0, cursor, count=batch)
+            with gone_if_missing(self.job):
+                reply: Any = await self.client.xautoclaim(self.stream, self.group, self.consumer, 0, cursor,
+                                                          count=batch)  # fmt: skip
             cursor = _text(reply[0])
             out += [self._entry(eid, fields) for eid, fields in reply[1] if fields is not None]
             if cursor == "0-0":
                 return out
 
     async def read(self, count: int, block_ms: int) -> list[Entry]:
-        reply: Any = await self.client.xreadgroup(
-            self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms
-        )
+        with gone_if_missing(self.job):
+            reply: Any = await self.client.xreadgroup(
+                self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms
+            )
         return [self._entry(eid, fields) for _, items in reply or [] for eid, fields in items]
 
     async def ack(self, entry_ids: Iterable[str]) -> int:
@@ -123,12 +137,29 @@ class AsyncTrajectoryConsumer:
         return int(await self.client.xack(self.stream, self.group, *ids)) if ids else 0
 
     async def pending_count(self) -> int:
-        return int((await self.client.xpending(self.stream, self.group))["pending"])
+        with gone_if_missing(self.job):
+            return int((await self.client.xpending(self.stream, self.group))["pending"])
 
     def _entry(self, entry_id: bytes | str, fields: dict[bytes, bytes]) -> Entry:
         entry = decode_entry(self.stream, entry_id, fields)
         self.last_entry_id = entry.entry_id
         return entry
+
+
+# Redis's answers for a stream or group that is not there: NOGROUP (read, claim, pending), and the
+# error that unblocks a reader blocked on a stream deleted under it
+_MISSING = ("NOGROUP", "no longer exists")
+
+
+@contextlib.contextmanager
+def gone_if_missing(job: str) -> Iterator[None]:
+    """Turn Redis's "no such stream or group" into :class:`~rollout_client.errors.JobGone`."""
+    try:
+        yield
+    except redis.ResponseError as exc:
+        if any(marker in str(exc) for marker in _MISSING):
+            raise job_gone(job, f"its trajectory stream or consumer group is gone: {exc}") from exc
+        raise
 
 
 def decode_entry(stream: str, entry_id: bytes | str, fields: dict[bytes, bytes]) -> Entry:

@@ -2,7 +2,10 @@
 a worker, the proxy, a scripted engine and the broker, with a scripted agent in three modes: the
 gold patch (reward must be 1), a no-op (0) and tampering with the failing tests (0: they are put
 back before scoring); with ``--attacks`` also every known attack on the grader
-(``services/benchmarks/attacks.py``: each must score 0). Once per backend: ``local`` (the task
+(``services/benchmarks/attacks.py``: each must score 0, or end as an infra error where it is meant
+to exhaust the sandbox). Every mode runs on both routes: the SWE route (``POST /rollouts/swebench``)
+and the plain one (``POST /rollouts``, a ``Task`` per instance as docs/tasks.md packages one, graded
+with ``"grade_in": "fresh"``; its figures carry a ``plain_`` prefix). Once per backend: ``local`` (the task
 images unpacked as the sandboxes' root) and ``docker`` (the same images loaded into a Docker
 engine: a private dockerd unless ``--docker-host``); the docker figures carry a ``docker_`` prefix."""
 
@@ -23,7 +26,7 @@ from typing import Any
 import httpx
 import redis
 
-from services.benchmarks.attacks import attack_scripts
+from services.benchmarks.attacks import EXHAUSTION, attack_scripts
 from services.benchmarks.fleet_stack import Stack
 from services.benchmarks.report import write_json
 from services.protocol import Trajectory
@@ -40,6 +43,7 @@ ADMIN = SECRETS.admin_token
 BACKENDS = ("local", "docker")
 SUBMIT = "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"
 MODES = ("gold", "noop", "tamper")
+ROUTES = {"swe": "/rollouts/swebench", "plain": "/rollouts"}
 TAMPER = """python3 - <<'ROLLOUT_EOF'
 import re
 path = {path!r}
@@ -84,9 +88,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _as_expected(figures: dict[str, Any], backend: str, attacks: bool) -> bool:
     prefix = "" if backend == "local" else f"{backend}_"
-    rewards = [figures.get(f"{prefix}{mode}_reward_mean") for mode in MODES]
+    rewards = [figures.get(f"{prefix}{route}{mode}_reward_mean") for route in ("", "plain_") for mode in MODES]
     attacked = not attacks or figures.get(f"{prefix}attack_reward_max") == 0.0
-    return rewards == [1.0, 0.0, 0.0] and figures.get(f"{prefix}infra_errors") == 0 and attacked
+    return rewards == [1.0, 0.0, 0.0] * 2 and figures.get(f"{prefix}infra_errors") == 0 and attacked
 
 
 def run_backend(args: argparse.Namespace, instances: list[dict[str, Any]], backend: str) -> dict[str, Any]:
@@ -174,7 +178,7 @@ def measure(
                                    "--broker-url", broker, "--model-path", str(model)])  # fmt: skip
         prepare = register_templates(broker, instances)
         modes = (*MODES, *ATTACKS) if args.attacks else MODES
-        results = {mode: run_mode(api, redis_url, instances, mode) for mode in modes}
+        results = run_modes(api, redis_url, instances, modes)
     finally:
         stack.stop()
     return summary(results, prepare)
@@ -196,56 +200,109 @@ def register_templates(broker: str, instances: list[dict[str, Any]]) -> list[flo
     return took
 
 
-def run_mode(api: str, redis_url: str, instances: list[dict[str, Any]], mode: str) -> list[Trajectory]:
-    job = f"swe-{mode}"
+def run_modes(
+    api: str, redis_url: str, instances: list[dict[str, Any]], modes: tuple[str, ...]
+) -> dict[str, dict[str, list[Trajectory]]]:
+    """Every mode on both routes, all submitted at once: route -> mode -> its trajectories."""
+    submitted = {(route, mode): submit(api, instances, route, mode) for route in ROUTES for mode in modes}
     with httpx.Client(base_url=api, timeout=60) as http:
-        created = http.post("/jobs", json={"job": job}, headers={"Authorization": f"Bearer {ADMIN}"})
-        created.raise_for_status()
-        headers = {"Authorization": f"Bearer {created.json()['token']}"}
-        rows = [{**i, "problem_statement": f"{i['problem_statement']}\n\n{marker(i, mode)}"} for i in instances]
-        body = {"job": job, "instances": rows, "group_size": 1, "test_command": instances[0]["test_command"],
-                "limits": {"max_turns": 5, "command_timeout_s": 300}}  # fmt: skip
-        response = http.post("/rollouts/swebench", json=body, headers=headers)
-        response.raise_for_status()
-        rollout = response.json()["rollout_id"]
-        while True:
-            status = http.get(f"/rollouts/{rollout}", headers=headers).json()
-            if status["finished"] >= status["total"]:
-                break
-            time.sleep(0.5)
+        for headers, rollout in submitted.values():
+            while True:
+                status = http.get(f"/rollouts/{rollout}", headers=headers).json()
+                if status["finished"] >= status["total"]:
+                    break
+                time.sleep(0.5)
     client = redis.Redis.from_url(redis_url)
     try:
-        return [traj for _, traj in stream_entries(client, job)]
+        found: dict[str, dict[str, list[Trajectory]]] = {route: {} for route in ROUTES}
+        for route, mode in submitted:
+            found[route][mode] = [traj for _, traj in stream_entries(client, f"swe-{route}-{mode}")]
+        return found
     finally:
         client.close()
 
 
-def summary(results: dict[str, list[Trajectory]], prepare: list[float]) -> dict[str, Any]:
-    def reward_mean(mode: str) -> float | None:
-        scored = [t.reward for t in results[mode] if t.status.trainable and t.reward is not None]
+def submit(api: str, instances: list[dict[str, Any]], route: str, mode: str) -> tuple[dict[str, str], str]:
+    job = f"swe-{route}-{mode}"
+    with httpx.Client(base_url=api, timeout=60) as http:
+        created = http.post("/jobs", json={"job": job}, headers={"Authorization": f"Bearer {ADMIN}"})
+        created.raise_for_status()
+        headers = {"Authorization": f"Bearer {created.json()['token']}"}
+        limits = {"max_turns": 5, "command_timeout_s": 300}
+        if route == "swe":
+            rows = [{**i, "problem_statement": f"{i['problem_statement']}\n\n{marker(i, mode)}"} for i in instances]
+            body = {"instances": rows, "test_command": instances[0]["test_command"]}
+        else:
+            body = {"tasks": [plain_task(i, mode) for i in instances]}
+        response = http.post(
+            ROUTES[route], json={"job": job, "group_size": 1, "limits": limits, **body}, headers=headers
+        )
+        response.raise_for_status()
+        return headers, response.json()["rollout_id"]
+
+
+def plain_task(instance: dict[str, Any], mode: str) -> dict[str, Any]:
+    """An instance as a plain ``Task`` (docs/tasks.md): the image's working directory, the tests named,
+    graded from the agent's diff in a fresh sandbox."""
+    ids = [*instance["FAIL_TO_PASS"], *instance["PASS_TO_PASS"]]
+    files = " ".join(sorted({t.split("::", 1)[0] for t in ids}))
+    tests = {"fail_to_pass": instance["FAIL_TO_PASS"], "pass_to_pass": instance["PASS_TO_PASS"], "log_parser": "pytest"}
+    return {
+        "id": instance["instance_id"],
+        "prompt": f"{instance['problem_statement']}\n\n{marker(instance, mode)}",
+        "sandbox": {"template": template_for(instance["image_name"])},
+        "reward": {"command": instance["test_command"].format(files=files), "grade_in": "fresh", "tests": tests},
+    }
+
+
+def summary(results: dict[str, dict[str, list[Trajectory]]], prepare: list[float]) -> dict[str, Any]:
+    def reward_mean(episodes: list[Trajectory]) -> float | None:
+        scored = [t.reward for t in episodes if t.status.trainable and t.reward is not None]
         return round(statistics.fmean(scored), 4) if scored else None
 
-    every = [t for mode in results for t in results[mode]]
+    def attack_reward(mode: str, episodes: list[Trajectory]) -> float:
+        """The mean reward, an infra error counting 0 where the attack is meant to cause one; any
+        other episode without a reward counts 1 (an attack is only shown harmless by a score)."""
+        allowed = mode in EXHAUSTION
+        values = [t.reward if t.status.trainable and t.reward is not None else 0.0 if allowed and _infra(t) else 1.0
+                  for t in episodes]  # fmt: skip
+        return round(statistics.fmean(values), 4) if values else 1.0
+
+    every = [t for route in results.values() for mode in route.values() for t in mode]
     durations = sorted(t.timings.total_s for t in every if t.status.trainable)
     graded = [t.timings.grade_s for t in every if t.timings.grade_s > 0]
-    attacked = {mode: reward_mean(mode) for mode in results if mode in ATTACKS}
-    attacks = {"attack_rewards": attacked, "attack_reward_max": max(
-        (r if r is not None else 1.0 for r in attacked.values()), default=None)} if attacked else {}  # fmt: skip
-    return {
-        **attacks,  # every attack's mean reward (null: none scored), and the largest (a null counts as 1)
+    attacked = {mode: {route: attack_reward(mode, results[route][mode]) for route in ROUTES}
+                for mode in results["swe"] if mode in ATTACKS}  # fmt: skip
+    meant = [t for route in results.values() for mode, ts in route.items() if mode in EXHAUSTION for t in ts]
+    meant_infra = sum(1 for t in meant if _infra(t))
+    attacks = {
+        "attack_rewards": attacked,  # attack -> route -> its mean reward
+        "attack_reward_max": max((r for by_route in attacked.values() for r in by_route.values()), default=None),
+        "attack_infra_errors": meant_infra,  # of the attacks meant to exhaust the sandbox
+    } if attacked else {}  # fmt: skip
+    figures: dict[str, Any] = {
+        **attacks,
         "grade_s_p50": round(statistics.median(graded), 3) if graded else None,  # fresh grading's sandbox
-        **{f"{mode}_reward_mean": reward_mean(mode) for mode in MODES},  # over the scored episodes only
-        **{f"{mode}_scored": sum(1 for t in results[mode] if t.status.trainable) for mode in MODES},
-        "infra_errors": sum(1 for t in every if t.status.value == "infra_error"),
+        # outside the attacks meant to cause them
+        "infra_errors": sum(1 for t in every if _infra(t)) - meant_infra,
         "infra_error_samples": sorted({_why(t) for t in every if t.infra is not None})[:8],
         "episode_p50_s": round(statistics.median(durations), 3) if durations else None,
         "image_prepare_s": round(prepare[0], 3) if prepare else None,  # the first image: base layers too
         "image_prepare_next_mean_s": round(statistics.fmean(prepare[1:]), 3) if len(prepare) > 1 else None,
-        "per_task": {
-            t.task_id: {m: next((x.reward for x in results[m] if x.task_id == t.task_id), None) for m in MODES}
-            for t in results["gold"]
-        },  # fmt: skip
     }
+    for route, prefix in (("swe", ""), ("plain", "plain_")):
+        found = results[route]
+        figures |= {f"{prefix}{mode}_reward_mean": reward_mean(found[mode]) for mode in MODES}  # scored ones
+        figures |= {f"{prefix}{mode}_scored": sum(1 for t in found[mode] if t.status.trainable) for mode in MODES}
+        figures[f"{prefix}per_task"] = {
+            t.task_id: {m: next((x.reward for x in found[m] if x.task_id == t.task_id), None) for m in MODES}
+            for t in found["gold"]
+        }  # fmt: skip
+    return figures
+
+
+def _infra(t: Trajectory) -> bool:
+    return t.status.value == "infra_error"
 
 
 def _why(t: Trajectory) -> str:

@@ -9,6 +9,11 @@ leaves a counter out of step with a stream:
 - ``give_back`` (worker shutting down): undo ``take``, the item is queued again for another worker;
 - ``publish`` (worker, API on cancel): the single final record of a trajectory, with its counters
   (an evaluation sample's goes to the eval stream, and its result to the rollout's results hash).
+
+The worker's three (``take``, ``give_back``, ``publish``) do nothing where the rollout's record is
+missing (records are never deleted: the store lost its state, restarted empty): a running episode
+of a job that no longer exists is never recorded into keys recreated for it. ``take`` and
+``publish`` answer as for a trajectory already finished, so its item is dropped.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ TAKE = LuaScript(
     keys=("attempts", "stats", "rollout", "finished"),
     args=("trajectory_id",),
     body="""
+if redis.call('EXISTS', rollout) == 0 then return {-1, 0} end
 if redis.call('HEXISTS', finished, trajectory_id) == 1 then return {-1, 0} end
 local attempt = redis.call('HINCRBY', attempts, trajectory_id, 1)
 if attempt == 1 then
@@ -76,6 +82,7 @@ GIVE_BACK = LuaScript(
     keys=("attempts", "stats", "rollout"),
     args=("trajectory_id",),
     body="""
+if redis.call('EXISTS', rollout) == 0 then return 0 end
 local attempt = redis.call('HINCRBY', attempts, trajectory_id, -1)
 if attempt <= 0 then
   redis.call('HDEL', attempts, trajectory_id)
@@ -106,6 +113,7 @@ PUBLISH = LuaScript(
     ),  # fmt: skip
     # REST: the trajectory stream entry's (field, value) pairs
     body="""
+if redis.call('EXISTS', rollout) == 0 then return 0 end
 if redis.call('HSETNX', finished, trajectory_id, attempt) == 0 then return 0 end
 local id = redis.call('XADD', trajectories, 'MAXLEN', '~', maxlen, '*', unpack(ARGV, REST))
 if result ~= '' then redis.call('HSET', results, trajectory_id, result) end

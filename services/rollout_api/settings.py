@@ -38,8 +38,8 @@ class ApiSettings(UsesRedis, UsesAdminToken, UsesServiceToken, ServesHttp):
     dashboard_cache_s: float = 2.0  # how long one replica reuses the proxy's and broker's answers
     dashboard_sample_s: float = 5.0  # one replica samples every job and the fleet this often (history)
     dashboard_history_s: float = 3600.0  # how much history is kept
-    # ``command`` agents with ``where: "host"`` run as the worker's children on its host, where they see
-    # the host's processes and network: only for trusted single-tenant setups (docs/security.md)
+    # ``command`` agents with ``where: "host"`` run beside the platform on a worker's host (confined, but on
+    # its network): only for trusted single-tenant setups (docs/security.md); 409 while 2+ jobs exist
     allow_host_agents: bool = False  # False: such a submission gets 403 ``forbidden`` (field agent.where)
 
 
@@ -82,4 +82,7 @@ class WorkerSettings(UsesRedis, UsesServiceToken):
     # ``command`` agents with ``where: "host"`` (trusted single-tenant setups only, docs/security.md):
     # False refuses them at run time (an infra_error naming this setting), never runs them silently
     allow_host_agents: bool = False
+    # the dedicated unprivileged uid host agents run as (a worker running as root switches to it; its
+    # files must be readable by it): in their own pid namespace, the host read-only (worker/host_agent.py)
+    host_agent_uid: int = Field(64_999, ge=1)
     sandbox_gateway_port: int = Field(8399, ge=1024, le=65535)  # in-sandbox agents' loopback gateway port

@@ -3,7 +3,9 @@
 Each event's ``id`` is the stream entry id and ``data`` the trajectory as JSON; a client that
 reconnects with ``Last-Event-ID`` (or ``?after=``) continues after that entry; ``?mode=eval`` reads
 the job's evaluation stream. The stream is read with XREAD (no consumer group): SSE readers never
-take trajectories away from a trainer's group.
+take trajectories away from a trainer's group. A job that stops existing while it is followed (the
+store lost its state) ends the stream with one ``event: error`` whose data is the error body
+(``unknown_job``), instead of keep-alives forever.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.protocol import ErrorCode, PlatformError, from_stream_fields, keys, trajectory_to_json
+from services.protocol.errors import ErrorBody
 from services.rollout_api.context import AuthCaller, Ctx
 from services.rollout_api.jobs import job_or_404
 from services.rollout_api.metrics import ApiMetrics
@@ -71,6 +74,9 @@ async def events(
             await asyncio.sleep(min(1.0, block_ms / 1000))
             continue
         if not reply:
+            if not await _job_exists(redis, job):
+                yield _gone(job)
+                return
             yield b": keep-alive\n\n"
             continue
         for entry_id, fields in reply[0][1]:
@@ -79,6 +85,20 @@ async def events(
             yield b"id: " + entry_id + b"\nevent: trajectory\ndata: " + data + b"\n\n"
             sent += 1
             metrics.sse_events.labels(job).inc()
+
+
+async def _job_exists(redis: Redis, job: str) -> bool:
+    try:
+        return bool(await redis.exists(keys.job_record(job)))
+    except (RedisConnectionError, RedisTimeoutError):
+        return True  # Redis is away: the next read says so
+
+
+def _gone(job: str) -> bytes:
+    log.warning("job %s no longer exists: its trajectory stream is closed with an error", job)
+    message = f"job {job!r} no longer exists (the store lost its state, or the job was removed)"
+    body = ErrorBody.of(ErrorCode.UNKNOWN_JOB, message, field="job")
+    return b"event: error\ndata: " + body.model_dump_json().encode() + b"\n\n"
 
 
 @router.get("/jobs/{job}/trajectories")

@@ -79,19 +79,29 @@ async def check_templates(ctx: ApiContext, request: RolloutRequest) -> None:
             )
 
 
-def check_agents(ctx: ApiContext, request: RolloutRequest) -> None:
-    """``command`` agents on the worker's host only where the operator allows them (docs/security.md)."""
-    if ctx.settings.allow_host_agents:
-        return
+async def check_agents(ctx: ApiContext, request: RolloutRequest) -> None:
+    """``command`` agents on the worker's host only where the operator allows them, and only while
+    one job exists (docs/security.md): 403 ``forbidden`` where the setting is off, 409 ``conflict``
+    where several jobs exist (field ``agent.where`` or ``tasks.N.agent.where`` either way)."""
     named = [("agent", request.agent), *((f"tasks.{i}.agent", t.agent) for i, t in enumerate(request.tasks))]
-    for field, agent in named:
-        if isinstance(agent, CommandAgent) and agent.where == "host":
-            raise PlatformError(
-                ErrorCode.FORBIDDEN,
-                'command agents run inside the task sandbox here: where "host" is off (an operator setting, '
-                "ROLLOUT_API_ALLOW_HOST_AGENTS, for trusted single-tenant setups)",
-                field=f"{field}.where",
-            )
+    host = [field for field, agent in named if isinstance(agent, CommandAgent) and agent.where == "host"]
+    if not host:
+        return
+    if not ctx.settings.allow_host_agents:
+        raise PlatformError(
+            ErrorCode.FORBIDDEN,
+            'command agents run inside the task sandbox here: where "host" is off (an operator setting, '
+            "ROLLOUT_API_ALLOW_HOST_AGENTS, for trusted single-tenant setups)",
+            field=f"{host[0]}.where",
+        )
+    jobs = int(await ctx.redis.scard(keys.jobs_index()))
+    if jobs > 1:
+        raise PlatformError(
+            ErrorCode.CONFLICT,
+            f'where "host" runs agents beside the platform, for single-tenant setups: {jobs} jobs exist here '
+            '(use where "sandbox")',
+            field=f"{host[0]}.where",
+        )
 
 
 def work_items(request: RolloutRequest, rollout_id: str, pool: str, now: float) -> list[tuple[str, bytes]]:
@@ -121,7 +131,7 @@ def work_items(request: RolloutRequest, rollout_id: str, pool: str, now: float) 
 
 async def admit(ctx: ApiContext, request: RolloutRequest, job: JobRecord) -> RolloutAccepted:
     check_unique_tasks(request)
-    check_agents(ctx, request)
+    await check_agents(ctx, request)
     await check_templates(ctx, request)
     now = time.time()
     rollout_id = new_rollout_id(request.job)

@@ -62,6 +62,8 @@ def create_app(
             yield
         finally:
             await reaper.stop()
+            await broker.quiesce()
+            await reaper.final_sweep()  # nothing left on the host that no lease record holds
             await broker.close()
             await reaper.retire()
             store.close()
@@ -94,7 +96,7 @@ def _install_routes(app: FastAPI, settings: BrokerSettings, metrics: BrokerMetri
     async def healthz(broker: BrokerDep) -> dict[str, object]:
         return {"status": "ok", "backend": settings.backend, "instance": broker.instance,
                 "isolation": broker.capabilities, "pools": broker.pools.sizes(),
-                "waiting": broker.admission.waiting}  # fmt: skip
+                "waiting": broker.admission.waiting, **broker.generation.health()}  # fmt: skip
 
     @app.get("/metrics")
     async def prometheus() -> Response:

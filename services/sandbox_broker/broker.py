@@ -22,6 +22,7 @@ from services.protocol.sandboxes import (
     Template,
 )
 from services.protocol.status import ErrorCode
+from services.runtime.generation import StoreGeneration
 from services.sandbox_broker.admission import Admission, TokenBucket
 from services.sandbox_broker.backends.base import (
     LABEL_BROKER,
@@ -34,6 +35,7 @@ from services.sandbox_broker.backends.base import (
     OutputSink,
     Sandbox,
     SandboxSpec,
+    no_gateway,
 )
 from services.sandbox_broker.forks import SetUp, SharedSetups
 from services.sandbox_broker.lease_cache import LeaseCache
@@ -68,6 +70,8 @@ class Broker:
         self.capabilities: dict[str, Any] = {}
         self.setups = SharedSetups(backend, settings.shared_setup_ttl_s)
         self.cache = LeaseCache(store.client)
+        self.generation = StoreGeneration("broker")  # followed by the reaper (reaper.py)
+        self._quiet = False
         # the labelled series of the hot paths, looked up once (``labels()`` is a locked dict lookup)
         self._exec_latency = metrics.exec_latency.labels(backend.name)
         self._lease_start = {warm: metrics.lease_start.labels(backend.name, "warm" if warm else "cold")
@@ -84,11 +88,19 @@ class Broker:
         for template in templates:
             self.pools.ensure(template)
 
-    async def close(self) -> None:
+    async def quiesce(self) -> None:
+        """Stop everything that starts sandboxes (the pools' creates in flight are waited for, their
+        sandboxes destroyed): what is left on the backend after this is leased or nobody's."""
+        if self._quiet:
+            return
+        self._quiet = True
         await self.cache.close()
         await self.admission.close()
         await self.pools.close(self.settings.create_timeout_s)
         await self.setups.close()
+
+    async def close(self) -> None:
+        await self.quiesce()
         await self.backend.close()
 
     # -- leases --------------------------------------------------------------------------------
@@ -381,8 +393,7 @@ class Broker:
                                                            binding.ttl_s))  # fmt: skip
 
     def _no_gateway(self) -> PlatformError:
-        why = f"the {self.backend.name} backend does not forward the gateway into sandboxes yet (local does)"
-        return PlatformError(ErrorCode.BAD_REQUEST, why, field="gateway")
+        return no_gateway(self.backend.name)
 
     async def write_file(self, lease_id: str, path: str, data: bytes) -> None:
         record = await self.live(lease_id)

@@ -14,7 +14,8 @@ Why a cached record is never used for a lease that ended:
 - a subscription that stops answering pings is treated as lost.
 
 A record deleted from Redis by hand (not claimed) is not noticed until its expiry; nothing in the
-platform does that.
+platform does that. A store that lost every record (restarted empty) is noticed by the reaper,
+which empties the cache (``forget_all``).
 """
 
 from __future__ import annotations
@@ -79,6 +80,12 @@ class LeaseCache:
         self._ended[lease_id] = None
         if len(self._ended) > ENDED_KEPT:
             self._ended.popitem(last=False)
+
+    def forget_all(self) -> None:
+        """The store lost its state (``runtime/generation.py``): no cached record can be trusted, nor a
+        read in flight."""
+        self.epoch += 1
+        self._records.clear()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._listen(), name="lease cache")

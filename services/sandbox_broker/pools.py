@@ -156,6 +156,10 @@ class Pools:
             ids.update(s.sandbox_id for s in pool.ready)
         return ids
 
+    def creating(self) -> int:
+        """Pooled sandboxes being created now (their ids are not known until they are ready)."""
+        return sum(p.creating for p in self._pools.values())
+
     def sizes(self) -> dict[str, int]:
         return {p.key.label: len(p.ready) for p in self._pools.values()}
 

@@ -1,6 +1,14 @@
 """The reaper: expired leases (one replica wins each, by an atomic claim in Redis), sandboxes with
 no lease (orphans: a crash between create and record, a dead replica's warm pool, leftovers), and
-recovery after a restart (live leases whose sandbox is found are kept, the others ended)."""
+recovery after a restart (live leases whose sandbox is found are kept, the others ended).
+
+A store that comes back empty (``runtime/generation.py``) took every lease record with it: the
+reaper notices it on its next pass, empties the lease cache, registers the templates it knows again
+and destroys at once every sandbox of this replica that was leased before the loss (their leases no
+longer exist; a young one is not spared, as a mere orphan would be while it may still be starting).
+At the broker's stop a last sweep, with nothing starting any more, destroys whatever no lease
+record accounts for: what is left on the host after a stop is only what a live lease still holds.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +22,7 @@ import redis.asyncio as aioredis
 from services.protocol import keys
 from services.runtime.outages import STORE_ERRORS, Outage
 from services.runtime.tasks import cancel_and_wait
-from services.sandbox_broker.backends.base import LABEL_BROKER, LABEL_LEASE, Sandbox
+from services.sandbox_broker.backends.base import LABEL_BROKER, LABEL_LEASE, LABEL_POOL, Sandbox
 from services.sandbox_broker.broker import Broker
 from services.sandbox_broker.leases import LeaseRecord
 
@@ -24,6 +32,7 @@ log = logging.getLogger(__name__)
 # pool's create has no lease to name it by: only its age says it may still be starting)
 ORPHAN_GRACE_S = 30.0
 LOCK_S = 60
+DESTROYS_AT_ONCE = 8  # a sweep's destroys in parallel (each unmounts and removes a cgroup)
 
 
 class Reaper:
@@ -37,6 +46,7 @@ class Reaper:
 
     async def start(self) -> None:
         """Announce this replica, recover or end what a previous run left, then sweep in the background."""
+        await self.broker.generation.observe_async(self.client)
         await self.heartbeat()
         await self.recover()
         await self.sweep_orphans(startup=True)
@@ -44,6 +54,20 @@ class Reaper:
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
+
+    async def final_sweep(self) -> None:
+        """At the broker's stop, once nothing starts sandboxes any more (``Broker.quiesce``): destroy
+        every sandbox of ours that no lease record accounts for, whatever its age. Leased ones stay
+        (the next start recovers them). With Redis away nothing can be told apart: they all stay."""
+        try:
+            if await self.broker.generation.observe_async(self.client):
+                self.broker.cache.forget_all()
+            reaped = await self.sweep_orphans(final=True)
+        except STORE_ERRORS as exc:
+            log.warning("no last orphan sweep at stop (Redis: %s); the next start sweeps them", exc)
+            return
+        if reaped:
+            log.info("reaped %d sandboxes no lease accounts for at stop", reaped)
 
     async def retire(self) -> None:
         """Say this replica is gone (its leftovers become orphans for the others at once)."""
@@ -61,6 +85,8 @@ class Reaper:
         while True:
             await asyncio.sleep(self.settings.reap_interval_s)
             try:
+                if await self.broker.generation.observe_async(self.client):
+                    await self.store_lost()
                 await self.heartbeat()
                 await self.reap_expired()
                 if time.monotonic() - last_orphans >= self.settings.orphan_interval_s:
@@ -90,6 +116,15 @@ class Reaper:
             self.broker.admission.poke()
         return reaped
 
+    async def store_lost(self) -> None:
+        """The store came back empty: forget cached leases, restore templates, reap what was leased."""
+        self.broker.cache.forget_all()
+        restored = await self.broker.templates.restore()
+        reaped = await self.sweep_orphans()
+        self.broker.admission.poke()  # the limits' counts started again from nothing
+        log.warning("store lost: %d sandboxes whose leases it held were reaped, %d templates registered again",
+                    reaped, restored)  # fmt: skip
+
     async def recover(self) -> None:
         """After a restart: this replica's live leases whose sandbox still exists carry on; the rest end."""
         present = {s.sandbox_id for s in await self.broker.backend.list_sandboxes()}
@@ -106,38 +141,53 @@ class Reaper:
                 self.metrics.reaped.labels("lost").inc()
                 log.warning("lease %s lost its sandbox %s while the broker was down", lease.id, lease.sandbox_id)
 
-    async def sweep_orphans(self, startup: bool = False) -> int:
-        """Destroy labelled sandboxes that no lease, pool or live replica accounts for."""
+    async def sweep_orphans(self, startup: bool = False, final: bool = False) -> int:
+        """Destroy labelled sandboxes that no lease, pool or live replica accounts for (``startup``,
+        ``final``: nothing is starting, so a young one is not spared either)."""
         sandboxes = await self.broker.backend.list_sandboxes()
         if not sandboxes:
             return 0
         # the pool's first, then the leases': a pooled sandbox handed out while the leases are read is
         # in the first (taken after it) or in the second (recorded before it), never in neither
+        pool_creates = self.broker.pools.creating()  # before ``owned``: a create done since is in it
         owned = self.broker.pools.owned()
         leased = await self.broker.store.live_sandbox_ids()
-        reaped = 0
+        doomed: list[tuple[Sandbox, str]] = []
         for sandbox in sandboxes:
             if sandbox.sandbox_id in leased or sandbox.sandbox_id in owned:
                 continue
-            if await self._accounted_for(sandbox, startup):
+            reason = await self._reason(sandbox, startup or final, pool_creates > 0)
+            if reason is None:
                 continue
             if await self.client.set(
                 keys.sandbox_reap_lock(sandbox.sandbox_id), self.broker.instance, nx=True, ex=LOCK_S
             ):
-                await self._destroy(sandbox.sandbox_id, "orphan")
-                reaped += 1
-                log.info("reaped orphan sandbox %s (labels %s)", sandbox.sandbox_id, sandbox.labels)
-        return reaped
+                doomed.append((sandbox, reason))
+        gate = asyncio.Semaphore(DESTROYS_AT_ONCE)
 
-    async def _accounted_for(self, sandbox: Sandbox, startup: bool) -> bool:
+        async def reap(sandbox: Sandbox, reason: str) -> None:
+            async with gate:
+                await self._destroy(sandbox.sandbox_id, reason)
+            log.info("reaped %s sandbox %s (labels %s)", reason, sandbox.sandbox_id, sandbox.labels)
+
+        await asyncio.gather(*(reap(sandbox, reason) for sandbox, reason in doomed))
+        return len(doomed)
+
+    async def _reason(self, sandbox: Sandbox, nothing_starting: bool, pool_creates: bool) -> str | None:
+        """Why ``sandbox`` is to be reaped (``orphan``, ``store_lost``), or None: it is accounted for.
+        A pooled one not in its pool was handed out to a lease, unless it may be one being created."""
         lease_id = sandbox.labels.get(LABEL_LEASE)
         if lease_id and await self.broker.store.exists(lease_id):
-            return True  # a lease being created or torn down
+            return None  # a lease being created or torn down
         owner = sandbox.labels.get(LABEL_BROKER)
         if owner and owner != self.broker.instance:
-            return bool(await self.client.exists(keys.broker_instance(owner)))
+            return None if await self.client.exists(keys.broker_instance(owner)) else "orphan"
+        lost_at = self.broker.generation.lost_at
+        leased_before = lease_id or (sandbox.labels.get(LABEL_POOL) and not pool_creates)
+        if leased_before and lost_at is not None and sandbox.created_at < lost_at:
+            return "store_lost"  # its lease was recorded in the store that was lost
         young = time.time() - sandbox.created_at < self.settings.create_timeout_s + ORPHAN_GRACE_S
-        return young and not startup
+        return None if young and not nothing_starting else "orphan"
 
     async def _destroy(self, sandbox_id: str, reason: str) -> None:
         try:

@@ -42,7 +42,7 @@ class BrokerSettings(UsesRedis, UsesAdminToken, UsesServiceToken, ServesHttp):
     nofile: int = Field(4096, gt=0)  # RLIMIT_NOFILE per command
     image_store_mb: int = Field(20_480, gt=0)  # unpacked images kept (LRU beyond it, never one in use)
     # agent bundles (``rollout agents install NAME --dir DIR``), bound read-only at /opt/agents in every
-    # local sandbox without an image; None: none
+    # local sandbox without an image and every docker sandbox (docker_host_paths); None: none
     agents_dir: Path | None = None
     exec_agents: bool = True  # a resident exec agent per sandbox (backends/exec_agent.py); off: a bwrap per command
 
@@ -60,6 +60,11 @@ class BrokerSettings(UsesRedis, UsesAdminToken, UsesServiceToken, ServesHttp):
     # "auto" where the driver can (else /healthz and /metrics say it is not enforced), "require"
     # refuses to start without it, "off" never asks for it
     docker_disk_quota: Literal["auto", "require", "off"] = "auto"
+    # the engine sees this host's paths (the broker runs on the engine's host): every container gets its
+    # lease's gateway socket directory (under state_dir) at /run/rollout and agents_dir at /opt/agents, and
+    # host_usr templates the host's /usr, all bind-mounted read-only (backends/docker_agents.py); off for a
+    # remote engine or a broker in a container holding only the engine's socket (those then answer 400)
+    docker_host_paths: bool = True
 
     # e2b backend
     e2b_template: str = "base"  # template of the built-in default template

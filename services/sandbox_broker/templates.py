@@ -30,6 +30,7 @@ class Templates:
         self.backend = backend
         self._cache: dict[str, tuple[float, Template | None]] = {}
         self._loading: dict[str, asyncio.Future[Template | None]] = {}
+        self._seen: dict[str, Template] = {}  # every registered template read or written here, by name
 
     async def get(self, name: str) -> Template:
         cached = self._cache.get(name)
@@ -47,10 +48,23 @@ class Templates:
         self.check(template)
         await self.client.hset(keys.broker_templates(), template.name, template.model_dump_json())
         self._cache[template.name] = (time.monotonic(), template)
+        self._seen[template.name] = template
+
+    async def restore(self) -> int:
+        """After the store lost its state: register again every template this process has seen (one
+        registered since by another replica is kept). Returns how many were missing."""
+        restored = 0
+        for template in list(self._seen.values()):
+            restored += int(
+                await self.client.hsetnx(keys.broker_templates(), template.name, template.model_dump_json())
+            )
+        self._cache.clear()
+        return restored
 
     async def all(self) -> list[Template]:
         raw = await self.client.hgetall(keys.broker_templates())
         stored = {t.name: t for t in (Template.model_validate_json(v) for v in raw.values())}
+        self._seen.update(stored)
         stored.setdefault("default", self.default)
         return sorted(stored.values(), key=lambda t: t.name)
 
@@ -75,4 +89,7 @@ class Templates:
 
     async def _load(self, name: str) -> Template | None:
         raw = await self.client.hget(keys.broker_templates(), name)
-        return Template.model_validate_json(raw) if raw else None
+        if not raw:
+            return None
+        template = self._seen[name] = Template.model_validate_json(raw)
+        return template

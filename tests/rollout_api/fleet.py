@@ -144,7 +144,7 @@ def start_engine(script: Path, model_path: Path, logs: Path, name: str) -> Servi
 
 def start_fleet(
     redis_url: str, script: Path, model_path: Path, logs: Path, state_dir: Path, api_env: dict[str, str] | None = None,
-    broker_env: dict[str, str] | None = None, context_cap: int = 4000,
+    broker_env: dict[str, str] | None = None, context_cap: int = 4000, backend: str = "local",
 ) -> Fleet:  # fmt: skip
     started: list[ServiceProcess] = []
     try:
@@ -163,7 +163,7 @@ def start_fleet(
         started.append(proxy)
         broker = start_service(
             [
-                "-m", "services.cli", "broker", "--port", "{port}", "--backend", "local",
+                "-m", "services.cli", "broker", "--port", "{port}", "--backend", backend,
                 "--redis-url", redis_url, "--state-dir", str(state_dir),
             ],
             log_dir=logs, name="broker",
@@ -188,16 +188,17 @@ def start_fleet(
 @contextmanager
 def running_fleet(
     root: Path, rules: dict[str, list[Any]], name: str, api_env: dict[str, str] | None = None,
-    broker_env: dict[str, str] | None = None, context_cap: int = 4000,
+    broker_env: dict[str, str] | None = None, context_cap: int = 4000, backend: str = "local",
 ) -> Iterator[Fleet]:  # fmt: skip
-    """Redis, scripted engines answering ``rules``, the proxy, the broker and the API (no worker
-    yet: ``fleet.start_worker``), stopped and cleaned up afterwards."""
+    """Redis, scripted engines answering ``rules``, the proxy, the broker (on ``backend``: docker
+    takes its engine from ``broker_env``) and the API (no worker yet: ``fleet.start_worker``),
+    stopped and cleaned up afterwards."""
     model = write_tokenizer_dir(root / "model")
     script = write_script(root / "script.json", rules)
     state = Path(tempfile.mkdtemp(prefix=f"rollout-{name}-"))
     state.chmod(0o755)  # the sandbox user must reach the sandboxes' directories (pytest's tmp root is 0700)
     with EmbeddedRedis() as server:
-        fleet = start_fleet(server.url, script, model, root / "logs", state, api_env, broker_env, context_cap)
+        fleet = start_fleet(server.url, script, model, root / "logs", state, api_env, broker_env, context_cap, backend)
         try:
             yield fleet
         finally:

@@ -206,3 +206,21 @@ def test_swebench_instances_become_tasks(client: httpx.Client, redis_client: red
     assert item_task.reward.command == "python -m pytest -rA tests/test_sep.py"
     assert item_task.reward.restore == ["tests/test_sep.py"] and "git apply" in item_task.reward.setup[0]
     assert item_task.metadata["FAIL_TO_PASS"] == ["tests/test_sep.py::test_a"]
+
+
+def test_a_job_gone_while_followed_ends_its_stream(client: httpx.Client, redis_client: redis.Redis) -> None:
+    """A store that lost its state takes the job with it: the follower gets one error event
+    (``unknown_job``), not keep-alives forever (issue 29)."""
+    token = create_job(client, "sse-gone")
+    with client.stream("GET", "/jobs/sse-gone/trajectories", headers=auth(token)) as stream:
+        lines = stream.iter_lines()
+        assert next(lines) == "retry: 1000"  # the job was there when the stream started
+        redis_client.delete(keys.job_record("sse-gone"))  # as a Redis restarted empty would have it
+        rest = []
+        for line in lines:  # the server closes the stream (bounded: the old code sent keep-alives forever)
+            rest.append(line)
+            if len(rest) > 100:
+                break
+    assert "event: error" in rest, rest
+    data = json.loads(rest[rest.index("event: error") + 1].removeprefix("data: "))
+    assert data["error"]["code"] == "unknown_job" and data["error"]["field"] == "job"

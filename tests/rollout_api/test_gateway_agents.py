@@ -1,13 +1,18 @@
 """Gateway agents end to end with real processes (Redis, scripted engine, proxy, broker with local
-sandboxes, API, worker): the built-in ``tools`` agent with the Hermes parser, and the real
-mini-swe-agent from PyPI, unmodified, as a ``command`` agent."""
+sandboxes, API, worker): the built-in ``tools`` agent with the Hermes parser, the real
+mini-swe-agent from PyPI, unmodified, as a ``command`` agent on the host, and the host mode's
+confinement and refusals (the refusals' test creates a second job, so it runs last)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +27,8 @@ import redis.asyncio as aioredis
 
 from agent_client.sandbox import SandboxClient
 from services.protocol import Status, Trajectory, keys
+from services.rollout_api.settings import WorkerSettings
+from services.rollout_api.worker.host_agent import confined
 from services.runtime.auth import mint_lease_token, revoke_lease_token
 from services.runtime.chat import ChatTemplate
 from tests.rollout_api.fleet import (
@@ -65,8 +72,35 @@ RULES: dict[str, list[Any]] = {
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Fleet, ChatTemplate]]:
     allow = {"ROLLOUT_API_ALLOW_HOST_AGENTS": "true"}  # these agents run on the worker's host (its venv)
     with running_fleet(tmp_path_factory.mktemp("gwfleet"), RULES, "gw", api_env=allow) as fleet:
-        fleet.start_worker(jobs=["agents"], concurrency=4, ROLLOUT_WORKER_ALLOW_HOST_AGENTS="true")
+        fleet.start_worker(jobs=["agents"], concurrency=4, **HOST_ON)
         yield fleet, ChatTemplate.from_dir(fleet.model_path)
+
+
+HOST_ON = {"ROLLOUT_WORKER_ALLOW_HOST_AGENTS": "true"}
+AGENT_UID = WorkerSettings.model_fields["host_agent_uid"].default  # host agents run as it (a root worker)
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory the host agent's uid can read (pytest's own tmp_path is private to this uid)."""
+    path = Path(tempfile.mkdtemp(prefix="host-agent-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def needs_venv_readable_by_agent() -> None:
+    """Host agents run as ``AGENT_UID`` under a root worker: skip where it cannot run this checkout's venv."""
+    bwrap = shutil.which("bwrap")
+    assert bwrap is not None
+    check = confined(bwrap, AGENT_UID if os.geteuid() == 0 else None, "/tmp", [sys.executable, "-c", IMPORTS])
+    env = {"PYTHONPATH": str(ROOT), "HOME": "/tmp"}
+    done = subprocess.run(check, env=env, cwd="/", capture_output=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"uid {AGENT_UID} (host agents) cannot run {sys.executable} with {ROOT}: {done.stderr[-200:]!r}")
+
+
+IMPORTS = "import minisweagent, openai, agent_client"
 
 
 def run_one(fleet: Fleet, task_id: str, agent: dict[str, Any]) -> Trajectory:
@@ -102,23 +136,26 @@ def test_tools_agent_with_hermes_parser_survives_a_malformed_call(fleet: tuple[F
 
 
 def test_mini_swe_agent_unmodified_as_a_command_agent(fleet: tuple[Fleet, ChatTemplate]) -> None:
+    needs_venv_readable_by_agent()
     config = Path(minisweagent.__file__).parent / "config" / "mini.yaml"
     argv = [sys.executable, "-m", "agent_client.mini_swe_agent", str(config)]
     traj = run_one(fleet[0], "MSWEA-TASK", {"kind": "command", "argv": argv, "where": "host"})
+    assert traj.agent is not None and traj.agent.exit_code == 0, traj.agent
     assert traj.status is Status.COMPLETED and traj.reward == 1.0, traj
     assert traj.agent is not None and traj.agent.exit_code == 0, traj.agent
     assert_token_exact(fleet, traj, calls=2, tool_calls=2)
 
 
 def test_the_openai_sdk_example_of_the_docs_as_a_command_agent(
-    fleet: tuple[Fleet, ChatTemplate], tmp_path: Path
+    fleet: tuple[Fleet, ChatTemplate], shared_dir: Path
 ) -> None:
     text = (ROOT / "docs" / "agents.md").read_text()
     example = re.search(r"### Worked example: the openai SDK\n+```python\n(.*?)```", text, re.S)
     assert example is not None, "docs/agents.md lost its openai SDK example"
-    (tmp_path / "my_agent.py").write_text(example.group(1))
+    needs_venv_readable_by_agent()
+    (shared_dir / "my_agent.py").write_text(example.group(1))
     traj = run_one(
-        fleet[0], "OPENAI-TASK", {"kind": "command", "argv": [sys.executable, str(tmp_path / "my_agent.py")],
+        fleet[0], "OPENAI-TASK", {"kind": "command", "argv": [sys.executable, str(shared_dir / "my_agent.py")],
                                   "where": "host"},
     )  # fmt: skip
     assert traj.status is Status.COMPLETED and traj.reward == 1.0, traj
@@ -126,36 +163,29 @@ def test_the_openai_sdk_example_of_the_docs_as_a_command_agent(
     assert_token_exact(fleet, traj, calls=2, tool_calls=1)  # the last reply has no call: the example stops
 
 
-def test_a_worker_without_the_operator_setting_refuses_a_host_agent(fleet: tuple[Fleet, ChatTemplate]) -> None:
-    """The API allows it here, this worker does not: the attempt ends as an infra error naming the
-    setting (never run, never silently moved)."""
-    fleet[0].start_worker(jobs=["strict"], concurrency=1)
-    with fleet[0].client() as client:
-        headers = create_job(client, "strict")
-        agent = {"kind": "command", "argv": ["/bin/true"], "where": "host"}
-        rollout = submit(client, headers, {"job": "strict", "group_size": 1, "max_attempts": 1, "agent": agent,
-                                           "tasks": [task("STRICT", "x")]})  # fmt: skip
-        wait_finished(client, headers, rollout, timeout_s=60)
-    (traj,) = trajectories(fleet[0].redis_url, "strict")
-    assert traj.status is Status.INFRA_ERROR and traj.infra is not None, traj
-    assert traj.infra.code == "forbidden" and "ROLLOUT_WORKER_ALLOW_HOST_AGENTS" in traj.infra.message, traj.infra
-
-
-def test_the_attack_probe_on_the_host_finds_the_platform_secrets(fleet: tuple[Fleet, ChatTemplate]) -> None:
-    """What ``test_sandbox_agents``' attacker would get where agents ran before (the host mode):
-    the worker's service token in ``/proc/*/environ`` and the broker, Redis and the proxy on the
-    loopback. The same probe finds nothing of it inside the sandbox."""
-    probe = Path(__file__).parent / "agent_probe.py"
+def test_a_host_agent_reads_no_other_process_environ(fleet: tuple[Fleet, ChatTemplate], shared_dir: Path) -> None:
+    """``test_sandbox_agents``' attacker, run where host agents run: before the confinement it read the
+    worker's service token in ``/proc/*/environ`` (the old code: a plain child of the worker, as its
+    uid). Now its ``/proc`` holds only its own pid namespace, its uid is the dedicated one (under a
+    root worker) and root's files are closed; it still shares the host's network (documented)."""
+    probe = shared_dir / "agent_probe.py"
+    shutil.copy(Path(__file__).parent / "agent_probe.py", probe)
+    probe.chmod(0o644)
     ports = {"broker": urlsplit(fleet[0].broker.url).port, "redis": urlsplit(fleet[0].redis_url).port}
     env = {"PROBE_PORTS": ",".join(f"{k}={v}" for k, v in ports.items())}
-    agent = {"kind": "command", "argv": [sys.executable, str(probe)], "where": "host", "env": env,
+    agent = {"kind": "command", "argv": ["/usr/bin/python3", str(probe)], "where": "host", "env": env,
              "output_max_bytes": 1_000_000}  # fmt: skip
     traj = run_one(fleet[0], "PROBE-HOST", agent)
     assert traj.agent is not None and traj.agent.exit_code == 0, traj.agent
     line = next(x for x in traj.agent.last_output.splitlines() if x.startswith("PROBE "))
     report = json.loads(line[6:])
-    assert SECRETS.service_token in json.dumps(report["environ"]), "the host probe should read the worker's token"
-    assert report["tcp"] == {"broker": "connected", "redis": "connected"}, report["tcp"]
+    environ = json.dumps(report["environ"])
+    for secret in (SECRETS.service_token, SECRETS.admin_token, "ROLLOUT_SERVICE_TOKEN", "ROLLOUT_REDIS_URL"):
+        assert secret not in environ, (secret, report["environ"])
+    assert len(report["environ"]) <= 2, report["environ"]  # its sandbox's init (and its own children), nothing else
+    if os.geteuid() == 0:
+        assert report["uid"] == AGENT_UID and report["files"]["/etc/shadow"] == "PermissionError", report
+    assert report["tcp"]["broker"] == "connected", report["tcp"]  # the host's network, as documented
 
 
 def assert_token_exact(fleet: tuple[Fleet, ChatTemplate], traj: Trajectory, *, calls: int, tool_calls: int) -> None:
@@ -218,3 +248,43 @@ async def _mint(redis_url: str, lease: str) -> str:
 async def _revoke(redis_url: str, token: str) -> None:
     async with aioredis.Redis.from_url(redis_url) as client:
         await revoke_lease_token(client, token)
+
+
+def test_host_agents_are_refused_while_several_jobs_exist(fleet: tuple[Fleet, ChatTemplate]) -> None:
+    """Last in this module (it creates a second job). With no worker on the job: an item accepted while
+    one job exists is refused by a worker without the setting (an infra error naming it); a second
+    job is created; the API answers 409 ``conflict`` on ``agent.where``; an item accepted before is
+    refused by a worker with the setting (infra error ``conflict``). None of them ran."""
+    flt = fleet[0]
+    for worker in flt.workers:
+        worker.stop()
+    agent = {"kind": "command", "argv": ["/bin/true"], "where": "host"}
+    with flt.client() as client:
+        headers = _job(client)
+
+        def host_rollout(task_id: str) -> str:
+            body = {"job": "agents", "group_size": 1, "max_attempts": 1, "agent": agent, "tasks": [task(task_id, "x")]}
+            return submit(client, headers, body)
+
+        strict = flt.start_worker(jobs=["agents"], concurrency=1)
+        wait_finished(client, headers, host_rollout("STRICT"), timeout_s=60)
+        strict.stop()
+        queued = host_rollout("QUEUED")
+        create_job(client, "second")
+        body = {"job": "agents", "group_size": 1, "agent": agent, "tasks": [task("REFUSED", "x")]}
+        refused = client.post("/rollouts", json=body, headers=headers)
+        assert refused.status_code == 409, refused.text
+        error = refused.json()["error"]
+        assert (error["code"], error["field"]) == ("conflict", "agent.where"), error
+        flt.start_worker(jobs=["agents"], concurrency=1, **HOST_ON)
+        wait_finished(client, headers, queued, timeout_s=60)
+    found = {t.task_id: t for t in trajectories(flt.redis_url, "agents")}
+    assert "REFUSED" not in found
+    for task_id, code, says in (
+        ("STRICT", "forbidden", "ROLLOUT_WORKER_ALLOW_HOST_AGENTS"),
+        ("QUEUED", "conflict", "2 jobs"),
+    ):
+        traj = found[task_id]
+        assert traj.status is Status.INFRA_ERROR and traj.infra is not None, traj
+        assert traj.infra.code == code and says in traj.infra.message, traj.infra
+        assert traj.agent is None or traj.agent.exit_code is None, traj.agent

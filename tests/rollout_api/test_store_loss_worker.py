@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 import redis
+from redis.asyncio import Redis as AsyncRedis
 
 from services.protocol import keys
+from services.rollout_api.redis_scripts import Outcome, Scripts, Taken
 from services.rollout_api.worker.worker import Worker
 from services.runtime.tokenizer import write_tokenizer_dir
 from tests.rollout_api.inprocess import admit, run_worker, setup_job, task
@@ -49,3 +51,25 @@ def test_running_episodes_stop_without_a_record_when_redis_comes_back_empty(
     leftovers: Any = redis_client.keys(f"{keys.PREFIX}:job:*")
     assert leftovers == []  # nothing recreated for the vanished job
     assert redis_client.get(keys.store_generation()) is not None  # a new generation, set by the worker
+
+
+def test_the_worker_scripts_recreate_nothing_of_a_vanished_job(redis_url: str, redis_client: redis.Redis) -> None:
+    """An episode that ends between the loss and the worker noticing it: its take, give-back and
+    record find the rollout missing and write nothing (the record is answered as a duplicate)."""
+
+    async def scripts_on_an_empty_store() -> tuple[Taken, str | None]:
+        client = AsyncRedis.from_url(redis_url)
+        try:
+            scripts = Scripts(client)
+            taken = await scripts.take("gone", "r1", "t1")
+            await scripts.give_back("gone", "r1", "t1")
+            outcome = Outcome("t1", 1, "completed", 1.0, False, 3, True)
+            entry = await scripts.publish("gone", "r1", outcome, {"body": b"x"}, maxlen=100, now=1.0)
+            return taken, entry
+        finally:
+            await client.aclose()
+
+    redis_client.flushall()
+    taken, entry = asyncio.run(scripts_on_an_empty_store())
+    assert taken.attempt == -1 and entry is None
+    assert redis_client.keys(f"{keys.PREFIX}:job:*") == []

@@ -1,7 +1,9 @@
 """Known attacks on the grader, each through the real API, worker and broker (local sandboxes): none
 may score. A pytest task (``add`` is wrong; FAIL_TO_PASS ``test_add``, PASS_TO_PASS ``test_sub``)
-graded in a fresh sandbox, on the SWE route (its default; every attack) and on the plain route
-(``reward.grade_in: "fresh"``; a sample); the gold patch scores 1.0 and every attack 0.0.
+graded in a fresh sandbox, on the SWE route (its default) and on the plain route
+(``reward.grade_in: "fresh"``), every attack on both; the gold patch scores 1.0 and every attack 0.0
+(the fork bomb and the disk filler may end as an infra error instead: never 1). The plain route's
+sandboxes have a small ``disk_mb``, so that the disk filler does fill its disk there.
 
 Not covered (no grader that runs the policy's code in the test process can be): source code that, at
 import, patches pytest's own reports or finds and rewrites the grader's report file.
@@ -15,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.benchmarks.attacks import attack_scripts, write
+from services.benchmarks.attacks import EXHAUSTION, attack_scripts, write
 from services.protocol import Status
 from tests.rollout_api.fleet import ADMIN, SUBMIT, Fleet, bearer, create_job, running_fleet, trajectories, wait_finished
 from tests.sandbox_broker.conftest import needs_bwrap
@@ -56,34 +58,33 @@ def _swe_body(modes: list[str]) -> dict[str, Any]:
 def _plain_body(modes: list[str]) -> dict[str, Any]:
     reward = {"command": TEST_COMMAND, "grade_in": "fresh",
               "tests": {"fail_to_pass": F2P, "pass_to_pass": P2P, "log_parser": "pytest"}}  # fmt: skip
-    sandbox = {"template": "pycalc", "workdir": "/testbed", "setup": [GIT_INIT]}
+    sandbox = {"template": "pycalc", "workdir": "/testbed", "setup": [GIT_INIT], "disk_mb": DISK_MB}
     return {"tasks": [{"id": f"calc__{m}", "prompt": f"MODE<{m}>", "sandbox": sandbox, "reward": reward}
                       for m in modes]}  # fmt: skip
 
 
-PLAIN_ATTACKS = ["conftest", "ini-plugin", "sitecustomize", "edit-tests"]  # the same grading code: a sample
+DISK_MB = 96  # the plain route's sandboxes: the disk filler (at most 256 MB) meets ENOSPC
 
 
-@pytest.mark.timeout(600)  # 21 episodes, each graded in a second sandbox; slow on a loaded machine
-def test_no_attack_scores(fleet: Fleet) -> None:
-    routes = {"/rollouts/swebench": ["gold", "noop", *ATTACKS], "/rollouts": ["gold", "noop", *PLAIN_ATTACKS]}
+@pytest.mark.timeout(600)  # 20 episodes, each graded in a second sandbox; slow on a loaded machine
+@pytest.mark.parametrize("route", ["/rollouts/swebench", "/rollouts"])
+def test_no_attack_scores(fleet: Fleet, route: str) -> None:
+    modes = ["gold", "noop", *ATTACKS]
+    job = f"tamper{route.replace('/', '-')}"
     with fleet.client() as client:
-        submitted = {}
-        for route, modes in routes.items():
-            job = f"tamper{route.replace('/', '-')}"
-            headers = create_job(client, job)
-            body = _swe_body(modes) if route.endswith("swebench") else _plain_body(modes)
-            response = client.post(route, json={"job": job, "group_size": 1, **body}, headers=headers)
-            assert response.status_code == 202, response.text
-            submitted[route] = (job, headers, response.json()["rollout_id"])
-        for _job, headers, rollout in submitted.values():
-            wait_finished(client, headers, rollout, timeout_s=560)
-    for route, modes in routes.items():
-        found = {t.task_id.removeprefix("calc__"): t for t in trajectories(fleet.redis_url, submitted[route][0])}
-        scores = {mode: (t.status, t.reward) for mode, t in found.items()}
-        expected = {mode: (Status.COMPLETED, 1.0 if mode == "gold" else 0.0) for mode in modes}
-        details = {m: (t.infra, t.reward_details) for m, t in found.items() if scores[m] != expected[m]}
-        assert scores == expected, (route, details)
-        gold = found["gold"]
-        assert gold.reward_details is not None and gold.reward_details.tests == {F2P[0]: "PASSED", P2P[0]: "PASSED"}
-        assert gold.timings.grade_s > 0
+        headers = create_job(client, job)
+        body = _swe_body(modes) if route.endswith("swebench") else _plain_body(modes)
+        response = client.post(route, json={"job": job, "group_size": 1, **body}, headers=headers)
+        assert response.status_code == 202, response.text
+        wait_finished(client, headers, response.json()["rollout_id"], timeout_s=560)
+    found = {t.task_id.removeprefix("calc__"): t for t in trajectories(fleet.redis_url, job)}
+    scores = {mode: (t.status, t.reward) for mode, t in found.items()}
+    for mode in EXHAUSTION:  # an infra error is an allowed end for these (the reward is then null)
+        if scores[mode][0] is Status.INFRA_ERROR:
+            scores[mode] = (Status.COMPLETED, 0.0)
+    expected = {mode: (Status.COMPLETED, 1.0 if mode == "gold" else 0.0) for mode in modes}
+    details = {m: (t.infra, t.reward_details) for m, t in found.items() if scores[m] != expected[m]}
+    assert scores == expected, (route, details)
+    gold = found["gold"]
+    assert gold.reward_details is not None and gold.reward_details.tests == {F2P[0]: "PASSED", P2P[0]: "PASSED"}
+    assert gold.timings.grade_s > 0

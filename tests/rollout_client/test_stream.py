@@ -4,11 +4,14 @@ the async consumer shares the group's state with the sync one."""
 
 from __future__ import annotations
 
+import httpx
+import pytest
 import redis
 import redis.asyncio
 
 from rollout_client.errors import (
     BadRequest,
+    JobGone,
     NotFound,
     QuotaExceeded,
     RolloutApiError,
@@ -17,6 +20,7 @@ from rollout_client.errors import (
     api_error,
     error_class,
 )
+from rollout_client.http import RolloutClient
 from rollout_client.stream import AsyncTrajectoryConsumer, TrajectoryConsumer
 from services.protocol import keys
 from services.protocol.errors import ErrorBody
@@ -92,3 +96,30 @@ def test_errors_are_typed_after_the_codes() -> None:
     err = api_error(503, body, body.model_dump_json())
     assert isinstance(err, Unavailable) and err.infra and err.retry_after_s == 2.0
     assert err.code is ErrorCode.CAPACITY_EXHAUSTED and "capacity_exhausted" in str(err)
+
+
+def test_a_vanished_job_is_job_gone_not_nogroup(redis_client: redis.Redis) -> None:
+    """The store restarted empty under a reader: every call says the job is gone (issue 29)."""
+    consumer = TrajectoryConsumer(redis_client, "vanishing")
+    consumer.ensure_group()
+    publish(redis_client, "vanishing", 1)
+    assert len(consumer.read(count=10, block_ms=10)) == 1
+    redis_client.flushall()
+    publish(redis_client, "vanishing", 1)  # a late record recreates the stream, without the group
+    for call in (lambda: consumer.read(10, 10), consumer.reclaim, consumer.pending_count):
+        with pytest.raises(JobGone) as gone:
+            call()
+        assert gone.value.code is ErrorCode.UNKNOWN_JOB and "vanishing" in str(gone.value)
+        assert isinstance(gone.value, NotFound) and not gone.value.infra
+
+
+def test_the_http_stream_raises_job_gone_on_its_error_event() -> None:
+    body = ErrorBody.of(ErrorCode.UNKNOWN_JOB, "job 'x' no longer exists", field="job").model_dump_json()
+    sse = f"retry: 1000\n\n: keep-alive\n\nevent: error\ndata: {body}\n\n"
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, text=sse))
+    client = RolloutClient("http://api.invalid", token="t")
+    client.http = httpx.Client(base_url="http://api.invalid", transport=transport)
+    with pytest.raises(JobGone) as gone:
+        list(client.trajectories("x"))
+    assert gone.value.code is ErrorCode.UNKNOWN_JOB
+    client.close()

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import http.server
+import json
 import subprocess
+import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import docker
 import httpx
@@ -12,6 +18,7 @@ import pytest
 from services.protocol.errors import PlatformError
 from services.protocol.status import ErrorCode
 from services.sandbox_broker.backends import dockerfiles
+from services.sandbox_broker.backends.docker_agents import GATEWAY_ROOT
 from tests.sandbox_broker.conftest import BrokerFactory, docker_env, lease, run
 from tests.sandbox_broker.dockerd import IMAGE, Dockerd, import_image
 
@@ -125,3 +132,85 @@ def test_a_file_command_that_cannot_run_is_an_infra_error() -> None:
     with pytest.raises(PlatformError) as refused:
         dockerfiles._checked(1, "mkdir: can't create directory", "f", "regular file")
     assert refused.value.code is ErrorCode.BAD_REQUEST
+
+
+class _Echo(http.server.BaseHTTPRequestHandler):
+    """The stand-in proxy: answers every request with the path it was sent."""
+
+    def do_GET(self) -> None:
+        body = json.dumps({"path": self.path}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        return
+
+
+@pytest.fixture
+def upstream() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+# run inside the container behind the relay on 127.0.0.1:8399 (the host's python3: a host_usr template)
+GATEWAY_PROBE = """
+import json, os, urllib.error, urllib.request
+def get(path):
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:8399" + path, timeout=30) as r:
+            return r.status, json.load(r)["path"]
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+try:
+    open("/opt/agents/x", "w")
+    wrote = "wrote"
+except OSError as e:
+    wrote = type(e).__name__
+print(json.dumps({"own": get("/e/sess-docker-1/v1/models"), "other": get("/e/sess-other-1/v1/models"),
+                  "admin": get("/admin/pools"), "run": sorted(os.listdir("/run/rollout")), "wrote": wrote,
+                  "bundle": open("/opt/agents/hello/bundle.json").read()}))
+"""
+
+
+def test_a_docker_sandbox_reaches_its_own_gateway_session_and_the_bundles(
+    dockerd: Dockerd, start_broker: BrokerFactory, state_dir: Path, upstream: str
+) -> None:
+    """The lease's gateway socket is bind-mounted at /run/rollout and relays only its session; the
+    command behind ``gateway_port`` reaches it at 127.0.0.1 in the container (network "none"); the
+    bundles are at /opt/agents, read-only; an image without python3 gets a clear exit 127."""
+    agents = Path(tempfile.mkdtemp(prefix="rollout-agents-"))
+    (agents / "hello").mkdir(parents=True)
+    (agents / "hello" / "bundle.json").write_text("hello-bundle")
+    agents.chmod(0o755)
+    broker = start_broker("--backend", "docker", env=docker_env(dockerd, ROLLOUT_BROKER_AGENTS_DIR=str(agents)))
+    with httpx.Client(base_url=broker.url, timeout=120) as client:
+        made = client.post("/templates", json={"name": "hostpy", "image": IMAGE, "host_usr": True})
+        assert made.status_code == 201, made.text
+        held = lease(client, job="dj", template="hostpy")
+        binding = {"session": "sess-docker-1", "upstream": upstream, "ttl_s": 60}
+        assert client.post(f"/leases/{held['id']}/gateway", json=binding).status_code == 204
+        probe = {"argv": ["python3", "-c", GATEWAY_PROBE], "gateway_port": 8399}
+        result = client.post(f"/leases/{held['id']}/exec", json=probe).json()
+        assert result["exit_code"] == 0, result
+        report = json.loads(result["stdout"])
+        assert report["own"] == [200, "/e/sess-docker-1/v1/models"], report
+        assert (report["other"][0], report["admin"][0]) == (403, 403), report
+        assert report["run"] == ["gateway.sock"] and report["wrote"] in ("OSError", "PermissionError"), report
+        assert report["bundle"] == "hello-bundle", report
+
+        plain = lease(client, job="dj")  # busybox, no python3: the relay cannot start
+        body = {"argv": ["true"], "gateway_port": 8399}
+        refused = client.post(f"/leases/{plain['id']}/exec", json=body).json()
+        assert refused["exit_code"] == 127 and "needs python3" in refused["stderr"], refused
+        for item in (held, plain):
+            assert client.delete(f"/leases/{item['id']}").status_code == 204
+    assert list((state_dir / GATEWAY_ROOT).iterdir()) == []  # each container's directory went with it
+    broker.stop()
+    (agents / "hello" / "bundle.json").unlink()
+    (agents / "hello").rmdir()
+    agents.rmdir()

@@ -12,6 +12,8 @@ import httpx
 import redis
 
 from services.protocol import keys
+from services.sandbox_broker.backends import overlay
+from services.sandbox_broker.backends.cgroups import Cgroups
 from tests.sandbox_broker.conftest import BrokerFactory, lease, needs_bwrap, run
 
 pytestmark = needs_bwrap
@@ -104,3 +106,57 @@ def test_orphans_of_a_dead_replica_are_reaped(start_broker: BrokerFactory, state
     # the dead replica's heartbeat key expires, then its pool sandbox is nobody's
     assert _eventually(lambda: _sandboxes(state_dir) == set())
     assert _reaped(survivor.url, "orphan") >= 1
+
+
+def _cgroups(state_dir: Path) -> list[str]:
+    return Cgroups("v1", scope=Cgroups.scope_of(state_dir / "sandboxes")).list_ids()
+
+
+def _left_on_host(state_dir: Path) -> dict[str, object]:
+    return {"dirs": _sandboxes(state_dir), "mounts": overlay.mounts_under(state_dir), "cgroups": _cgroups(state_dir)}
+
+
+NOTHING: dict[str, object] = {"dirs": set(), "mounts": [], "cgroups": []}
+
+
+def test_a_store_that_comes_back_empty_has_its_sandboxes_reaped(
+    start_broker: BrokerFactory, state_dir: Path, redis_client: redis.Redis
+) -> None:
+    broker = start_broker(env=FAST_REAPER)
+    with httpx.Client(base_url=broker.url, timeout=30) as client:
+        assert client.post("/templates", json={"name": "registered"}).status_code == 201
+        held = [lease(client, job="vanished", resources={"disk_mb": 64}) for _ in range(2)]
+        run(client, held[0]["id"], "nohup sleep 600 >/dev/null 2>&1 &")  # a process outliving its command
+        assert run(client, held[1]["id"], "echo live")["stdout"] == "live\n"  # its record now in the cache
+        assert len(_sandboxes(state_dir)) == 2
+        redis_client.flushall()  # Redis restarted empty: the leases' records are gone, the sandboxes not
+
+        assert _eventually(lambda: _sandboxes(state_dir) == set(), timeout_s=30)
+        assert client.get("/healthz").json()["store_lost"]["times"] == 1
+        assert _reaped(broker.url, "store_lost") == 2
+        assert "registered" in {t["name"] for t in client.get("/templates").json()}  # registered again
+        gone = client.post(f"/leases/{held[1]['id']}/exec", json={"shell": "echo stale"})
+        assert gone.status_code == 404, gone.text  # not served from the cached record
+        fresh = lease(client, job="new")  # the broker serves on
+        assert run(client, fresh["id"], "echo ok")["stdout"] == "ok\n"
+        assert client.delete(f"/leases/{fresh['id']}").status_code == 204
+    broker.stop()
+    assert broker.log().count("Redis lost its state") == 1
+    assert _left_on_host(state_dir) == NOTHING
+
+
+def test_a_stop_leaves_no_sandbox_whose_lease_the_store_lost(
+    start_broker: BrokerFactory, state_dir: Path, redis_client: redis.Redis
+) -> None:
+    broker = start_broker(env={"ROLLOUT_BROKER_REAP_INTERVAL_S": "600"})  # no pass of the reaper before the stop
+    with httpx.Client(base_url=broker.url, timeout=30) as client:
+        kept = lease(client, job="kept")
+        lost = [lease(client, job="vanished") for _ in range(2)]
+    redis_client.delete(*(keys.lease(held["id"]) for held in lost))  # records lost, sandboxes young
+    broker.stop()  # SIGTERM: the lost ones go; the one still leased stays for a restart
+    assert _sandboxes(state_dir) == {kept["sandbox_id"]}
+    restarted = start_broker(env=FAST_REAPER)
+    with httpx.Client(base_url=restarted.url, timeout=30) as client:
+        assert client.delete(f"/leases/{kept['id']}").status_code == 204
+    restarted.stop()
+    assert _left_on_host(state_dir) == NOTHING

@@ -11,8 +11,9 @@ SID = "0123456789abcdef01234567"
 
 @pytest.mark.parametrize(
     "target",
-    [f"/e/{SID}/v1/chat/completions", f"/e/{SID}/v1/messages?beta=true", f"/e/{SID}/v1/models/gpt-4.1"],
-)
+    [f"/e/{SID}/v1/chat/completions", f"/e/{SID}/v1/messages?beta=true", f"/e/{SID}/v1/models/gpt-4.1",
+     f"/e/{SID}/v1beta/models/policy:streamGenerateContent?alt=sse", f"/e/{SID}/v1/responses"],
+)  # fmt: skip
 def test_the_own_session_passes(target: str) -> None:
     assert allowed(target, SID)
 
@@ -23,6 +24,7 @@ def test_the_own_session_passes(target: str) -> None:
         "/admin/pools", "/generate", "/metrics", "/v1/chat/completions", f"/e/{SID}", f"/e/{SID}/",
         f"/e/{SID}x/v1/models", f"/e/{SID}/../other/v1/models", f"/e/{SID}/v1/../../../admin/pools",
         f"/e/{SID}/v1/%2e%2e/%2e%2e/admin", f"/e/{SID}/v1//models", f"/e/{SID}/./v1/models",
+        f"/e/{SID}/v1beta/models/:x", f"/e/{SID}:/v1/models",
         "/e/fedcba9876543210fedcba98/v1/chat/completions", f"http://127.0.0.1/e/{SID}/v1/models",
     ],
 )  # fmt: skip

@@ -1,5 +1,6 @@
-"""The ``command`` agent (bring your own): the user's program, started per episode beside the task
-sandbox, pointed at the episode's gateway session.
+"""The ``command`` agent with ``where: "host"`` (bring your own, trusted single-tenant setups): the
+user's program, started per episode beside the task sandbox, confined (``host_agent.confined``),
+pointed at the episode's gateway session.
 
 Its environment is small on purpose (none of the worker's own settings or secrets):
 ``PATH``, ``HOME`` (a fresh directory), ``LANG``, ``PYTHONPATH``; the gateway
@@ -19,6 +20,7 @@ import contextlib
 import os
 import signal
 import tempfile
+from collections.abc import Callable
 
 from services.protocol.agents import CommandAgent
 from services.protocol.trajectory import AgentRun
@@ -31,11 +33,18 @@ def command_env(spec: CommandAgent, gateway: dict[str, str], sandbox: dict[str, 
     return {**base, **gateway, **sandbox, "ROLLOUT_TASK": task, **spec.env}
 
 
-async def run_command(spec: CommandAgent, env: dict[str, str], record: AgentRun) -> None:
-    """Run the program to its end; on cancellation (wall clock, shutdown) kill its process group."""
+Confine = Callable[[str, list[str]], list[str]]  # (home, argv) -> the command line that runs argv
+
+
+async def run_command(spec: CommandAgent, env: dict[str, str], record: AgentRun, confine: Confine,
+                      uid: int | None) -> None:  # fmt: skip
+    """Run the program to its end, as ``uid`` (None: this process's) with a fresh home it owns; on
+    cancellation (wall clock, shutdown) kill its process group (its pid namespace dies with it)."""
     with tempfile.TemporaryDirectory(prefix="agent-") as home:
+        if uid is not None:
+            os.chown(home, uid, uid)
         proc = await asyncio.create_subprocess_exec(
-            *spec.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            *confine(home, spec.argv), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT, env={"HOME": home, **env}, cwd=home,
             start_new_session=True,
         )  # fmt: skip

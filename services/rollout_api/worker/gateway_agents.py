@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from services.protocol.sandboxes import Lease
     from services.rollout_api.worker.agent import Episode
 
-from services.protocol import Cap, ErrorCode, InfraStage, Trajectory, Turn, WorkItem, keys
+from services.protocol import Cap, Trajectory, Turn, WorkItem, keys
 from services.protocol.agents import CommandAgent, EnvAgent, ToolsAgent
 from services.protocol.gateway import (
     SESSION_GRACE_S,
@@ -30,9 +30,9 @@ from services.protocol.gateway import (
     token_digest,
 )
 from services.protocol.trajectory import AgentRun
-from services.rollout_api.worker.clients import InfraError
 from services.rollout_api.worker.command_agent import command_env, run_command
 from services.rollout_api.worker.env_agent import EnvRun
+from services.rollout_api.worker.host_agent import agent_uid, check_host_agent, confinement
 from services.rollout_api.worker.sandbox_agent import run_in_sandbox
 from services.rollout_api.worker.tools_agent import ToolsRun
 from services.runtime.auth import mint_lease_token, revoke_lease_token
@@ -127,10 +127,8 @@ async def run_gateway_agent(episode: Episode, lease: Lease) -> Cap | None:
     settings = deps.settings
     assert deps.redis is not None, "gateway agents need the worker's Redis"
     agent = item.agent
-    if isinstance(agent, CommandAgent) and agent.where == "host" and not settings.allow_host_agents:
-        raise InfraError(InfraStage.WORKER, ErrorCode.FORBIDDEN, 'a command agent with where "host" is refused: '
-                         "this worker runs agents inside the task sandbox only (ROLLOUT_WORKER_ALLOW_HOST_AGENTS "
-                         "is off)", retryable=False)  # fmt: skip
+    if isinstance(agent, CommandAgent) and agent.where == "host":
+        await check_host_agent(settings, deps.redis)  # before anything is opened
     opened = await open_session(deps.redis, item, episode.traj.attempt, settings.proxy_url.rstrip("/"),
                                 settings.llm_timeout_s)  # fmt: skip
     record = AgentRun(kind=item.agent.kind, session=opened.session.session)
@@ -186,6 +184,7 @@ async def _run_on_host(episode: Episode, lease: Lease, opened: OpenSession, agen
     sandbox = {"ROLLOUT_BROKER_URL": deps.broker.url, "ROLLOUT_BROKER_TOKEN": broker_token,
                "ROLLOUT_LEASE_ID": lease.id, "ROLLOUT_WORKDIR": episode.workdir}  # fmt: skip
     try:
-        await run_command(agent, command_env(agent, gateway, sandbox, item.task.prompt), record)
+        await run_command(agent, command_env(agent, gateway, sandbox, item.task.prompt), record,
+                          confinement(deps.settings), agent_uid(deps.settings))  # fmt: skip
     finally:
         await asyncio.shield(revoke_lease_token(deps.redis, broker_token))

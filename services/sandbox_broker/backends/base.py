@@ -99,9 +99,17 @@ class Backend(Protocol):
 
 @runtime_checkable
 class GatewayBinder(Protocol):
-    """A backend that forwards a lease's gateway session into its sandbox (local: a Unix socket)."""
+    """A backend that forwards a lease's gateway session into its sandbox (local and docker: a Unix socket)."""
 
     async def bind_gateway(self, sandbox_id: str, session: str, upstream: str, ttl_s: float) -> None: ...
+
+
+def no_gateway(backend: str) -> PlatformError:
+    """The refusal of a gateway binding (and a ``gateway_port`` exec) on a backend that is no ``GatewayBinder``."""
+    why = (f"the {backend} backend does not forward the gateway into its sandboxes (local and docker do): "
+           "they run on the provider's hosts, which reach neither this broker's sockets nor a proxy on a "
+           "private network; run command agents on the local or docker backend (docs/agents.md)")  # fmt: skip
+    return PlatformError(ErrorCode.BAD_REQUEST, why, field="gateway")
 
 
 def sandbox_gone(sandbox_id: str) -> PlatformError:

@@ -25,6 +25,7 @@ from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import ExecRequest, ExecResult
 from services.protocol.status import ErrorCode
 from services.sandbox_broker.backends import (
+    docker_agents,
     docker_config,
     docker_disk,
     docker_firewall,
@@ -41,6 +42,7 @@ from services.sandbox_broker.backends.base import (
     sandbox_gone,
 )
 from services.sandbox_broker.backends.docker_config import DEFAULT_WORKDIR, RunAs
+from services.sandbox_broker.backends.gateway_forwarder import GatewayForwarders
 from services.sandbox_broker.backends.monitors import leftover_monitors
 from services.sandbox_broker.images.sources import ImageError
 from services.sandbox_broker.settings import BrokerSettings
@@ -70,6 +72,8 @@ class DockerBackend:
         self._loading: dict[str, asyncio.Lock] = {}  # image path -> one load at a time
         self._disk = docker_disk.DiskQuota(False, docker_disk.NONE)  # what start() found
         self._run_as: dict[str, RunAs] = {}  # container id -> its workdir and exec user (docker_config.py)
+        self.agents = docker_agents.DockerAgents(settings)  # gateway socket, bundles, host /usr mounts
+        self.gateways = GatewayForwarders()
 
     async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: fn(*args, **kwargs))
@@ -103,7 +107,9 @@ class DockerBackend:
                 "network": self.settings.docker_network, "default_image": image, "default_image_present": has_image,
                 "runtime": self.settings.docker_runtime or "default", "bridge": bridge,
                 "firewall": "iptables" if self._firewalled else "operator (docs/sandbox_broker.md)",
-                "disk_quota": self._disk.detail, "isolation_levels": self._levels()}  # fmt: skip
+                "disk_quota": self._disk.detail, "host_paths": self.agents.enabled,
+                "agents_dir": self.agents.agents_dir if self.agents.enabled else None,
+                "isolation_levels": self._levels()}  # fmt: skip
 
     def _levels(self) -> dict[str, str]:
         """What a lease's ``isolation`` may ask for: the engine's runtime decides, for every sandbox."""
@@ -146,6 +152,7 @@ class DockerBackend:
             return False
 
     async def close(self) -> None:
+        await self.gateways.close()
         if self._firewalled:
             await self._run(docker_firewall.remove, self._firewalled)
         if self._client is not None:
@@ -160,8 +167,16 @@ class DockerBackend:
         if not await self._run(self._has_image, image):
             raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"image {image} is not on the docker host "
                                 "(prepare it first: the broker never pulls)", field="template")  # fmt: skip
-        container = await self._run(self._start_container, image, spec)
+        mounts = self.agents.mounts(spec.template, gateway := self.agents.new_dir())
         try:
+            container = await self._run(self._start_container, image, spec, mounts)
+        except BaseException:
+            self.agents.forget("", gateway)
+            raise
+        self.agents.remember(container.id, gateway)
+        try:
+            if spec.template.host_usr:
+                await self._run(docker_agents.link_usr, self.client.api, container.id)
             run_as = await self._resolve(container.id)
             sandbox = Sandbox(container.id, spec.labels, run_as.workdir, time.time())
             for command in spec.template.setup:
@@ -188,7 +203,7 @@ class DockerBackend:
                 raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"image {image}: {exc}", field="template") from exc
         return loaded
 
-    def _start_container(self, image: str, spec: SandboxSpec) -> Any:
+    def _start_container(self, image: str, spec: SandboxSpec, mounts: list[Any]) -> Any:
         r = spec.resources
         network: dict[str, Any] = (
             {"network": self.settings.docker_network} if spec.network == "egress" else {"network_mode": "none"}
@@ -202,6 +217,8 @@ class DockerBackend:
         }  # fmt: skip
         if self.settings.docker_runtime:
             kwargs["runtime"] = self.settings.docker_runtime
+        if mounts:
+            kwargs["mounts"] = mounts
         try:
             if not docker_config.image_workdir(self._client.api, image):  # else the image's WorkingDir
                 kwargs["working_dir"] = DEFAULT_WORKDIR
@@ -227,10 +244,30 @@ class DockerBackend:
 
     async def destroy(self, sandbox_id: str) -> None:
         self._run_as.pop(sandbox_id, None)
+        await self.gateways.unbind(sandbox_id)
+        gateway = self.agents.dir_of(sandbox_id, None)
         try:
+            if gateway is None and self.agents.enabled:
+                gateway = self.agents.dir_of(sandbox_id, await self._run(self.client.api.inspect_container, sandbox_id))
             await self._run(self.client.api.remove_container, sandbox_id, force=True, v=True)
         except docker.errors.NotFound:
-            return
+            pass
+        self.agents.forget(sandbox_id, gateway)
+
+    async def bind_gateway(self, sandbox_id: str, session: str, upstream: str, ttl_s: float) -> None:
+        """Serve the container's gateway socket, relaying ``/e/{session}/...`` only (docker_agents.py)."""
+        if not self.agents.enabled:
+            raise self.agents.refuse("the gateway forwarder", "gateway")
+        gateway = self.agents.dir_of(sandbox_id, None)
+        if gateway is None:
+            try:
+                gateway = self.agents.dir_of(sandbox_id, await self._run(self.client.api.inspect_container, sandbox_id))
+            except docker.errors.NotFound:
+                raise sandbox_gone(sandbox_id) from None
+        if gateway is None:
+            raise PlatformError(ErrorCode.BAD_REQUEST, f"sandbox {sandbox_id} has no gateway directory (created "
+                                "before this broker forwarded gateways)", field="gateway")  # fmt: skip
+        await self.gateways.bind(sandbox_id, gateway, session, upstream, ttl_s)
 
     async def list_sandboxes(self) -> list[Sandbox]:
         containers = await self._run(self.client.containers.list, all=True, filters={"label": LABEL_BROKER})
@@ -250,6 +287,10 @@ class DockerBackend:
         if request.stdin is not None:  # the SDK's exec has no stdin without a raw socket: pipe it from env
             env["ROLLOUT_STDIN"] = request.stdin
             command = ["sh", "-c", 'printf %s "$ROLLOUT_STDIN" | "$@"', "sh", *command]
+        if request.gateway_port is not None:  # the in-container end of the lease's gateway forwarder
+            if not self.agents.enabled:
+                raise self.agents.refuse("an exec with gateway_port", "gateway")
+            command = docker_agents.relayed(request.gateway_port, command)
         timeout = max(1, round(request.timeout_s + 0.499))
         argv = docker_sweep.wrap(["timeout", "-k", str(KILL_GRACE_S), str(timeout), *command], env,
                                  request.keep_background)  # fmt: skip

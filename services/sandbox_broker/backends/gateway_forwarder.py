@@ -29,7 +29,8 @@ MAX_BODY = 64 * 2**20  # one call's request body (a long conversation is a few M
 # hop-by-hop headers (RFC 9110 7.6.1) and the ones the two HTTP stacks set for themselves
 _DROPPED = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
                       "upgrade", "host", "content-length"})  # fmt: skip
-_SEGMENT = re.compile(r"^[A-Za-z0-9_~-][A-Za-z0-9._~-]*$")  # no '.', '..', empty or %-encoded segments
+# no '.', '..', empty or %-encoded segments; ':' within one (Gemini's ``models/{m}:generateContent``)
+_SEGMENT = re.compile(r"^[A-Za-z0-9_~-][A-Za-z0-9._~:-]*$")
 
 
 def allowed(raw_path: str, session: str) -> bool:
