@@ -109,6 +109,7 @@ class Broker:
     async def create_lease(self, request: LeaseRequest) -> Lease:
         started = time.monotonic()
         template = await self.templates.get(request.template)
+        self.check_isolation(request.isolation or template.isolation)
         lease_id = "lse-" + secrets.token_hex(12)
         warm = await self._warm_lease(lease_id, template, request, started)
         if warm is not None:
@@ -176,13 +177,27 @@ class Broker:
             setup_s=setup.setup_s if setup else 0.0, setup_shared=setup.shared if setup else False,
         )  # fmt: skip
 
+    def check_isolation(self, level: str | None) -> None:
+        """422 ``validation_error`` naming ``isolation`` when this broker's backend cannot give that level."""
+        if level is None:
+            return
+        levels: dict[str, str] = self.capabilities.get("isolation_levels", {})  # level -> "" or why not
+        if level not in levels:
+            raise PlatformError(ErrorCode.VALIDATION_ERROR, f"the {self.backend.name} backend has no isolation "
+                                f"{level!r} (it has: {', '.join(sorted(levels)) or 'none to choose'})",
+                                field="isolation")  # fmt: skip
+        if levels[level]:
+            raise PlatformError(ErrorCode.VALIDATION_ERROR, f"isolation {level!r} is unavailable on this broker's "
+                                f"host: {levels[level]}", field="isolation")  # fmt: skip
+
     def _limits(self) -> tuple[int, int, int]:
         return self.settings.max_leases, self.settings.max_backend_leases, self.settings.job_quota
 
     @staticmethod
     def _pool_key(template: Template, request: LeaseRequest) -> PoolKey | None:
         """The warm pool a request can be served from (its template's own resources, no network)."""
-        if request.network == "none" and request.resources == template.resources:
+        same = request.resources == template.resources and request.isolation in (None, template.isolation)
+        if request.network == "none" and same:
             return PoolKey.of(template.name, template.resources)
         return None
 
@@ -232,7 +247,7 @@ class Broker:
     ) -> Sandbox:
         labels = {LABEL_BROKER: self.instance, LABEL_LEASE: lease_id, LABEL_JOB: request.job,
                   LABEL_TEMPLATE: template.name}  # fmt: skip
-        spec = SandboxSpec(template, request.resources, request.network, labels, clone_of)
+        spec = SandboxSpec(template, request.resources, request.network, labels, clone_of, request.isolation)
         deadline = time.monotonic() + request.wait_s
         return await self.create_sandbox(spec, deadline)
 

@@ -30,6 +30,11 @@ class SandboxSpec:
     network: Literal["none", "egress"] = "none"
     labels: dict[str, str] = field(default_factory=dict)
     clone_of: str | None = None  # a snapshot (ForkingBackend.snapshot) to start from, not an empty sandbox
+    isolation: str | None = None  # "namespaces" | "gvisor"; None: the template's, else the backend's own
+
+    @property
+    def isolation_level(self) -> str | None:
+        return self.isolation or self.template.isolation
 
 
 @dataclass(frozen=True, slots=True)
