@@ -20,7 +20,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from services.protocol.tasks import MAX_DISK_MB, MAX_MEMORY_MB, MAX_TIMEOUT_S, MIN_CPUS, EnvKey, FilePath, Name, Text
 
@@ -175,6 +175,16 @@ class GatewayBinding(_Model):
     session: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{8,64}$")]  # the gateway session id
     upstream: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/?#]+/?$", max_length=512)]  # the proxy
     ttl_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)
+    # a paired agent's sandbox (local only): also relay ``/leases/{task_lease}/...`` to ``broker``, where the
+    # agent's lease token (scoped to that one lease) is checked; the task lease must be of the same job
+    task_lease: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$")] | None = None
+    broker: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/?#]+/?$", max_length=512)] | None = None
+
+    @model_validator(mode="after")
+    def _task_lease_and_broker_together(self) -> GatewayBinding:
+        if (self.task_lease is None) != (self.broker is None):
+            raise ValueError("task_lease and broker go together")
+        return self
 
 
 class ExecResult(_Model):

@@ -35,6 +35,7 @@ from services.sandbox_broker.backends.base import (
     OutputSink,
     Sandbox,
     SandboxSpec,
+    TaskRouter,
     no_gateway,
 )
 from services.sandbox_broker.forks import SetUp, SharedSetups
@@ -389,8 +390,22 @@ class Broker:
             raise self._no_gateway()
         record = await self.live(lease_id)
         sandbox_id = record.lease.sandbox_id
+        if binding.task_lease is not None:
+            await self._check_task(record.lease.job, binding.task_lease)
         await self._backend_call(self.backend.bind_gateway(sandbox_id, binding.session, binding.upstream,
                                                            binding.ttl_s))  # fmt: skip
+        if binding.task_lease is not None and binding.broker is not None:
+            assert isinstance(self.backend, TaskRouter)
+            self.backend.route_task(sandbox_id, binding.task_lease, binding.broker)
+
+    async def _check_task(self, job: str, task_lease: str) -> None:
+        """A paired agent's sandbox reaches a task lease of its own job, on a backend that can relay it."""
+        if not isinstance(self.backend, TaskRouter):
+            why = f"the {self.backend.name} backend does not relay a task lease into an agent's sandbox (local does)"
+            raise PlatformError(ErrorCode.BAD_REQUEST, why, field="task_lease")
+        task = await self.live(task_lease)
+        if task.lease.job != job:
+            raise PlatformError(ErrorCode.BAD_REQUEST, "the task lease is of another job", field="task_lease")
 
     def _no_gateway(self) -> PlatformError:
         return no_gateway(self.backend.name)

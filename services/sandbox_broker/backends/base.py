@@ -104,6 +104,13 @@ class GatewayBinder(Protocol):
     async def bind_gateway(self, sandbox_id: str, session: str, upstream: str, ttl_s: float) -> None: ...
 
 
+@runtime_checkable
+class TaskRouter(Protocol):
+    """A backend whose gateway forwarder also relays a task lease's exec and files (a paired agent's sandbox)."""
+
+    def route_task(self, sandbox_id: str, task_lease: str, broker: str) -> None: ...
+
+
 def no_gateway(backend: str) -> PlatformError:
     """The refusal of a gateway binding (and a ``gateway_port`` exec) on a backend that is no ``GatewayBinder``."""
     why = (f"the {backend} backend does not forward the gateway into its sandboxes (local and docker do): "

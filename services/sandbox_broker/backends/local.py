@@ -165,6 +165,10 @@ class LocalBackend:
                                 field="template")  # fmt: skip
         await self.gateways.bind(sandbox_id, known.paths.gateway, session, upstream, ttl_s)
 
+    def route_task(self, sandbox_id: str, task_lease: str, broker: str) -> None:
+        """A paired agent's sandbox: its forwarder also relays ``/leases/{task_lease}/...`` to the broker."""
+        self.gateways.route_task(sandbox_id, task_lease, broker)
+
     async def snapshot(self, sandbox_id: str) -> str:
         return await asyncio.to_thread(snapshots.take, self._existing(sandbox_id).disk, self.root.parent)
 
