@@ -4,9 +4,10 @@ Phases, in one run against one broker process: cold leases (resources unlike the
 warm leases (taken from a pool of L, all at once: ``warm_lease_*``; beside it ``burst_floor_*``, the
 same burst against a server that does nothing: ``http_floor.py``), the exec overhead (the same
 command through the broker and directly on the bare backend, sequentially), the same L warm
-episodes started one at a time at ``--paced-rate`` per second (``warm_lease_paced_*``), then a
-kill -9 of the broker while leases are held and commands are running, a restart, and a count of
-sandboxes left behind.
+episodes started one at a time at ``--paced-rate`` per second (``warm_lease_paced_*``), on local
+the time from a lease to its agent's first gateway call with a bundle mounted (``agent_start_*``,
+``broker_agent.py``), then a kill -9 of the broker while leases are held and commands are running,
+a restart, and a count of sandboxes left behind.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from services.benchmarks import http_floor
+from services.benchmarks.broker_agent import agent_starts, write_bundle
 from services.benchmarks.broker_load import (
     Load,
     Outcome,
@@ -53,6 +55,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--paced-rate", type=float, default=10.0,
                    help="warm leases per second in the paced phase (--leases of them, one at a time at this rate; "
                         "0 skips it)")  # fmt: skip
+    p.add_argument("--agent-starts", type=int, default=20,
+                   help="local: episodes (one at a time) timed from lease to the agent's first gateway call, "
+                        "at most --leases (default 20; 0 skips it)")  # fmt: skip
     p.add_argument("--setup", action="append", default=None,
                    help="setup command of the benchmark's template, run at every cold start (repeatable; "
                         "default: one python3 start)")  # fmt: skip
@@ -84,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
 def _broker_env(args: argparse.Namespace, root: Path, fake: Proc | None) -> dict[str, str]:
     env = {"ROLLOUT_BROKER_STATE_DIR": str(root / "state"), "ROLLOUT_BROKER_INSTANCE": "bench",
            "ROLLOUT_BROKER_REAP_INTERVAL_S": "1", "ROLLOUT_BROKER_ORPHAN_INTERVAL_S": "5"}  # fmt: skip
+    if args.backend == "local":
+        write_bundle(root / "agents")
+        env["ROLLOUT_BROKER_AGENTS_DIR"] = str(root / "agents")
     if args.docker_host:
         env["ROLLOUT_BROKER_DOCKER_HOST"] = args.docker_host
     if args.docker_image:
@@ -147,6 +155,7 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
     broker_cpu_ms = (_broker_cpu_s(broker) - cpu_before) * 1000 / max(len(via_broker), 1)
     # after the overhead: the paced lease rate raises the pool's target, and its refills would run during it
     paced = await _paced(args, load)
+    starts = await _agent_starts(args, load, pool_timeout_s)
     template["warm_pool"] = 0  # the restarted broker need not refill it
     await load.register(template, timeout_s=60)
     recovery = await _kill9_and_restart(load, broker, min(args.leases, 50))
@@ -163,12 +172,16 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
         "paced_rate_per_s": args.paced_rate, "paced_leases": len(paced.start_ms) + paced.errors,
         "warm_lease_paced_p50_ms": percentile(paced.start_ms, 50),
         "warm_lease_paced_p99_ms": percentile(paced.start_ms, 99), "paced_warm_hits": paced.warm,
+        # local: lease asked for -> the first gateway call of an agent from a mounted bundle, one at a time
+        "agent_starts": len(starts.start_ms), "agent_start_warm_hits": starts.warm,
+        "agent_start_p50_ms": percentile(starts.start_ms, 50), "agent_start_p99_ms": percentile(starts.start_ms, 99),
         "exec_under_load_p50_ms": percentile(warm.exec_ms, 50), "exec_under_load_p99_ms": percentile(warm.exec_ms, 99),
         "exec_broker_p50_ms": percentile(via_broker, 50), "exec_direct_p50_ms": percentile(direct, 50),
         "exec_overhead_p50_ms": percentile([b - d for b, d in zip(via_broker, direct, strict=True)], 50),
         "broker_cpu_ms_per_exec": broker_cpu_ms,
-        "errors": cold.errors + egress.errors + warm.errors + paced.errors + recovery["errors_after_restart"],
-        "error_samples": cold.samples + egress.samples + warm.samples + paced.samples,
+        "errors": cold.errors + egress.errors + warm.errors + paced.errors + starts.errors
+        + recovery["errors_after_restart"],
+        "error_samples": cold.samples + egress.samples + warm.samples + paced.samples + starts.samples,
         **recovery,
     }  # fmt: skip
 
@@ -177,6 +190,14 @@ async def _paced(args: argparse.Namespace, load: Load) -> Outcome:
     if args.paced_rate <= 0:
         return Outcome()
     return await run_paced(load, args.leases, args.paced_rate, {"template": "bench"})
+
+
+async def _agent_starts(args: argparse.Namespace, load: Load, pool_timeout_s: float) -> Outcome:
+    n = min(args.agent_starts, args.leases) if args.backend == "local" else 0
+    if n <= 0:
+        return Outcome()
+    await load.wait_pool(n, timeout_s=pool_timeout_s)  # warm leases, as an episode usually gets
+    return await agent_starts(load, n, {"template": "bench"})
 
 
 def _broker_cpu_s(broker: Proc) -> float:
@@ -218,6 +239,8 @@ def _report(args: argparse.Namespace, f: dict[str, Any]) -> None:
          "p99_ms": f["burst_floor_p99_ms"]},
         {"figure": f"warm lease, paced at {f['paced_rate_per_s']:g}/s", "p50_ms": f["warm_lease_paced_p50_ms"],
          "p99_ms": f["warm_lease_paced_p99_ms"]},
+        {"figure": "agent start: lease -> first gateway call", "p50_ms": f["agent_start_p50_ms"],
+         "p99_ms": f["agent_start_p99_ms"]},
         {"figure": "exec under load", "p50_ms": f["exec_under_load_p50_ms"], "p99_ms": f["exec_under_load_p99_ms"]},
         {"figure": "exec via broker (seq)", "p50_ms": f["exec_broker_p50_ms"], "p99_ms": float("nan")},
         {"figure": "exec on bare backend (seq)", "p50_ms": f["exec_direct_p50_ms"], "p99_ms": float("nan")},

@@ -56,6 +56,10 @@ class Load:
     async def close(self) -> None:
         await self.http.close()
 
+    async def send(self, method: str, path: str, body: Any = None) -> Answer:
+        """A request with the service token (JSON ``body`` where there is one)."""
+        return await self._send(method, path, body)
+
     async def _send(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Answer:
         data = b"" if body is None else orjson.dumps(body)
         return await self.http.request(method, path, data, headers or (self._json if body is not None else self._auth),

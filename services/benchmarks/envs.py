@@ -5,19 +5,21 @@ and the broker (local backend, authentication on) twice: with the oracle (each t
 ``solution/solve.sh``: 1.0) and with a no-op agent (0.0). Then one file per SWE instance format
 (swe_fixtures.py: SWE-bench, SWE-Gym, SWE-smith, R2E-Gym rows) through ``POST /rollouts/swebench``
 as ``rollout tasks import swe`` maps it, with the gold fix (1.0) and a no-op (0.0). Then the
-SkyRL-Gym rows of skyrl_fixtures.py, stepped by the worker (``env`` agents), each against the
-reward the package itself gives the same replies.
+SkyRL-Gym rows of skyrl_fixtures.py and the verifiers environments of verifiers_fixtures.py, stepped
+by the worker (``env`` agents), each against the reward the package itself gives the same replies.
 
 JSON keys: ``harbor_tasks``, ``harbor_oracle_reward_mean``, ``harbor_noop_reward_mean``,
 ``infra_errors`` (every source), ``image_build_s_p50`` (per Harbor image, the shared base's
 unpacking included), ``episodes`` (every source), ``sources_ok`` (the sources whose every episode
 scored as its definition says), ``reward_matches_package`` (the share of episodes whose reward
 equals the reference of the set's own definition: the oracle's or gold fix's 1.0, the no-op's
-0.0; for SkyRL-Gym the package's own ``make`` / ``init`` / ``step``), ``per_task`` (Harbor)."""
+0.0; for SkyRL-Gym the package's own ``make`` / ``init`` / ``step``, for verifiers its own
+``rollout`` + ``score_rollout``), ``per_task`` (Harbor)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import shutil
 import statistics
@@ -31,7 +33,7 @@ import redis
 
 from services.benchmarks.fleet_stack import Stack
 from services.benchmarks.report import write_json
-from services.environments import harbor, skyrl_gym
+from services.environments import harbor, skyrl_gym, verifiers_env, verifiers_fixtures
 from services.environments.fixture_base import HARBOR_FIXTURES, busybox_base
 from services.environments.harbor_sets import HarborImport, import_tasks
 from services.environments.skyrl_fixtures import REPLIES as SKYRL_REPLIES
@@ -75,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(figures, indent=1))
     write_json(args.json, figures)
-    return 0 if len(figures["sources_ok"]) == 2 + len(ROWS) and figures["infra_errors"] == 0 else 1
+    every_source = len(figures["sources_ok"]) == len(expected_episodes(len(figures["per_task"])))
+    return 0 if every_source and figures["infra_errors"] == 0 else 1
 
 
 def measure(args: argparse.Namespace, root: Path, redis_url: str) -> dict[str, Any]:
@@ -88,6 +91,7 @@ def measure(args: argparse.Namespace, root: Path, redis_url: str) -> dict[str, A
              for t in done.loaded] + [{"match": "RUN-NOOP\n", "replies": [SUBMIT]}]  # fmt: skip
     rules += [{"match": "MODE-GOLD", "replies": [SWE_GOLD, SUBMIT]}, {"match": "MODE-NOOP", "replies": [SUBMIT]}]
     rules += [{"match": marker, "replies": replies} for marker, replies in SKYRL_REPLIES.items()]
+    rules += [{"match": marker, "replies": replies} for marker, replies in verifiers_fixtures.REPLIES.items()]
     (root / "script.json").write_text(json.dumps({"rules": rules, "default": SUBMIT, "latency_s": 0.0}))
     model = write_tokenizer_dir(root / "model")
     (root / "logs").mkdir()
@@ -106,7 +110,7 @@ def measure(args: argparse.Namespace, root: Path, redis_url: str) -> dict[str, A
         swe_templates = [{"name": n, "image": str(p), "host_usr": True} for n, p in calc_images(root / "swe").items()]
         register_templates(broker, [*done.templates, *swe_templates])
         results = {mode: run_mode(api, redis_url, done.tasks, mode) for mode in MODES}
-        swe = run_swe(api, redis_url, root / "swe") + run_skyrl(api, redis_url)
+        swe = run_swe(api, redis_url, root / "swe") + run_skyrl(api, redis_url) + run_verifiers(api, redis_url)
     finally:
         stack.stop()
     return summary(done, results, swe)
@@ -155,6 +159,23 @@ def run_skyrl(api: str, redis_url: str) -> list[Episode]:
     return [(skyrl_gym.SOURCE, reference[t.task_id], t) for t in trajs]
 
 
+def run_verifiers(api: str, redis_url: str) -> list[Episode]:
+    """The verifiers environments' rows through ``env`` agents; each reference is the package's own reward."""
+    tasks = [t.model_copy(update={"id": f"{kind}-{t.id}"}) for kind in verifiers_fixtures.BUILDERS
+             for t in verifiers_env.tasks_from_environment(verifiers_fixtures.ENV_ID, {"kind": kind})]  # fmt: skip
+    trajs = run_mode(api, redis_url, tasks, "verifiers", mark=False)
+    reference = {t.id: asyncio.run(verifiers_fixtures.package_reward(t.id.split("-")[0], t.prompt.split(":")[0]))[0]
+                 for t in tasks}  # fmt: skip
+    return [(verifiers_env.SOURCE, reference[t.task_id], t) for t in trajs]
+
+
+def expected_episodes(harbor_tasks: int) -> dict[str, int]:
+    """Episodes per source."""
+    verifiers_rows = sum(len(rows) for rows in verifiers_fixtures.QUESTIONS.values())
+    return {harbor.SOURCE: harbor_tasks * len(MODES), **{fmt: 2 for fmt in ROWS}, skyrl_gym.SOURCE: len(SKYRL_ROWS),
+            verifiers_env.SOURCE: verifiers_rows}  # fmt: skip
+
+
 def run_mode(api: str, redis_url: str, tasks: list[Task], mode: str, *, mark: bool = True) -> list[Trajectory]:
     job = f"envs-harbor-{mode}" if mark else f"envs-{mode}"
     marked = [t.model_copy(update={"prompt": (f"RUN-ORACLE {t.id}\n" if mode == "oracle" else "RUN-NOOP\n")
@@ -183,8 +204,7 @@ def summary(done: HarborImport, results: dict[str, list[Trajectory]], swe: list[
         return round(statistics.fmean(scored), 4) if scored else None
 
     every = [(harbor.SOURCE, MODES[mode], t) for mode in MODES for t in results[mode]] + swe
-    expected = {harbor.SOURCE: len(done.tasks) * len(MODES), **{fmt: 2 for fmt in ROWS},
-                skyrl_gym.SOURCE: len(SKYRL_ROWS)}  # episodes per source  # fmt: skip
+    expected = expected_episodes(len(done.tasks))
     matching = [source for source, reference, t in every if t.reward == reference and t.source == source]
     return {
         "harbor_tasks": len(done.tasks),

@@ -73,7 +73,7 @@ class OpenEnvEnvironment:
         text = observation_text(result.observation, self.observation_key)
         return [*messages, {"role": "user", "content": text}] if text else messages
 
-    async def step(self, action: str) -> EnvStep:
+    async def step(self, action: str, message: dict[str, Any] | None = None) -> EnvStep:
         result = await self.client.step({self.action_key: action})
         text = observation_text(result.observation, self.observation_key)
         observations = [{"role": "user", "content": text}] if text and not result.done else []

@@ -71,7 +71,7 @@ class SkyRLGymEnvironment:
         chat, _ = await asyncio.to_thread(self.env.init, messages)
         return list(chat)
 
-    async def step(self, action: str) -> EnvStep:
+    async def step(self, action: str, message: dict[str, Any] | None = None) -> EnvStep:
         out = await asyncio.to_thread(self.env.step, action)
         return EnvStep(observations=list(out.get("observations") or []), reward=float(out["reward"]),
                        done=bool(out["done"]), metadata=dict(out.get("metadata") or {}))  # fmt: skip

@@ -41,6 +41,7 @@ RECIPES: dict[str, Recipe] = {
     "aider": Recipe("pypi", "aider-chat", {"aider": "aider"}),
     "claude-code": Recipe("npm", "@anthropic-ai/claude-code", {"claude": "claude"}),
     "codex": Recipe("npm", "@openai/codex", {"codex": "codex"}),
+    "gemini-cli": Recipe("npm", "@google/gemini-cli", {"gemini": "gemini"}),
 }
 
 
@@ -118,7 +119,7 @@ def _pypi(recipe: Recipe, tree: Path, inside: str, version: str | None, python: 
     venv = tree / "venv"
     _run([python, "-m", "venv", str(venv)])
     spec = f"{recipe.package}=={version}" if version else recipe.package
-    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-cache-dir", "--disable-pip-version-check",
+    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
           "--quiet", spec])  # fmt: skip
     found = _run([str(venv / "bin" / "python"), "-c",
                   f"import importlib.metadata as m; print(m.version({recipe.package!r}))"]).strip()  # fmt: skip

@@ -15,7 +15,7 @@ pytestmark = [needs_bwrap, pytest.mark.slow]
 
 KEYS = ("warm_lease_p50_ms", "warm_lease_p99_ms", "cold_lease_p50_ms", "cold_lease_p99_ms", "exec_overhead_p50_ms",
         "egress_cold_lease_p50_ms", "warm_lease_paced_p50_ms", "warm_lease_paced_p99_ms", "burst_floor_p50_ms",
-        "burst_floor_p99_ms", "errors", "leaked")  # fmt: skip
+        "burst_floor_p99_ms", "agent_start_p50_ms", "errors", "leaked")  # fmt: skip
 
 
 def test_broker_benchmark_writes_its_figures(tmp_path: Path, redis_url: str) -> None:
@@ -29,4 +29,5 @@ def test_broker_benchmark_writes_its_figures(tmp_path: Path, redis_url: str) -> 
     assert figures["warm_hits"] == 4 and figures["cold_hits"] == 0 and figures["kill9_leases"] == 4
     assert figures["paced_leases"] == 4 and figures["paced_warm_hits"] == 4  # paced: the pool was refilled first
     assert 0 < figures["burst_floor_p50_ms"] <= figures["burst_floor_p99_ms"]  # the no-op server answered them all
+    assert figures["agent_starts"] == 4 and figures["agent_start_p50_ms"] > 0  # each agent reached the upstream
     assert "warm lease" in out.stdout

@@ -66,17 +66,19 @@ class EnvRun:
             except Exception as exc:
                 raise _failed(self.spec, "reset", exc) from exc
             await self._record(rewards)
+            tools = list(getattr(env, "tools", None) or [])  # the tools the environment offers, if any
             for _ in range(self.max_turns):
-                doc = await self._complete(messages)
+                doc = await self._complete(messages, tools)
                 if doc is None:  # a cap refused the call; the gateway marked the session truncated
                     return None
                 choice = doc["choices"][0]
-                text = str(choice["message"].get("content") or "")
-                messages.append({"role": "assistant", "content": text})
+                reply = _echo(choice["message"])
+                text = reply["content"]
+                messages.append(reply)
                 record.last_output = text[-2000:]
                 if choice["finish_reason"] == "length":
                     return Cap.TURN_TOKENS
-                step = await self._step(env, text)
+                step = await self._step(env, text, reply)
                 rewards.append(float(step.reward))
                 await self._record(rewards)
                 if step.done:
@@ -89,9 +91,9 @@ class EnvRun:
             except Exception:  # the episode's record is written: a close that fails costs nothing more
                 log.warning("%s environment %r: close failed", self.spec.source, self.spec.env, exc_info=True)
 
-    async def _step(self, env: SteppedEnvironment, action: str) -> EnvStep:
+    async def _step(self, env: SteppedEnvironment, action: str, reply: dict[str, Any]) -> EnvStep:
         try:
-            return await env.step(action)
+            return await env.step(action, reply)
         except Exception as exc:
             raise _failed(self.spec, "step", exc) from exc
 
@@ -100,9 +102,11 @@ class EnvRun:
         await self.broker.write_file(self.lease_id, f"{self.workdir.rstrip('/')}/{ENV_REWARD_FILE}",
                                      "\n".join(lines) + "\n")  # fmt: skip
 
-    async def _complete(self, messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    async def _complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any] | None:
         headers = {"Authorization": f"Bearer {self.token}"}
-        body = {"model": "policy", "messages": messages}
+        body: dict[str, Any] = {"model": "policy", "messages": messages}
+        if tools:
+            body["tools"] = tools
         try:
             async with self.http.post(f"{self.base_url}/chat/completions", json=body, headers=headers) as response:
                 doc = await response.json(content_type=None)
@@ -115,3 +119,11 @@ class EnvRun:
         if code in (ErrorCode.CONTEXT_LENGTH_EXCEEDED, ErrorCode.FORBIDDEN):
             return None
         raise InfraError(InfraStage.LLM, ErrorCode.ENGINE_ERROR, f"gateway answered {status}: {str(doc)[:300]}")
+
+
+def _echo(message: dict[str, Any]) -> dict[str, Any]:
+    """The assistant message as the conversation goes on with it (its tool calls, if any, kept)."""
+    out: dict[str, Any] = {"role": "assistant", "content": str(message.get("content") or "")}
+    if message.get("tool_calls"):
+        out["tool_calls"] = message["tool_calls"]
+    return out

@@ -1,0 +1,134 @@
+"""Real harnesses from agent bundles, unmodified, inside the task sandbox through the forwarded
+gateway: the fleet, the bundles and the token-exact check the in-sandbox harness tests share.
+
+The bundles are the ones in the directory ``ROLLOUT_TEST_AGENT_BUNDLES`` names, else the pinned
+versions below, built once per machine into ``/var/cache/rollout-agents`` (``rollout agents
+install``: npm packages in seconds, PyPI ones in 30-200 s; every directory above a bundle must be
+searchable by the sandbox user, which /root is not). Where a bundle cannot be built (no registry),
+the test that needs it skips with the reason."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import orjson
+import pytest
+import redis
+
+from services.protocol import Trajectory, keys
+from services.protocol.gateway import GatewayCall, decode_call
+from services.runtime.chat import ChatTemplate
+from services.sandbox_broker.bundles import install, installed
+from tests.rollout_api.fleet import Fleet, create_job, running_fleet, submit, task, trajectories, wait_finished
+
+BUNDLE_CACHE = Path("/var/cache/rollout-agents")
+PINNED = {"mini-swe-agent": "2.4.6", "claude-code": "2.1.328", "codex": "0.169.0", "gemini-cli": "0.61.0",
+          "aider": "0.86.2"}  # fmt: skip
+JOB = "harness"
+CONTEXT = 400_000  # Claude Code's system prompt and tools are ~50 KB: more than the engine's default context
+# no telemetry, update checks or start-up banners (the sandbox has no network but its gateway)
+QUIET = {
+    "MSWEA_CONFIGURED": "1", "MSWEA_SILENT_STARTUP": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
+    "AIDER_ANALYTICS": "false",
+}  # fmt: skip
+
+
+def hermes(name: str, arguments: dict[str, Any]) -> str:
+    """A tool call in the pool's (Hermes) format, as the scripted engine answers it."""
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def bundles_dir(names: Sequence[str] = ("mini-swe-agent", "claude-code")) -> Path:
+    """Where the bundles are: ``ROLLOUT_TEST_AGENT_BUNDLES``, else the cache with the pinned versions
+    of ``names`` (built there when missing; a bundle that cannot be built is left out, and the test
+    that needs it skips: see :meth:`Harnesses.bundle`)."""
+    given = os.environ.get("ROLLOUT_TEST_AGENT_BUNDLES", "")
+    if given:
+        return Path(given)
+    have = {(b.name, b.version) for b in installed(BUNDLE_CACHE)} if BUNDLE_CACHE.is_dir() else set()
+    for name in names:
+        if (name, PINNED[name]) not in have:
+            try:
+                install(name, BUNDLE_CACHE, PINNED[name])
+            except Exception as exc:  # a registry out of reach, a failed build: nothing to test with
+                FAILED[name] = f"building the {name} {PINNED[name]} bundle failed: {str(exc)[-500:]}"
+    return BUNDLE_CACHE
+
+
+FAILED: dict[str, str] = {}  # bundle -> why it could not be built
+
+
+@dataclass
+class Harnesses:
+    """A fleet (Redis, scripted engine, proxy with the gateway, broker on local with the bundles
+    bound at /opt/agents, API, one worker) and one job to run harnesses in."""
+
+    fleet: Fleet
+    bundles: Path
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def bundle(self, name: str) -> str:
+        """The bundle's digest; the test skips, saying why, where there is none."""
+        if name in FAILED:
+            pytest.skip(FAILED[name])
+        found = {b.name: b.digest for b in installed(self.bundles)}
+        if name not in found:
+            pytest.skip(f"no {name} bundle in {self.bundles}")
+        return found[name]
+
+    def run(self, task_id: str, agent: dict[str, Any], **extra: Any) -> Trajectory:
+        """One task (its prompt names ``task_id``; reward: answer.txt holds 42) with ``agent``."""
+        with self.fleet.client() as client:
+            if not self.headers:
+                self.headers.update(create_job(client, JOB))
+            body = {"job": JOB, "group_size": 1, "agent": agent, "max_attempts": 1,
+                    "limits": {"max_trajectory_tokens": CONTEXT, "wall_clock_s": 300},
+                    "tasks": [task(task_id, f"{task_id}: write 42 into answer.txt", **extra)]}  # fmt: skip
+            rollout = submit(client, self.headers, body)
+            wait_finished(client, self.headers, rollout, timeout_s=400)
+        (traj,) = [t for t in trajectories(self.fleet.redis_url, JOB) if t.task_id == task_id]
+        return traj
+
+    def calls(self, sid: str) -> list[GatewayCall]:
+        with redis.Redis.from_url(self.fleet.redis_url) as store:
+            raw = store.lrange(keys.gateway_calls(sid), 0, -1)
+        return [decode_call(item) for item in cast(list[bytes], raw)]
+
+    def token_exact(self, traj: Trajectory) -> dict[str, Any]:
+        """Assert the trajectory is one token-exact segment: its ids are the chat template rendered over
+        the conversation the harness sent last (plus its reply), and the loss mask covers exactly the
+        tokens the engine generated. The conversation (``messages``, ``reply``, ``tools``)."""
+        assert traj.agent is not None and traj.agent.retokenization_mismatches == 0 and traj.segments == []
+        with redis.Redis.from_url(self.fleet.redis_url) as store:
+            context: dict[str, Any] = orjson.loads(store.get(keys.gateway_context(traj.agent.session)) or b"{}")
+        chat = ChatTemplate.from_dir(self.fleet.model_path)
+        rendered = chat.encode(chat.render([*context["messages"], context["reply"]], False, context["tools"]))
+        held = [*traj.prompt_ids, *traj.response_ids]
+        assert rendered[: len(held)] == held and rendered[len(held) :] == chat.encode("\n")
+        generated = [t for t, m in zip(traj.response_ids, traj.loss_mask, strict=True) if m]
+        calls = self.calls(traj.agent.session)
+        assert generated == [t for c in calls for t in c.output_ids]
+        assert sum(traj.loss_mask) == sum(t.response_tokens for t in traj.turns) == len(generated)
+        return context
+
+
+@contextmanager
+def harnesses(root: Path, rules: dict[str, list[Any]], names: list[str]) -> Iterator[Harnesses]:
+    """The fleet answering ``rules``, with the bundles of ``names`` (built when missing)."""
+    bundles = bundles_dir(names)
+    patch = pytest.MonkeyPatch()
+    patch.setenv("ROLLOUT_ENGINE_CONTEXT_LENGTH", str(CONTEXT))
+    env = {"ROLLOUT_BROKER_AGENTS_DIR": str(bundles)}
+    try:
+        with running_fleet(root, rules, "hn", broker_env=env, context_cap=CONTEXT) as fleet:
+            fleet.start_worker(jobs=[JOB], concurrency=2)
+            yield Harnesses(fleet, bundles)
+    finally:
+        patch.undo()

@@ -1,0 +1,106 @@
+"""The real Codex CLI, Gemini CLI and aider, unmodified, from their agent bundles (``rollout agents
+install``: npm, npm, PyPI), each finishing a task inside the task sandbox through its own gateway
+session (the socket-forwarded ``127.0.0.1`` base URL): each writes the answer with its own tool or
+edit, inside the sandbox (the reward reads answer.txt there), and its trajectory is one token-exact
+segment with the loss mask on exactly the generated tokens. Each also checks a dialect detail it
+relies on: Codex's streamed ``function_call`` over Responses, Gemini CLI's ``functionResponse``.
+The commands are those of docs/agents.md's harness table. Bundles: see ``tests/rollout_api/bundled.py``
+(skipped with the reason where one cannot be built)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from services.protocol import Status
+from tests.rollout_api.bundled import QUIET, Harnesses, harnesses, hermes
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]  # bundles built once per machine
+
+WRITE = "echo 42 > answer.txt"
+RULES: dict[str, list[Any]] = {
+    "CODEX-INSIDE": ["I will write it.\n" + hermes("exec_command", {"cmd": WRITE}), "Done."],
+    "GEMINI-INSIDE": ["I will write it.\n" + hermes("run_shell_command", {"command": WRITE}), "Done."],
+    "AIDER-INSIDE": ["I will write it down.\n\nanswer.txt\n```\n42\n```"],  # aider's "whole" edit format
+}
+# Codex: a Responses provider at the session (config.toml in a CODEX_HOME of its own); its
+# sub-agent namespace tool and hosted web search off (a chat template renders neither); its own
+# sandbox off (it runs in the task sandbox)
+CODEX = """mkdir -p /tmp/codex && cat > /tmp/codex/config.toml <<EOF
+model = "$OPENAI_MODEL"
+model_provider = "rollout"
+[model_providers.rollout]
+name = "rollout"
+base_url = "$OPENAI_BASE_URL"
+env_key = "OPENAI_API_KEY"
+wire_api = "responses"
+EOF
+CODEX_HOME=/tmp/codex exec codex exec --disable multi_agent -c 'web_search="disabled"' \
+  --dangerously-bypass-approvals-and-sandbox --skip-git-repo-check "$ROLLOUT_TASK"
+"""
+# Gemini CLI: the Gemini API at the session root, API-key auth, no usage statistics
+GEMINI = """mkdir -p "$HOME/.gemini" && cat > "$HOME/.gemini/settings.json" <<EOF
+{"security": {"auth": {"selectedType": "gemini-api-key"}}, "privacy": {"usageStatisticsEnabled": false}}
+EOF
+GOOGLE_GEMINI_BASE_URL="$ANTHROPIC_BASE_URL" GEMINI_API_KEY="$OPENAI_API_KEY" \
+  exec gemini -p "$ROLLOUT_TASK" --yolo --skip-trust -m "$OPENAI_MODEL"
+"""
+# aider: litellm's OpenAI provider at the session, the "whole" edit format, no git, no repository
+# map, nothing else on the network
+AIDER = """exec aider --model "openai/$OPENAI_MODEL" --openai-api-base "$OPENAI_BASE_URL" \
+  --openai-api-key "$OPENAI_API_KEY" --edit-format whole --yes-always --no-git --map-tokens 0 \
+  --no-check-update --no-analytics --no-show-model-warnings --no-pretty --no-fancy-input --no-detect-urls \
+  --no-show-release-notes --message "$ROLLOUT_TASK"
+"""
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harnesses]:
+    with harnesses(tmp_path_factory.mktemp("clis"), RULES, ["codex", "gemini-cli", "aider"]) as fleet:
+        yield fleet
+
+
+def run(fleet: Harnesses, name: str, script: str, task_id: str) -> Any:
+    digest = fleet.bundle(name)
+    agent = {"kind": "command", "bundle": name, "argv": ["/bin/sh", "-c", script], "env": QUIET}
+    traj = fleet.run(task_id, agent)
+    assert traj.agent is not None, traj.infra
+    assert traj.agent.exit_code == 0, (traj.infra, traj.agent.exit_code, traj.agent.last_output[-3000:])
+    assert traj.status is Status.COMPLETED and traj.reward == 1.0, (traj.infra, traj.reward_details)
+    assert (traj.agent.bundle, traj.agent.bundle_digest) == (name, digest)
+    return traj
+
+
+def test_codex_from_its_bundle_finishes_a_task_in_the_sandbox_token_exact(fleet: Harnesses) -> None:
+    traj = run(fleet, "codex", CODEX, "CODEX-INSIDE")
+    assert "Done." in traj.agent.last_output, traj.agent.last_output[-2000:]  # stdout and stderr interleave
+    calls = fleet.calls(traj.agent.session)
+    assert [c.route for c in calls] == ["responses", "responses"] and [c.tool_calls for c in calls] == [1, 0]
+    assert [c.merged for c in calls] == [False, True]
+    context = fleet.token_exact(traj)
+    (streamed,) = [m for m in context["messages"] if m.get("tool_calls")]  # the function_call it was streamed
+    assert streamed["tool_calls"][0]["function"] == {"name": "exec_command", "arguments": {"cmd": WRITE}}
+    assert [m["role"] for m in context["messages"]].count("tool") == 1  # and its function_call_output
+
+
+def test_gemini_cli_from_its_bundle_finishes_a_task_in_the_sandbox_token_exact(fleet: Harnesses) -> None:
+    traj = run(fleet, "gemini-cli", GEMINI, "GEMINI-INSIDE")
+    assert "Done." in traj.agent.last_output, traj.agent.last_output[-2000:]  # stdout and stderr interleave
+    calls = fleet.calls(traj.agent.session)
+    assert [c.route for c in calls] == ["gemini", "gemini"] and [c.tool_calls for c in calls] == [1, 0]
+    assert [c.merged for c in calls] == [False, True]
+    context = fleet.token_exact(traj)
+    (call,) = [m for m in context["messages"] if m.get("tool_calls")]
+    assert call["tool_calls"][0]["function"] == {"name": "run_shell_command", "arguments": {"command": WRITE}}
+    (response,) = [m for m in context["messages"] if m["role"] == "tool"]  # its functionResponse
+    assert response["content"], context["messages"]
+
+
+def test_aider_from_its_bundle_finishes_a_task_in_the_sandbox_token_exact(fleet: Harnesses) -> None:
+    traj = run(fleet, "aider", AIDER, "AIDER-INSIDE")
+    calls = fleet.calls(traj.agent.session)
+    assert [c.route for c in calls] == ["chat"]
+    context = fleet.token_exact(traj)
+    assert context["reply"]["content"].endswith("answer.txt\n```\n42\n```")
