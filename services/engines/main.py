@@ -9,9 +9,10 @@ import signal
 from aiohttp import web
 
 from services.engines.app import create_app
-from services.engines.registration import join_pool, leave_pool
+from services.engines.registration import join_and_watch, leave_pool
 from services.engines.settings import EngineSettings
 from services.runtime.logs import configure_logging
+from services.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +29,13 @@ async def serve(settings: EngineSettings) -> None:
         await web.TCPSite(runner, settings.host, port, backlog=4096).start()
         runners.append(runner)
     log.info("%d %s engine(s) on %s:%d-%d", settings.count, settings.mode, settings.host, settings.port, port)
-    await asyncio.to_thread(join_pool, settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    watch = await join_and_watch(settings)
     await stop.wait()
+    await cancel_and_wait(watch)
     await asyncio.to_thread(leave_pool, settings)
     for runner in runners:
         await runner.cleanup()

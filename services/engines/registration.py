@@ -3,11 +3,18 @@
 With ``proxy_url`` set, every engine this process serves (stand-in or SGLang) is added to
 ``pool`` through the proxy's admin API, at the address the proxy reaches it by. Membership is
 kept in Redis by the proxy, so registering with any proxy replica reaches all of them.
+
+A Redis that restarts empty takes the membership with it: ``keep_joined`` checks every
+``rejoin_check_s`` that this process's engines are still listed (``GET /admin/status``), and joins
+again those that are missing once the proxy's store generation has changed since they joined. An
+engine removed by an operator in the same generation stays out.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Any
 
 import httpx
 
@@ -43,13 +50,74 @@ def _post(settings: EngineSettings, path: str, body: dict[str, str]) -> None:
         raise RuntimeError(f"proxy {path} answered {response.status_code}: {response.text[:500]}")
 
 
-def join_pool(settings: EngineSettings) -> None:
-    """Add every engine of this process to its pool (a no-op without ``proxy_url``)."""
+def _status(settings: EngineSettings) -> dict[str, Any]:
+    assert settings.proxy_url is not None
+    token = settings.admin_token.split(",")[0].strip()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    response = httpx.get(settings.proxy_url.rstrip("/") + "/admin/status", headers=headers, timeout=30.0)
+    if response.status_code >= 400:
+        raise RuntimeError(f"proxy /admin/status answered {response.status_code}: {response.text[:500]}")
+    status: dict[str, Any] = response.json()
+    return status
+
+
+def join_pool(settings: EngineSettings, only: set[str] | None = None) -> None:
+    """Add every engine of this process (or those of ``only``) to its pool (a no-op without ``proxy_url``)."""
     if settings.proxy_url is None:
         return
     for url, stage_url in zip(engine_urls(settings), stage_urls(settings), strict=True):
+        if only is not None and url not in only:
+            continue
         _post(settings, "/admin/engines", {"url": url, "pool": settings.pool, "stage_url": stage_url})
         log.info("joined pool %s of %s as %s", settings.pool, settings.proxy_url, url)
+
+
+class Membership:
+    """This process's engines as the proxy lists them, checked now and then (``keep_joined``)."""
+
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
+        self.generation: str | None = None  # the proxy's store generation when the engines last joined
+        self.rejoined = 0  # times engines joined again after the store lost them
+        self._failing = False
+
+    def joined(self) -> None:
+        """Just joined: remember the store generation it happened in."""
+        self.generation = _status(self.settings).get("store_generation")
+
+    def check(self) -> set[str]:
+        """Join again the engines missing from a store that lost its state; the URLs joined."""
+        status = _status(self.settings)
+        generation = status.get("store_generation")
+        listed = {e["url"] for pool in status.get("pools", {}).values() for e in pool.get("engines", [])}
+        missing = set(engine_urls(self.settings)) - listed
+        if not missing or generation is None or generation == self.generation:
+            return set()  # all there, or removed on purpose in the same store
+        log.warning("the proxy's store lost its state (generation %s, now %s): joining pool %s again as %s",
+                    self.generation, generation, self.settings.pool, ", ".join(sorted(missing)))  # fmt: skip
+        join_pool(self.settings, missing)
+        self.generation = generation
+        self.rejoined += 1
+        return missing
+
+    async def keep_joined(self) -> None:
+        """``check`` every ``rejoin_check_s`` until cancelled; a proxy that does not answer is logged once."""
+        try:
+            await asyncio.to_thread(self.joined)
+        except (httpx.HTTPError, RuntimeError, ValueError) as exc:  # the next check learns the generation
+            log.warning("could not read the proxy's store generation after joining: %s", exc)
+        while True:
+            await asyncio.sleep(self.settings.rejoin_check_s)
+            try:
+                await asyncio.to_thread(self.check)
+                if self._failing:
+                    log.info("the proxy answers again: membership checks resumed")
+                self._failing = False
+            except (httpx.HTTPError, RuntimeError, ValueError) as exc:
+                if not self._failing:
+                    log.warning("membership check with %s failed (%s); retrying every %.0fs", self.settings.proxy_url,
+                                exc, self.settings.rejoin_check_s)  # fmt: skip
+                self._failing = True
 
 
 def leave_pool(settings: EngineSettings) -> None:
@@ -61,3 +129,11 @@ def leave_pool(settings: EngineSettings) -> None:
             _post(settings, "/admin/engines/remove", {"url": url})
         except (httpx.HTTPError, RuntimeError) as exc:
             log.warning("could not leave pool %s as %s: %s", settings.pool, url, exc)
+
+
+async def join_and_watch(settings: EngineSettings) -> asyncio.Task[None] | None:
+    """``join_pool``, then ``Membership.keep_joined`` in the background (None without ``proxy_url``)."""
+    await asyncio.to_thread(join_pool, settings)
+    if settings.proxy_url is None:
+        return None
+    return asyncio.get_running_loop().create_task(Membership(settings).keep_joined(), name="membership")

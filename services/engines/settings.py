@@ -47,6 +47,9 @@ class EngineSettings(UsesAdminToken):
     proxy_url: str | None = None  # None: the proxy's own engine list names this engine (joining needs admin_token)
     pool: str = "default"
     advertise_host: str | None = None  # how the proxy reaches this host (pod IP, DNS name); default: host
+    # how often a joined engine checks it is still in the proxy's membership: after the proxy's store
+    # came back empty (a new store generation) it joins again; one removed by an operator stays out
+    rejoin_check_s: float = Field(5.0, gt=0)
     # sglang mode only (see services/engines/sglang.py for the command line built from these)
     tp_size: int = Field(1, ge=1)  # GPUs per engine (tensor parallel)
     mem_fraction_static: float | None = Field(None, gt=0, lt=1)  # weights + KV share of GPU memory

@@ -24,9 +24,10 @@ import time
 import httpx
 from aiohttp import web
 
-from services.engines.registration import join_pool, leave_pool, stage_port
+from services.engines.registration import join_and_watch, leave_pool, stage_port
 from services.engines.settings import EngineSettings
 from services.engines.staging import add_stage_route
+from services.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +92,14 @@ async def _serve(settings: EngineSettings) -> int:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, settings.host, stage_port(settings)).start()
+    watch = None
     try:
         url = f"http://{settings.host}:{settings.port}"
         await asyncio.to_thread(wait_healthy, url, proc, settings.startup_timeout_s)
-        await asyncio.to_thread(join_pool, settings)
+        watch = await join_and_watch(settings)
         return await asyncio.to_thread(proc.wait)
     finally:
+        await cancel_and_wait(watch)
         await asyncio.to_thread(leave_pool, settings)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)

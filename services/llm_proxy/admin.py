@@ -18,7 +18,7 @@ from services.llm_proxy.responses import error_response, json_response, read_jso
 from services.llm_proxy.staging import StageFailed, stage
 from services.llm_proxy.upstream import EngineClient
 from services.llm_proxy.weights import WeightTransaction
-from services.protocol import ErrorCode, PlatformError
+from services.protocol import ErrorCode, PlatformError, keys
 from services.protocol.tasks import Name
 from services.protocol.weights import WeightUpdate
 
@@ -93,7 +93,9 @@ class Admin:
                                 "load": rt.load if rt else 0,
                                 "weight_version": rt.weight_version if rt else None})  # fmt: skip
             pools[name] = {**pool.model_dump(), "engines": engines}
-        return json_response({"pools": pools})
+        # the store's generation: an engine that joined in another one rejoins (engines/registration.py)
+        generation: Any = await self.store.redis.get(keys.store_generation())
+        return json_response({"pools": pools, "store_generation": _text_or_none(generation)})
 
     async def join(self, body: dict[str, Any]) -> web.Response:
         req = EngineJoin.model_validate(body)
@@ -187,3 +189,7 @@ class Admin:
                 return
             await asyncio.sleep(0.2)
         raise PlatformError(ErrorCode.CONFLICT, f"{url} did not drain within {timeout_s} s")
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value.decode() if isinstance(value, bytes) else None if value is None else str(value)

@@ -26,6 +26,7 @@ from services.llm_proxy.responses import json_response
 from services.llm_proxy.settings import ProxySettings
 from services.llm_proxy.upstream import BackgroundTasks, EngineClient, create_session
 from services.llm_proxy.weights import WeightTransaction
+from services.runtime.generation import StoreGeneration
 from services.runtime.redis_pool import open_redis, pool_of
 from services.runtime.settings import RedisSettings
 from services.runtime.slow_clients import ClientLimits
@@ -34,6 +35,8 @@ VIEW = web.AppKey("view", FleetView)
 METRICS = web.AppKey("metrics", ProxyMetrics)
 AUTH = web.AppKey("auth", ProxyAuth)
 CLIENTS = web.AppKey("clients", ClientGuard)  # the server installs it on its connections (server.py)
+# each serving process follows the store's generation for its /healthz; the parent says it in the log
+GENERATION = web.AppKey("generation", StoreGeneration)
 
 
 @web.middleware
@@ -42,7 +45,7 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return json_response({"status": "ok", "pid": os.getpid()})
+    return json_response({"status": "ok", "pid": os.getpid(), **request.app[GENERATION].health()})
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -69,6 +72,7 @@ def create_app(settings: ProxySettings, redis_url: str) -> web.Application:
                           middlewares=[clients.middleware, error_bodies, authenticate])  # fmt: skip
     app[METRICS] = proxy_metrics
     app[CLIENTS] = clients
+    app[GENERATION] = generation = StoreGeneration("proxy", announce=False)
     gateway_metrics = GatewayMetrics(proxy_metrics.registry)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
@@ -107,6 +111,7 @@ def create_app(settings: ProxySettings, redis_url: str) -> web.Application:
             asyncio.create_task(view.follow(redis), name="membership"),
             asyncio.create_task(checker.run(settings.health_interval_s), name="health"),
             asyncio.create_task(proxy_metrics.tally.run(), name="metrics"),
+            asyncio.create_task(generation.follow(redis, settings.store_check_s), name="store generation"),
         ]
         yield
         for task in tasks:

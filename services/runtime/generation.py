@@ -27,8 +27,9 @@ log = logging.getLogger(__name__)
 class StoreGeneration:
     """What one service last saw of the store's generation."""
 
-    def __init__(self, service: str) -> None:
+    def __init__(self, service: str, announce: bool = True) -> None:
         self.service = service
+        self.announce = announce  # False: counted for /healthz, said by another process (the proxy's children)
         self.seen: str | None = None
         self.losses = 0  # times the store was found to have lost its state
         self.lost_at: float | None = None  # unix time of the last loss seen
@@ -70,6 +71,7 @@ class StoreGeneration:
         if lost:
             self.losses += 1
             self.lost_at = time.time()
+        if lost and self.announce:
             log.warning("%s: Redis lost its state (store generation %s, now %s): restoring what this service "
                         "owns", self.service, self.seen, value)  # fmt: skip
         self.seen = value

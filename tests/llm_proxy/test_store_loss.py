@@ -4,15 +4,17 @@ used to get 404 ``unknown_pool`` until the proxy was restarted."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
 from services.protocol import keys
 from services.runtime.redis_server import EmbeddedRedis
-from tests.llm_proxy.fleet import DEV_ENV, generate, start_engines, wait_until
+from tests.llm_proxy.fleet import DEV_ENV, FAST_ENGINE, generate, start_engines, wait_until
 from tests.support.processes import ServiceProcess, start_service
 
 CALL = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}
@@ -47,3 +49,36 @@ def test_the_proxy_registers_its_pools_again_when_redis_comes_back_empty(
     finally:
         client.close()
     assert proxy.log().count("Redis lost its state") == 1  # said once
+
+
+def _pool_urls(proxy_url: str, pool: str) -> set[str]:
+    doc = httpx.get(proxy_url + "/admin/status", timeout=10).json()
+    return {e["url"] for e in doc["pools"].get(pool, {}).get("engines", [])}
+
+
+def test_engines_that_joined_by_themselves_join_again(proxy: ServiceProcess, redis_server: EmbeddedRedis,
+                                                      tmp_path: Path) -> None:  # fmt: skip
+    """Only the engines of the proxy's own configuration came back; an engine that registered
+    itself (``--proxy-url``) was gone for good. Now it joins again, once; one removed by an
+    operator in the same store stays out."""
+    env = {"ROLLOUT_ENGINE_REJOIN_CHECK_S": "0.3"}
+    joining = start_service(["-m", "services.cli", "engine", "--port", "{port}", "--proxy-url", proxy.url, "--pool",
+                             "joined", *FAST_ENGINE], log_dir=tmp_path / "logs", env=env, name="joining")  # fmt: skip
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        url = f"http://127.0.0.1:{joining.port}"
+        wait_until(lambda: _pool_urls(proxy.url, "joined") == {url}, what="the engine to join")
+        client.flushall()
+        wait_until(lambda: _pool_urls(proxy.url, "joined") == {url}, what="the engine to join again")
+        wait_until(lambda: "store_lost" in httpx.get(proxy.url + "/healthz").json(), what="/healthz to say it")
+        assert joining.log().count("joining pool joined again") == 1
+        joined_pool = {"X-Pool": "joined"}
+        wait_until(lambda: generate(proxy.url, CALL, joined_pool).status_code == 200, what="the pool to serve")
+
+        removed = httpx.post(proxy.url + "/admin/engines/remove", json={"url": url}, timeout=10)
+        assert removed.status_code == 200, removed.text
+        time.sleep(1.5)  # five of the engine's checks
+        assert url not in _pool_urls(proxy.url, "joined") and joining.log().count("joining pool joined again") == 1
+    finally:
+        client.close()
+        joining.stop()
