@@ -8,6 +8,7 @@ from services.benchmarks import (
     agents,
     broker,
     capacity,
+    chaos,
     codec,
     envs,
     fleet,
@@ -19,7 +20,7 @@ from services.benchmarks import (
     turn,
 )
 
-BENCHMARKS = (codec, proxy, broker, fleet, trainer, trainers, swe, envs, gateway, turn, capacity, agents)
+BENCHMARKS = (codec, proxy, broker, fleet, trainer, trainers, swe, envs, gateway, turn, capacity, agents, chaos)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -125,10 +125,14 @@ class CommandAgent(_Agent):
 
     kind: Literal["command"] = "command"
     argv: list[str] = Field(min_length=1)  # the program and its arguments (no shell)
-    # "sandbox": inside the task sandbox, through the broker, as the sandbox's user; "host": a child
-    # of the worker on its host (trusted single-tenant setups only: refused unless the operator allows
-    # it, ``ROLLOUT_API_ALLOW_HOST_AGENTS`` / ``ROLLOUT_WORKER_ALLOW_HOST_AGENTS``); "beside" is read as "host"
-    where: Literal["sandbox", "host"] = "sandbox"
+    # "sandbox": inside the task sandbox, through the broker, as the sandbox's user; "paired": inside a
+    # second sandbox of its own (``agent_template``), driving the task sandbox with ``agent_client`` through
+    # its gateway forwarder and a lease token of that one lease; "host": beside the platform on the
+    # worker's host, confined (trusted single-tenant setups only: refused unless the operator allows it,
+    # ``ROLLOUT_API_ALLOW_HOST_AGENTS`` / ``ROLLOUT_WORKER_ALLOW_HOST_AGENTS``); "beside" is read as "host"
+    where: Literal["sandbox", "paired", "host"] = "sandbox"
+    # "paired": the agent sandbox's template, a registered one (None: "default", the host's /usr python)
+    agent_template: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")] | None = None
     env: dict[str, str] = Field(default_factory=dict)  # added to the program's environment
     model: str = "policy"  # the model name the program is told to use (OPENAI_MODEL / ROLLOUT_MODEL)
     output_max_bytes: int = Field(10_000, ge=256)  # tail of stdout+stderr kept on the trajectory
@@ -138,8 +142,10 @@ class CommandAgent(_Agent):
 
     @model_validator(mode="after")
     def _bundles_run_in_the_sandbox(self) -> CommandAgent:
-        if self.bundle is not None and self.where != "sandbox":
-            raise ValueError('an agent bundle is mounted in the sandbox: it needs where "sandbox"')
+        if self.bundle is not None and self.where == "host":
+            raise ValueError('an agent bundle is mounted in a sandbox: it needs where "sandbox" or "paired"')
+        if self.agent_template is not None and self.where != "paired":
+            raise ValueError('agent_template names the agent sandbox of where "paired"')
         return self
 
     @field_validator("where", mode="before")

@@ -20,11 +20,14 @@ from __future__ import annotations
 import ipaddress
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from services.protocol.tasks import MAX_DISK_MB, MAX_MEMORY_MB, MAX_TIMEOUT_S, MIN_CPUS, EnvKey, FilePath, Name, Text
 
 Label = Annotated[str, StringConstraints(max_length=256, pattern=r"^[^\x00]*$")]
+# how a sandbox is kept from its host: "namespaces" (local: bubblewrap; docker: runc), "gvisor" (local:
+# runsc; docker: the runsc runtime). Left out: the backend's own (``/healthz`` ``isolation.isolation_levels``)
+Isolation = Literal["namespaces", "gvisor"]
 
 
 def split_destination(entry: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, int | None]:
@@ -75,6 +78,7 @@ class Template(_Model):
     # destinations an egress sandbox may reach although they are private, link-local or the host's:
     # "10.1.2.0/24", "10.1.2.3:5432" (TCP and UDP to that port), "[fd00::1]:443"
     egress_allow: list[EgressDestination] = Field(default_factory=list, max_length=64)
+    isolation: Isolation | None = None  # its sandboxes' (and warm pool's) unless a lease asks otherwise
 
 
 class SandboxSetup(_Model):
@@ -101,6 +105,7 @@ class LeaseRequest(_Model):
     network: Literal["none", "egress"] = "none"
     wait_s: float = Field(30.0, ge=0, le=3_600)  # how long to queue for capacity before 429/503
     setup: SandboxSetup | None = None  # run by the broker before the lease is handed out
+    isolation: Isolation | None = None  # default: the template's; unlike the template's: never a warm sandbox
 
 
 class Lease(_Model):
@@ -170,6 +175,16 @@ class GatewayBinding(_Model):
     session: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{8,64}$")]  # the gateway session id
     upstream: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/?#]+/?$", max_length=512)]  # the proxy
     ttl_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)
+    # a paired agent's sandbox (local only): also relay ``/leases/{task_lease}/...`` to ``broker``, where the
+    # agent's lease token (scoped to that one lease) is checked; the task lease must be of the same job
+    task_lease: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$")] | None = None
+    broker: Annotated[str, StringConstraints(pattern=r"^https?://[^\s/?#]+/?$", max_length=512)] | None = None
+
+    @model_validator(mode="after")
+    def _task_lease_and_broker_together(self) -> GatewayBinding:
+        if (self.task_lease is None) != (self.broker is None):
+            raise ValueError("task_lease and broker go together")
+        return self
 
 
 class ExecResult(_Model):

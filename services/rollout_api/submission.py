@@ -77,6 +77,11 @@ async def check_templates(ctx: ApiContext, request: RolloutRequest) -> None:
                 f"the broker has no template {task.sandbox.template!r}",
                 field=f"tasks.{index}.sandbox.template",
             )
+    named = [("agent", request.agent), *((f"tasks.{i}.agent", t.agent) for i, t in enumerate(request.tasks))]
+    for field, agent in named:  # a paired agent's own sandbox
+        if isinstance(agent, CommandAgent) and agent.agent_template and agent.agent_template not in known:
+            raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, f"the broker has no template {agent.agent_template!r}",
+                                field=f"{field}.agent_template")  # fmt: skip
 
 
 async def check_agents(ctx: ApiContext, request: RolloutRequest) -> None:
@@ -99,7 +104,7 @@ async def check_agents(ctx: ApiContext, request: RolloutRequest) -> None:
         raise PlatformError(
             ErrorCode.CONFLICT,
             f'where "host" runs agents beside the platform, for single-tenant setups: {jobs} jobs exist here '
-            '(use where "sandbox")',
+            '(use where "sandbox" or "paired")',
             field=f"{host[0]}.where",
         )
 

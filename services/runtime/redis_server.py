@@ -160,6 +160,16 @@ class EmbeddedRedis:
             self._tmp = None
             self.data_dir = None
 
+    def kill(self) -> None:
+        """``kill -9`` the server and wait for it, keeping its port, password and data directory:
+        ``start()`` then brings it back on the same address with what its AOF holds (chaos tests)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=10)
+        if self._proc is not None and self._proc.stderr is not None:
+            self._proc.stderr.close()
+        self._proc = None
+
     def terminate(self) -> None:
         """Ask the server to exit (SIGTERM) without waiting; safe from a signal handler."""
         if self._proc is not None and self._proc.poll() is None:

@@ -143,6 +143,7 @@ def _install_routes(app: FastAPI, settings: BrokerSettings, metrics: BrokerMetri
     async def register_template(body: Template, broker: BrokerDep, caller: Caller) -> Template:
         caller.require_admin()
         body = checked_template(body, settings.backend, settings.template_roots, settings.template_images)
+        broker.check_isolation(body.isolation)
         await broker.templates.put(body)
         broker.pools.ensure(body)
         return body

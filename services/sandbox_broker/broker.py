@@ -35,6 +35,7 @@ from services.sandbox_broker.backends.base import (
     OutputSink,
     Sandbox,
     SandboxSpec,
+    TaskRouter,
     no_gateway,
 )
 from services.sandbox_broker.forks import SetUp, SharedSetups
@@ -108,6 +109,7 @@ class Broker:
     async def create_lease(self, request: LeaseRequest) -> Lease:
         started = time.monotonic()
         template = await self.templates.get(request.template)
+        self.check_isolation(request.isolation or template.isolation)
         lease_id = "lse-" + secrets.token_hex(12)
         warm = await self._warm_lease(lease_id, template, request, started)
         if warm is not None:
@@ -175,13 +177,27 @@ class Broker:
             setup_s=setup.setup_s if setup else 0.0, setup_shared=setup.shared if setup else False,
         )  # fmt: skip
 
+    def check_isolation(self, level: str | None) -> None:
+        """422 ``validation_error`` naming ``isolation`` when this broker's backend cannot give that level."""
+        if level is None:
+            return
+        levels: dict[str, str] = self.capabilities.get("isolation_levels", {})  # level -> "" or why not
+        if level not in levels:
+            raise PlatformError(ErrorCode.VALIDATION_ERROR, f"the {self.backend.name} backend has no isolation "
+                                f"{level!r} (it has: {', '.join(sorted(levels)) or 'none to choose'})",
+                                field="isolation")  # fmt: skip
+        if levels[level]:
+            raise PlatformError(ErrorCode.VALIDATION_ERROR, f"isolation {level!r} is unavailable on this broker's "
+                                f"host: {levels[level]}", field="isolation")  # fmt: skip
+
     def _limits(self) -> tuple[int, int, int]:
         return self.settings.max_leases, self.settings.max_backend_leases, self.settings.job_quota
 
     @staticmethod
     def _pool_key(template: Template, request: LeaseRequest) -> PoolKey | None:
         """The warm pool a request can be served from (its template's own resources, no network)."""
-        if request.network == "none" and request.resources == template.resources:
+        same = request.resources == template.resources and request.isolation in (None, template.isolation)
+        if request.network == "none" and same:
             return PoolKey.of(template.name, template.resources)
         return None
 
@@ -231,7 +247,7 @@ class Broker:
     ) -> Sandbox:
         labels = {LABEL_BROKER: self.instance, LABEL_LEASE: lease_id, LABEL_JOB: request.job,
                   LABEL_TEMPLATE: template.name}  # fmt: skip
-        spec = SandboxSpec(template, request.resources, request.network, labels, clone_of)
+        spec = SandboxSpec(template, request.resources, request.network, labels, clone_of, request.isolation)
         deadline = time.monotonic() + request.wait_s
         return await self.create_sandbox(spec, deadline)
 
@@ -374,8 +390,22 @@ class Broker:
             raise self._no_gateway()
         record = await self.live(lease_id)
         sandbox_id = record.lease.sandbox_id
+        if binding.task_lease is not None:
+            await self._check_task(record.lease.job, binding.task_lease)
         await self._backend_call(self.backend.bind_gateway(sandbox_id, binding.session, binding.upstream,
                                                            binding.ttl_s))  # fmt: skip
+        if binding.task_lease is not None and binding.broker is not None:
+            assert isinstance(self.backend, TaskRouter)
+            self.backend.route_task(sandbox_id, binding.task_lease, binding.broker)
+
+    async def _check_task(self, job: str, task_lease: str) -> None:
+        """A paired agent's sandbox reaches a task lease of its own job, on a backend that can relay it."""
+        if not isinstance(self.backend, TaskRouter):
+            why = f"the {self.backend.name} backend does not relay a task lease into an agent's sandbox (local does)"
+            raise PlatformError(ErrorCode.BAD_REQUEST, why, field="task_lease")
+        task = await self.live(task_lease)
+        if task.lease.job != job:
+            raise PlatformError(ErrorCode.BAD_REQUEST, "the task lease is of another job", field="task_lease")
 
     def _no_gateway(self) -> PlatformError:
         return no_gateway(self.backend.name)

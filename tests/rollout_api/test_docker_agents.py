@@ -20,10 +20,11 @@ import orjson
 import pytest
 import redis
 
+from services.benchmarks.bundled_harnesses import MINI, QUIET
 from services.protocol import Status, Trajectory, keys
 from services.runtime.chat import ChatTemplate
 from services.sandbox_broker.bundles import installed
-from tests.rollout_api.bundled import QUIET, bundles_dir, hermes
+from tests.rollout_api.bundled import bundles_dir, hermes
 from tests.rollout_api.fleet import (
     ADMIN,
     SECRETS,
@@ -37,7 +38,6 @@ from tests.rollout_api.fleet import (
     wait_finished,
     wait_for,
 )
-from tests.rollout_api.test_bundled_harnesses import MINI
 from tests.rollout_api.test_sandbox_agents import PROBE
 from tests.sandbox_broker.dockerd import Dockerd, import_image, private_dockerd
 

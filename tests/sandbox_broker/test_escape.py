@@ -15,7 +15,7 @@ import pytest
 from services.sandbox_broker.backends import docker_firewall
 from tests.sandbox_broker import escape
 from tests.sandbox_broker.conftest import BrokerFactory, docker_env, lease, needs_bwrap, run
-from tests.sandbox_broker.dockerd import Dockerd
+from tests.sandbox_broker.dockerd import Dockerd, runsc_problem
 from tests.support.processes import ServiceProcess
 
 pytestmark = [pytest.mark.slow]
@@ -63,10 +63,13 @@ def _exhaust(client: httpx.Client, lid: str, memory_mb: int, disk_mb: int, disk_
 
 
 @needs_bwrap
+@pytest.mark.parametrize("level", ["namespaces", "gvisor"])
 @pytest.mark.parametrize("network", ["none", "egress"])
 def test_local_sandbox_escapes_are_blocked(
-    network: str, start_broker: BrokerFactory, redis_url: str, services: tuple[int, int], canary: Path
+    network: str, level: str, start_broker: BrokerFactory, redis_url: str, services: tuple[int, int], canary: Path
 ) -> None:
+    if level == "gvisor" and (problem := runsc_problem()):
+        pytest.skip(problem)
     broker = start_broker()
     targets = _targets(broker, redis_url, services)
     with httpx.Client(base_url=broker.url, timeout=120) as client:
@@ -74,11 +77,13 @@ def test_local_sandbox_escapes_are_blocked(
         if network == "egress" and isolation["egress"] != "slirp4netns+nftables":
             pytest.skip(f"egress cannot be isolated here: {isolation['egress']}")
         resources = {"memory_mb": 128, "disk_mb": 64, "cpus": 1}
-        lid = lease(client, network=network, resources=resources)["id"]
+        lid = lease(client, network=network, resources=resources, isolation=level)["id"]
+        if level == "gvisor":
+            assert run(client, lid, "uname -r")["stdout"] == "4.4.0\n"  # gVisor's kernel, not the host's
         found = _attack(client, lid, escape.connect_script(targets, escape.BASH_CONNECT))
         found += _attack(client, lid, escape.host_script(broker.proc.pid, str(canary)) + "\n" + escape.READ_ONLY_HOST)
 
-        other = lease(client, network=network)["id"]  # another sandbox: its files and /tmp are its own
+        other = lease(client, network=network, isolation=level)["id"]  # another sandbox: its files, /tmp
         run(client, other, "echo secret > /workspace/secret; echo secret > /tmp/secret")
         found += _attack(client, lid, "cat /workspace/secret /tmp/secret 2>/dev/null | sed 's/^/ESCAPED /'")
 

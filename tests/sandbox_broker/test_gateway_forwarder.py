@@ -30,3 +30,25 @@ def test_the_own_session_passes(target: str) -> None:
 )  # fmt: skip
 def test_everything_else_is_refused(target: str) -> None:
     assert not allowed(target, SID)
+
+
+LEASE = "lease-0123456789abcdef"
+
+
+@pytest.mark.parametrize(
+    "target",
+    [f"/leases/{LEASE}/exec", f"/leases/{LEASE}/exec/stream", f"/leases/{LEASE}/files?path=/workspace/a.txt",
+     f"/leases/{LEASE}/archive?path=/workspace"],
+)  # fmt: skip
+def test_a_paired_agents_task_lease_passes(target: str) -> None:
+    """A paired agent's sandbox also reaches its task's lease (the broker then checks its lease token)."""
+    assert allowed(target, LEASE, "leases") and not allowed(target, SID)
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["/leases", f"/leases/{LEASE}", f"/leases/{LEASE}/", f"/leases/{LEASE}x/exec", f"/leases/{LEASE}/../other/exec",
+     f"/leases/{LEASE}/%2e%2e/other/exec", "/leases/lease-other/exec", "/templates", f"/e/{SID}/v1/models"],
+)  # fmt: skip
+def test_no_other_broker_route_passes(target: str) -> None:
+    assert not allowed(target, LEASE, "leases")

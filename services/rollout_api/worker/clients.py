@@ -309,9 +309,13 @@ class BrokerClient:
         )  # fmt: skip
         return ExecResult.model_validate(body)
 
-    async def bind_gateway(self, lease_id: str, session: str, upstream: str, ttl_s: float) -> None:
-        """Have the broker forward the session (and nothing else) into the lease's sandbox."""
-        body = {"session": session, "upstream": upstream, "ttl_s": ttl_s}
+    async def bind_gateway(self, lease_id: str, session: str, upstream: str, ttl_s: float,
+                           task_lease: str | None = None) -> None:  # fmt: skip
+        """Have the broker forward the session (and nothing else) into the lease's sandbox; with
+        ``task_lease`` (a paired agent's sandbox), also that lease's exec and files, to this broker."""
+        body: dict[str, object] = {"session": session, "upstream": upstream, "ttl_s": ttl_s}
+        if task_lease is not None:
+            body.update(task_lease=task_lease, broker=self.url)
         await self._call(InfraStage.SANDBOX_EXEC, "POST", f"/leases/{lease_id}/gateway", body=body)
 
     async def write_file(self, lease_id: str, path: str, content: str | bytes) -> None:

@@ -33,6 +33,7 @@ from services.protocol.trajectory import AgentRun
 from services.rollout_api.worker.command_agent import command_env, run_command
 from services.rollout_api.worker.env_agent import EnvRun
 from services.rollout_api.worker.host_agent import agent_uid, check_host_agent, confinement
+from services.rollout_api.worker.paired_agent import run_paired
 from services.rollout_api.worker.sandbox_agent import run_in_sandbox
 from services.rollout_api.worker.tools_agent import ToolsRun
 from services.runtime.auth import mint_lease_token, revoke_lease_token
@@ -168,6 +169,8 @@ async def _run_agent(episode: Episode, lease: Lease, opened: OpenSession, record
         ended = await run_in_sandbox(deps.broker, lease.id, agent, env, cwd=episode.workdir, gateway_port=port,
                                      timeout_s=limits.wall_clock_s, record=record)  # fmt: skip
         return Cap.WALL_CLOCK if ended else None
+    if agent.where == "paired":
+        return Cap.WALL_CLOCK if await run_paired(episode, lease, opened, agent, record) else None
     await _run_on_host(episode, lease, opened, agent, record)
     return None
 

@@ -30,6 +30,11 @@ class SandboxSpec:
     network: Literal["none", "egress"] = "none"
     labels: dict[str, str] = field(default_factory=dict)
     clone_of: str | None = None  # a snapshot (ForkingBackend.snapshot) to start from, not an empty sandbox
+    isolation: str | None = None  # "namespaces" | "gvisor"; None: the template's, else the backend's own
+
+    @property
+    def isolation_level(self) -> str | None:
+        return self.isolation or self.template.isolation
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,13 @@ class GatewayBinder(Protocol):
     """A backend that forwards a lease's gateway session into its sandbox (local and docker: a Unix socket)."""
 
     async def bind_gateway(self, sandbox_id: str, session: str, upstream: str, ttl_s: float) -> None: ...
+
+
+@runtime_checkable
+class TaskRouter(Protocol):
+    """A backend whose gateway forwarder also relays a task lease's exec and files (a paired agent's sandbox)."""
+
+    def route_task(self, sandbox_id: str, task_lease: str, broker: str) -> None: ...
 
 
 def no_gateway(backend: str) -> PlatformError:

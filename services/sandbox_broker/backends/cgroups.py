@@ -65,7 +65,8 @@ class Cgroups:
             return []
         return [d / "cgroup.procs" for d in self._dirs(sandbox_id)]
 
-    def create(self, sandbox_id: str, resources: Resources) -> None:
+    def create(self, sandbox_id: str, resources: Resources, pids_max: int | None = None) -> None:
+        """The sandbox's groups; ``pids_max`` overrides the host-wide limit (gVisor's own processes)."""
         if self.mode == "none":
             return
         memory, cpu, pids = self._dirs(sandbox_id)
@@ -75,7 +76,7 @@ class Cgroups:
         (memory / "memory.limit_in_bytes").write_text(limit)
         (cpu / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
         (cpu / "cpu.cfs_quota_us").write_text(str(int(resources.cpus * CFS_PERIOD_US)))
-        (pids / "pids.max").write_text(str(self.pids_max))
+        (pids / "pids.max").write_text(str(pids_max or self.pids_max))
 
     def exists(self, sandbox_id: str) -> bool:
         return self.mode == "none" or all(d.is_dir() for d in self._dirs(sandbox_id))

@@ -108,7 +108,15 @@ class DockerBackend:
                 "runtime": self.settings.docker_runtime or "default", "bridge": bridge,
                 "firewall": "iptables" if self._firewalled else "operator (docs/sandbox_broker.md)",
                 "disk_quota": self._disk.detail, "host_paths": self.agents.enabled,
-                "agents_dir": self.agents.agents_dir if self.agents.enabled else None}  # fmt: skip
+                "agents_dir": self.agents.agents_dir if self.agents.enabled else None,
+                "isolation_levels": self._levels()}  # fmt: skip
+
+    def _levels(self) -> dict[str, str]:
+        """What a lease's ``isolation`` may ask for: the engine's runtime decides, for every sandbox."""
+        if self.settings.docker_runtime == "runsc":
+            return {"gvisor": "", "namespaces": "the docker runtime is runsc (gVisor) for every sandbox"}
+        return {"namespaces": "", "gvisor": "the docker runtime is not runsc (ROLLOUT_BROKER_DOCKER_RUNTIME=runsc "
+                "with an engine configured for it)"}  # fmt: skip
 
     def _remove_idle_network(self) -> None:
         """On shutdown, the shared network goes when no sandbox is left on it (another replica's

@@ -59,6 +59,7 @@ SIGKILL = 9
 MARSHAL_VERSION = 4  # the broker's and the sandbox's interpreters may differ: one both read (3.4+)
 EXIT = -1  # the role in ``pump`` of the command's pidfd
 FEED = -2  # and of the pipe to its stdin
+POLL_S = 0.02  # without a pidfd (gVisor), how often the command's exit is looked for
 
 
 class Output:
@@ -229,6 +230,8 @@ def run(out: BinaryIO, rid: int, request: dict[str, Any]) -> None:
                Output(b"e", request["max_output_bytes"], request["stream"])]  # fmt: skip
     timed_out = pump(out, rid, child, outputs, stdin.encode() if stdin is not None else None, request["timeout_s"])
     code = child.wait()
+    if os.getpid() == 1:
+        reap_orphans()
     done(out, rid, TIMEOUT_EXIT_CODE if timed_out else code if code >= 0 else 128 - code, timed_out, outputs, started)
 
 
@@ -261,19 +264,23 @@ def pump(out: BinaryIO, rid: int, child: Child, outputs: list[Output], stdin: by
     fds = Pump()
     for pipe, output in zip((child.stdout, child.stderr), outputs, strict=True):
         fds.add(pipe, output)
-    pidfd = os.pidfd_open(child.pid)
-    fds.add(pidfd, EXIT)
+    pidfd = _pidfd(child.pid)
+    if pidfd >= 0:
+        fds.add(pidfd, EXIT)
     pending = _start_stdin(child, stdin, fds)
-    timed_out = False
+    timed_out, watching = False, True  # watching: the leader has not been seen to exit
     try:
-        while fds.roles and time.monotonic() < deadline + DRAIN_S:
-            if pidfd in fds.roles and time.monotonic() >= deadline:
-                timed_out = True
-                _end(fds, pidfd)
-            for fd in fds.wait(max(deadline - time.monotonic(), 0.0) if not timed_out else DRAIN_S):
+        while (fds.roles or watching) and time.monotonic() < deadline + DRAIN_S:
+            if watching and time.monotonic() >= deadline:
+                timed_out, watching = True, _end(fds, pidfd)
+            wait_s = max(deadline - time.monotonic(), 0.0) if not timed_out else DRAIN_S
+            ready = fds.wait(min(wait_s, POLL_S) if watching and pidfd < 0 else wait_s)
+            if watching and pidfd < 0 and _exited(child.pid):
+                watching = _end(fds, pidfd)
+            for fd in ready:
                 role = fds.roles.get(fd)
                 if role == EXIT:
-                    _end(fds, pidfd)  # the end of the command's pid namespace, as with a bubblewrap of its own
+                    watching = _end(fds, pidfd)  # the end of the command's pid namespace, as with a bubblewrap
                 elif role == FEED:
                     pending = _feed(fd, pending, fds)
                 elif isinstance(role, Output):
@@ -281,14 +288,41 @@ def pump(out: BinaryIO, rid: int, child: Child, outputs: list[Output], stdin: by
     finally:
         for fd in list(fds.roles):
             fds.drop(fd, close=fd != pidfd)
-        os.close(pidfd)
+        if pidfd >= 0:
+            os.close(pidfd)
     sweep()
     return timed_out
 
 
-def _end(fds: Pump, pidfd: int) -> None:
-    fds.drop(pidfd, close=False)
+def _pidfd(pid: int) -> int:
+    """A pidfd of the command, or -1 where the kernel has none (gVisor): its exit is then polled for."""
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return -1
+
+
+def _exited(pid: int) -> bool:
+    """Whether the command's leader has exited (left unreaped: ``Child.wait`` collects it)."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def _end(fds: Pump, pidfd: int) -> bool:
+    if pidfd in fds.roles:
+        fds.drop(pidfd, close=False)
     sweep()
+    return False
+
+
+def reap_orphans() -> None:
+    """As the namespace's init (gVisor: the agent is its container's first process), collect the
+    zombies of the commands' killed descendants, which are re-parented to it."""
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
 
 
 def _start_stdin(child: Child, data: bytes | None, fds: Pump) -> bytes:

@@ -33,10 +33,11 @@ _DROPPED = frozenset({"connection", "keep-alive", "proxy-connection", "te", "tra
 _SEGMENT = re.compile(r"^[A-Za-z0-9_~-][A-Za-z0-9._~:-]*$")
 
 
-def allowed(raw_path: str, session: str) -> bool:
-    """Whether a request target (path and query, as sent) is within ``/e/{session}/``."""
+def allowed(raw_path: str, session: str, root: str = "e") -> bool:
+    """Whether a request target (path and query, as sent) is within ``/{root}/{session}/`` (``/e/{session}/``,
+    or ``/leases/{task lease}/`` for a paired agent's sandbox)."""
     path = raw_path.partition("?")[0]
-    prefix = f"/e/{session}/"
+    prefix = f"/{root}/{session}/"
     if not path.startswith(prefix):
         return False
     rest = path[len(prefix) :]
@@ -51,6 +52,7 @@ class GatewayForwarder:
         self.http = http
         self.runner: web.AppRunner | None = None
         self.expiry: asyncio.TimerHandle | None = None
+        self.task: tuple[str, str] | None = None  # a paired agent's: (the task's lease id, the broker's URL)
 
     async def start(self, ttl_s: float) -> None:
         app = web.Application(client_max_size=MAX_BODY)
@@ -70,13 +72,21 @@ class GatewayForwarder:
         with contextlib.suppress(OSError):
             (self.directory / SOCKET_NAME).unlink()
 
+    def _upstream_of(self, raw_path: str) -> str | None:
+        if allowed(raw_path, self.session):
+            return self.upstream
+        if self.task is not None and allowed(raw_path, self.task[0], "leases"):
+            return self.task[1]  # the broker checks the agent's lease token: exec and files of that lease only
+        return None
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        if not allowed(request.raw_path, self.session):
+        upstream_url = self._upstream_of(request.raw_path)
+        if upstream_url is None:
             return web.json_response({"error": {"code": "forbidden", "message": "only this sandbox's own gateway "
                                                 "session is reachable here", "infra": False}}, status=403)  # fmt: skip
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROPPED}
-        target = URL(self.upstream + request.raw_path, encoded=True)
+        target = URL(upstream_url + request.raw_path, encoded=True)
         try:
             async with self.http.request(request.method, target, data=body, headers=headers) as upstream:
                 answer = web.StreamResponse(status=upstream.status, reason=upstream.reason)
@@ -131,6 +141,10 @@ class GatewayForwarders:
         forwarder = GatewayForwarder(directory, session, upstream, self._http)
         await forwarder.start(ttl_s)
         self.open[sandbox_id] = forwarder
+
+    def route_task(self, sandbox_id: str, task_lease: str, broker: str) -> None:
+        """Also relay ``/leases/{task_lease}/...`` of the sandbox's (bound) forwarder to ``broker``."""
+        self.open[sandbox_id].task = (task_lease, broker.rstrip("/"))
 
     async def unbind(self, sandbox_id: str) -> None:
         forwarder = self.open.pop(sandbox_id, None)

@@ -26,7 +26,7 @@ from services.sandbox_broker.backends.cgroups import Cgroups
 
 log = logging.getLogger(__name__)
 
-KINDS = ("overlay", "disk", "netns")
+KINDS = ("overlay", "disk", "netns", "gvisor")
 
 
 def probe_dir(state_dir: Path, kind: str, pid: int) -> Path:

@@ -24,7 +24,7 @@ from typing import Any
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import GATEWAY_SOCKET, ExecRequest, ExecResult
 from services.protocol.status import ErrorCode
-from services.sandbox_broker.backends import disk, imageroot, leftovers, netns, overlay, snapshots
+from services.sandbox_broker.backends import disk, gvisor, imageroot, leftovers, netns, overlay, snapshots
 from services.sandbox_broker.backends.agents import AgentRequest, ExecAgents, agent_command
 from services.sandbox_broker.backends.base import OutputSink, Sandbox, SandboxSpec, bad_path, sandbox_gone
 from services.sandbox_broker.backends.bwrap import HostProbe, SandboxPaths, probe_bwrap
@@ -37,6 +37,7 @@ from services.sandbox_broker.backends.local_commands import (
     command_of,
     cwd_of,
     env_of,
+    gvisor_argv,
     sandbox_prefix,
 )
 from services.sandbox_broker.backends.local_files import extract_tar, pack_tar, read_host_file, write_host_file
@@ -76,6 +77,7 @@ class LocalBackend:
         self.known = KnownSandboxes()
         self.agents_dir = str(settings.agents_dir.resolve()) if settings.agents_dir else None
         self.gateways = GatewayForwarders()
+        self.gvisor = gvisor.GvisorLevel()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -104,7 +106,10 @@ class LocalBackend:
                                "pass --allow-unisolated to run commands without isolation (UNSAFE)")  # fmt: skip
         if not ok:
             log.warning("UNSAFE: local sandboxes run WITHOUT isolation: %s", detail)
+        levels = {"namespaces": "" if ok else detail}  # what a lease's isolation may ask for ("": available)
+        self.gvisor.start(leftovers.probe_dir(state, "gvisor", pid), self.uid, levels)
         found = {**self.probe.as_dict(), "unsafe_unisolated": not ok, **self._limits_probe()}
+        found["isolation_levels"] = levels
         log.info("local backend host probe: %s", found)
         return found
 
@@ -117,6 +122,7 @@ class LocalBackend:
         return {"disk_quota": disk.KIND if self.disk_quota else "none (file-size rlimit only)", "egress": egress}
 
     async def close(self) -> None:
+        await self.gvisor.close()
         await self.gateways.close()
         await self.agents.close()
         await asyncio.to_thread(self.cgroups.remove_scope)
@@ -130,6 +136,9 @@ class LocalBackend:
         unpack_s = await asyncio.to_thread(self.images.unpack, spec.template, self.overlay)  # before its dir exists
         meta: dict[str, object] = {"labels": spec.labels, "network": spec.network, "created_at": time.time(),
                                    "image_prepare_s": unpack_s, "agents_dir": self.agents_dir}  # fmt: skip
+        if spec.isolation_level == "gvisor":  # else bubblewrap's namespaces (an older sandbox has no "isolation")
+            await self.gvisor.ready()
+            meta.update(isolation="gvisor", gvisor_nproc=self.pids_max)
         try:
             text = await asyncio.to_thread(self._prepare, paths, spec, meta)
             self.known.add(sandbox_id, paths, json.loads(text))  # as its commands would read it back
@@ -156,6 +165,10 @@ class LocalBackend:
                                 field="template")  # fmt: skip
         await self.gateways.bind(sandbox_id, known.paths.gateway, session, upstream, ttl_s)
 
+    def route_task(self, sandbox_id: str, task_lease: str, broker: str) -> None:
+        """A paired agent's sandbox: its forwarder also relays ``/leases/{task_lease}/...`` to the broker."""
+        self.gateways.route_task(sandbox_id, task_lease, broker)
+
     async def snapshot(self, sandbox_id: str) -> str:
         return await asyncio.to_thread(snapshots.take, self._existing(sandbox_id).disk, self.root.parent)
 
@@ -175,7 +188,8 @@ class LocalBackend:
         if spec.network == "egress":
             meta["netns"] = self._network(paths, spec)
         self.images.prepare(paths, spec.template, self.overlay, meta)
-        self.cgroups.create(paths.root.name, spec.resources)
+        gvisor_pids = self.pids_max * gvisor.PIDS_FACTOR if meta.get("isolation") == "gvisor" else None
+        self.cgroups.create(paths.root.name, spec.resources, gvisor_pids)
         rlimits = {"n": self.nofile, "f": spec.resources.disk_mb * 2048}  # dash counts 512-byte blocks
         if self.cgroups.mode == "none":
             rlimits["v"] = spec.resources.memory_mb * 1024
@@ -288,27 +302,37 @@ class LocalBackend:
     async def _exec_alone(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], request: ExecRequest,
                           command: list[str], cwd: str, env: dict[str, str], cap: int,
                           sink: OutputSink | None) -> ExecResult:  # fmt: skip
-        if self._bwrap is None:  # --allow-unisolated on a host without bwrap: UNSAFE
+        if self._bwrap is None and meta.get("isolation") != "gvisor":  # --allow-unisolated, no bwrap: UNSAFE
             argv, host_cwd = command, str(self._unisolated_cwd(paths, cwd))
         else:
-            argv, host_cwd = [*self._prefix(sandbox_id, paths, meta, cwd), *command], None
-        return await run_process(
-            argv, env=env, timeout_s=request.timeout_s, max_output_bytes=cap,
-            stdin=request.stdin.encode() if request.stdin is not None else None, cwd=host_cwd, sink=sink,
-            on_timeout=lambda: self._kill_all(sandbox_id),
-        )  # fmt: skip
+            argv, host_cwd = await self._argv(sandbox_id, paths, meta, cwd, env, command, "cmd"), None
+        try:
+            return await run_process(
+                argv, env=env, timeout_s=request.timeout_s, max_output_bytes=cap,
+                stdin=request.stdin.encode() if request.stdin is not None else None, cwd=host_cwd, sink=sink,
+                on_timeout=lambda: self._kill_all(sandbox_id),
+            )  # fmt: skip
+        finally:
+            gvisor.done_with(argv)
 
-    def _prefix(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], cwd: str) -> list[str]:
-        assert self._bwrap is not None
+    async def _argv(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], cwd: str, env: dict[str, str],
+                    command: list[str], name: str) -> list[str]:  # fmt: skip
+        """The command line that runs ``command`` in the sandbox: bubblewrap, or gVisor (gvisor.py)."""
         procs = self.cgroups.procs_files(sandbox_id)
-        return sandbox_prefix(self._bwrap, paths, meta, uid=self.uid, cwd=cwd, cgroup_procs=procs)
+        if meta.get("isolation") == "gvisor":
+            runsc = await self.gvisor.ready()
+            return await asyncio.to_thread(gvisor_argv, runsc, paths, meta, uid=self.uid, cwd=cwd, env=env,
+                                           command=command, cgroup_procs=procs, name=name)  # fmt: skip
+        assert self._bwrap is not None
+        return [*sandbox_prefix(self._bwrap, paths, meta, uid=self.uid, cwd=cwd, cgroup_procs=procs), *command]
 
     async def _start_agent(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], wait: bool = True) -> None:
         """The sandbox's exec agent, started with it (or at its first command after a broker restart)."""
         python = agent_python(meta)
-        if self._bwrap is None or python is None or not self.use_agents:
+        unisolated = self._bwrap is None and meta.get("isolation") != "gvisor"
+        if unisolated or python is None or not self.use_agents:
             return
-        argv = [*self._prefix(sandbox_id, paths, meta, workdir_of(meta)), *agent_command(python)]
+        argv = await self._argv(sandbox_id, paths, meta, workdir_of(meta), AGENT_ENV, agent_command(python), "agent")
         await self.agents.ensure(sandbox_id, argv, AGENT_ENV, paths.root / "agent.log", wait)
 
     def _kill_all(self, sandbox_id: str) -> None:

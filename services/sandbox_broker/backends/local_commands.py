@@ -1,5 +1,5 @@
 """How a local sandbox's command is started: its environment, and the command line that puts it in
-the sandbox (limits and cgroups, the egress namespace, bubblewrap), whether for one command or for
+the sandbox (limits and cgroups, the egress namespace, bubblewrap or gVisor), whether for one command or for
 the sandbox's exec agent."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from typing import Any
 from services.protocol.sandboxes import ExecRequest
 from services.sandbox_broker.backends import imageroot, netns
 from services.sandbox_broker.backends.bwrap import BASE_PATH, SandboxPaths, bwrap_argv, limits_prefix
+from services.sandbox_broker.backends.gvisor import Runsc
 from services.sandbox_broker.backends.local_images import image_of, shell_argv, workdir_of
 
 WORKDIR = "/workspace"
@@ -45,6 +46,16 @@ def sandbox_prefix(bwrap: str, paths: SandboxPaths, meta: dict[str, Any], *, uid
     if meta.get("netns"):
         argv = [*netns.enter_prefix(paths.root), *argv]
     return [*limits_prefix(meta.get("rlimits", {}), cgroup_procs), *argv]
+
+
+def gvisor_argv(runsc: Runsc, paths: SandboxPaths, meta: dict[str, Any], *, uid: int, cwd: str,
+                env: dict[str, str], command: list[str], cgroup_procs: list[Any], name: str) -> list[str]:  # fmt: skip
+    """The command in gVisor (gvisor.py): join the cgroups (no host rlimits: gVisor enforces the
+    bundle's), enter the egress namespace, then ``runsc run``."""
+    argv = runsc.argv(paths, meta, uid=uid, cwd=cwd, env=env, command=command, name=name)
+    if meta.get("netns"):
+        argv = [*netns.enter_prefix(paths.root), *argv]
+    return [*limits_prefix({}, cgroup_procs), *argv]
 
 
 def agent_python(meta: dict[str, Any]) -> str | None:
