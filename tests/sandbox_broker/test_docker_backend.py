@@ -126,6 +126,9 @@ def test_a_file_command_that_cannot_run_is_an_infra_error() -> None:
     with pytest.raises(PlatformError) as cannot:
         dockerfiles._checked(126, "unable to find user root: no matching entries in passwd file", "f", "regular file")
     assert cannot.value.code is ErrorCode.TRANSPORT_ERROR and cannot.value.code.infra
+    with pytest.raises(PlatformError) as killed:  # SIGKILL, not the path's failure
+        dockerfiles._checked(137, "", "/tmp/rollout-grader/rollout_pytest_report.py", "regular file")
+    assert killed.value.code is ErrorCode.TRANSPORT_ERROR
     with pytest.raises(PlatformError) as missing:
         dockerfiles._checked(dockerfiles.MISSING, "", "f", "regular file")
     assert missing.value.code is ErrorCode.NOT_FOUND
