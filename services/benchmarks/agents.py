@@ -24,16 +24,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import httpx
 import redis
 
+from services.benchmarks.agents_inside import Broker, local_broker, run_inside
+from services.benchmarks.bundled_harnesses import Inside, ensure_bundles, inside
 from services.benchmarks.engine_tap import EngineTap
-from services.benchmarks.harnesses import HARNESSES, Episode, Harness, Launch
+from services.benchmarks.harnesses import HARNESSES, Episode, Harness, Launch, openai_sdk_example
 from services.benchmarks.npm_harness import HarnessUnavailable
 from services.benchmarks.proxy_fleet import launch, start_proxy, stopping
 from services.benchmarks.report import percentile, write_json
@@ -44,6 +48,8 @@ from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.tables import print_table
 from services.runtime.tokenizer import write_tokenizer_dir
 
+BUNDLES = Path("/var/cache/rollout-agents")
+Row = dict[str, Any]
 TASKS = (  # (task, shell command, answer); the workdir holds a.txt ("a") and b.txt ("b")
     ("List the files here.", "ls", "There are two files."),
     ("Show what a.txt holds.", "cat a.txt", "a.txt holds one line: a."),
@@ -56,6 +62,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="run only this harness (repeatable; default: all installed)")  # fmt: skip
     p.add_argument("--tasks", type=int, default=len(TASKS), help=f"tasks per harness (1..{len(TASKS)})")
     p.add_argument("--timeout-s", type=float, default=120, help="per episode (default 120)")
+    p.add_argument("--where", choices=["sandbox", "host"], default="sandbox",
+                   help="sandbox (default): each episode in a local task sandbox, the harness from its agent "
+                        "bundle; host: the harness on this host in a temp directory")  # fmt: skip
+    p.add_argument("--bundles", type=Path, default=BUNDLES,
+                   help=f"agent bundles (built there when missing; default {BUNDLES})")  # fmt: skip
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     p.set_defaults(handler=run)
 
@@ -69,6 +80,7 @@ class Stack:
     proxy_url: str
     redis: redis.Redis
     tap: EngineTap
+    redis_url: str = ""
 
     def session(self) -> tuple[str, str]:
         sid, token = secrets.token_hex(8), secrets.token_urlsafe(16)
@@ -109,7 +121,7 @@ def stack(tmp: Path, harnesses: list[Harness], tasks: int) -> Iterator[Stack]:
             launched.append(proxy)
             client = redis.Redis.from_url(server.url)
             try:
-                yield Stack(proxy.url, client, tap)
+                yield Stack(proxy.url, client, tap, server.url)
             finally:
                 client.close()
 
@@ -145,12 +157,30 @@ def run_episode(
     return {"sid": sid, "calls": calls, "error": error, "exact": exact}
 
 
+def run_episode_inside(st: Stack, broker: Broker, harness: Harness, how: Inside, task: tuple[str, str, str],
+                       timeout_s: float) -> dict[str, Any]:  # fmt: skip
+    """One episode inside a fresh task sandbox, the harness from its bundle."""
+    text, _, answer = task
+    sid, token = st.session()
+    try:
+        error = run_inside(broker, st.proxy_url, harness, how, (sid, token), task_tag(text, harness.name), answer,
+                           timeout_s)  # fmt: skip
+    except (httpx.HTTPError, RuntimeError) as exc:
+        error = f"broker: {exc}"
+    calls = st.calls(sid)
+    if not error and len(calls) < harness.calls:
+        error = f"{len(calls)} gateway calls, {harness.calls} scripted"
+    exact = [st.tap.generated(list(c.prompt_ids), list(c.output_ids)) for c in calls]
+    return {"sid": sid, "calls": calls, "error": error, "exact": exact}
+
+
 def _read(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def measure_harness(st: Stack, harness: Harness, exe: str, tasks: int, tmp: Path, timeout_s: float) -> dict[str, Any]:
-    episodes = [run_episode(st, harness, exe, t, tmp, timeout_s) for t in TASKS[:tasks]]
+def measure_harness(harness: Harness, episode: Callable[[tuple[str, str, str]], dict[str, Any]],
+                    tasks: int) -> dict[str, Any]:  # fmt: skip
+    episodes = [episode(t) for t in TASKS[:tasks]]
     calls = [c for e in episodes for c in e["calls"]]
     later = [c for c in calls if c.index > 0]
     exact = [x for e in episodes for x in e["exact"]]
@@ -175,24 +205,18 @@ def measure_harness(st: Stack, harness: Harness, exe: str, tasks: int, tmp: Path
 def run(args: argparse.Namespace) -> int:
     names = args.harness or list(HARNESSES)
     tasks = max(1, min(args.tasks, len(TASKS)))
-    ready: list[tuple[Harness, str]] = []
-    skipped: dict[str, str] = {}
-    for name in names:
-        try:
-            ready.append((HARNESSES[name], HARNESSES[name].install()))
-        except HarnessUnavailable as e:
-            skipped[name] = str(e)
-    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-agents-") as tmp:
-        if ready:
-            with stack(Path(tmp), [h for h, _ in ready], tasks) as st:
-                rows = [measure_harness(st, h, exe, tasks, Path(tmp), args.timeout_s) for h, exe in ready]
+        if args.where == "sandbox":
+            rows, skipped = _inside(args, names, tasks, Path(tmp))
+        else:
+            rows, skipped = _on_host(args, names, tasks, Path(tmp))
     exact = [r for r in rows if r["token_exact"] == 1.0 and r["errors"] == 0 and r["finished"] == r["episodes"]]
     by_route: dict[str, list[float]] = {}
     for r in rows:
         if r["gateway_added_latency_p50_ms"] is not None:
             by_route.setdefault(r["route"], []).append(r["gateway_added_latency_p50_ms"])
     figures = {
+        "where": args.where,
         "harnesses_total": len(rows),
         "harnesses_token_exact": len(exact),
         "tasks_per_harness": tasks,
@@ -200,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
         "harnesses": {r["harness"]: {k: v for k, v in r.items() if k != "harness"} for r in rows},
         "skipped": skipped,
     }
-    print_table("harnesses through the gateway (scripted engine)",
+    print_table(f"harnesses through the gateway (scripted engine; {args.where})",
                 [{k: v for k, v in r.items() if k != "error_detail"} for r in rows])  # fmt: skip
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
@@ -210,3 +234,36 @@ def run(args: argparse.Namespace) -> int:
     print(f"harnesses token-exact: {len(exact)} of {len(rows)}")
     write_json(args.json, figures)
     return 0
+
+
+def _on_host(args: argparse.Namespace, names: list[str], tasks: int, tmp: Path) -> tuple[list[Row], dict[str, str]]:
+    ready: list[tuple[Harness, str]] = []
+    skipped: dict[str, str] = {}
+    for name in names:
+        try:
+            ready.append((HARNESSES[name], HARNESSES[name].install()))
+        except HarnessUnavailable as e:
+            skipped[name] = str(e)
+    if not ready:
+        return [], skipped
+    with stack(tmp, [h for h, _ in ready], tasks) as st:
+        rows = [measure_harness(h, partial(run_episode, st, h, exe, tmp=tmp, timeout_s=args.timeout_s), tasks)
+                for h, exe in ready]  # fmt: skip
+    return rows, skipped
+
+
+def _inside(args: argparse.Namespace, names: list[str], tasks: int, tmp: Path) -> tuple[list[Row], dict[str, str]]:
+    skipped = ensure_bundles(args.bundles, names)
+    hows: dict[str, Inside] = {}
+    for name in names:
+        try:
+            hows[name] = inside(name, openai_sdk_example() if name == "openai-sdk" else "")
+        except HarnessUnavailable as e:
+            skipped[name] = str(e)
+    ready = [HARNESSES[n] for n in names if n not in skipped]
+    if not ready:
+        return [], skipped
+    with stack(tmp, ready, tasks) as st, local_broker(tmp / "logs", st.redis_url, args.bundles) as broker:
+        rows = [measure_harness(h, partial(run_episode_inside, st, broker, h, hows[h.name], timeout_s=args.timeout_s),
+                                tasks) for h in ready]  # fmt: skip
+    return rows, skipped

@@ -47,6 +47,8 @@ COLD = {"cpus": 0.5, "memory_mb": 1024, "disk_mb": 2048}  # unlike the pool's: a
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("broker", help="sandbox broker: warm vs cold lease latency, exec overhead, kill -9 recovery")
     p.add_argument("--backend", choices=("local", "docker", "e2b"), default="local")
+    p.add_argument("--isolation", choices=("namespaces", "gvisor"), default=None,
+                   help="the sandboxes' isolation level (default: the backend's own; local: namespaces)")  # fmt: skip
     p.add_argument("--leases", type=int, default=100, help="concurrent leases (default 100)")
     p.add_argument("--commands", type=int, default=3, help="commands per lease (default 3)")
     p.add_argument("--egress-leases", type=int, default=None,
@@ -141,7 +143,8 @@ async def _bench(args: argparse.Namespace, redis_url: str, root: Path) -> dict[s
 
 async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: BrokerSettings) -> dict[str, Any]:
     image = default_template(settings).image  # docker and e2b templates name an image
-    template = {"name": "bench", "setup": args.setup, "warm_pool": args.leases, "image": image}
+    template = {"name": "bench", "setup": args.setup, "warm_pool": args.leases, "image": image,
+                "isolation": args.isolation}  # fmt: skip
     pool_timeout_s = max(600.0, 4.0 * args.leases)  # refills run 4 creates at a time; a loaded machine is slow
     await load.register(template, timeout_s=pool_timeout_s)
     cold = await run_leases(load, args.leases, {"template": "bench", "resources": COLD})
@@ -151,7 +154,7 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
     warm = await run_leases(load, args.leases, {"template": "bench"})
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)  # refills done: measure the exec path alone
     cpu_before = _broker_cpu_s(broker)
-    via_broker, direct = await load.overhead(settings, args.exec_samples)
+    via_broker, direct = await load.overhead(settings, args.exec_samples, args.isolation)
     broker_cpu_ms = (_broker_cpu_s(broker) - cpu_before) * 1000 / max(len(via_broker), 1)
     # after the overhead: the paced lease rate raises the pool's target, and its refills would run during it
     paced = await _paced(args, load)
@@ -160,7 +163,8 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
     await load.register(template, timeout_s=60)
     recovery = await _kill9_and_restart(load, broker, min(args.leases, 50))
     return {
-        "backend": args.backend, "leases": args.leases, "commands_per_lease": args.commands,
+        "backend": args.backend, "isolation": args.isolation or "default", "leases": args.leases,
+        "commands_per_lease": args.commands,
         "cold_lease_p50_ms": percentile(cold.start_ms, 50), "cold_lease_p99_ms": percentile(cold.start_ms, 99),
         "warm_lease_p50_ms": percentile(warm.start_ms, 50), "warm_lease_p99_ms": percentile(warm.start_ms, 99),
         "egress_leases": egress_n,
@@ -229,7 +233,8 @@ async def _kill9_and_restart(load: Load, broker: Proc, n: int) -> dict[str, Any]
 def _report(args: argparse.Namespace, f: dict[str, Any]) -> None:
     ratio = f["cold_lease_p99_ms"] / f["warm_lease_p99_ms"] if f["warm_lease_p99_ms"] else float("nan")
     f["cold_over_warm_p99"] = ratio
-    print_table(f"sandbox broker, {f['backend']} backend, {f['leases']} concurrent leases", [
+    title = f"sandbox broker, {f['backend']} backend ({f['isolation']} isolation), {f['leases']} concurrent leases"
+    print_table(title, [
         {"figure": "cold lease", "p50_ms": f["cold_lease_p50_ms"], "p99_ms": f["cold_lease_p99_ms"]},
         {"figure": f"cold lease, egress ({f['egress_leases']})", "p50_ms": f["egress_cold_lease_p50_ms"],
          "p99_ms": f["egress_cold_lease_p99_ms"]},

@@ -116,15 +116,18 @@ class Load:
         if not await self.release(lease["id"]):
             outcome.error("release failed")
 
-    async def overhead(self, settings: BrokerSettings, n: int) -> tuple[list[float], list[float]]:
+    async def overhead(
+        self, settings: BrokerSettings, n: int, isolation: str | None = None
+    ) -> tuple[list[float], list[float]]:
         """``true`` n times through the broker and n times on the bare backend, interleaved (so that the
         load of a shared machine falls on both alike): (via broker ms, direct ms), pairwise."""
-        lease = await self.create({})
+        lease = await self.create({"isolation": isolation} if isolation else {})
         assert lease is not None, "could not lease a sandbox"
         backend = make_backend(settings)
         await backend.start()
         labels = {LABEL_LEASE: lease["id"]}  # accounted for while that lease lives: the broker's reaper spares it
-        sandbox = await backend.create(SandboxSpec(default_template(settings), Resources(), "none", labels))
+        spec = SandboxSpec(default_template(settings), Resources(), "none", labels, isolation=isolation)
+        sandbox = await backend.create(spec)
         via_broker, direct = [], []
         try:
             for _ in range(n):

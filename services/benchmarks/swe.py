@@ -7,7 +7,8 @@ to exhaust the sandbox). Every mode runs on both routes: the SWE route (``POST /
 and the plain one (``POST /rollouts``, a ``Task`` per instance as docs/tasks.md packages one, graded
 with ``"grade_in": "fresh"``; its figures carry a ``plain_`` prefix). Once per backend: ``local`` (the task
 images unpacked as the sandboxes' root) and ``docker`` (the same images loaded into a Docker
-engine: a private dockerd unless ``--docker-host``); the docker figures carry a ``docker_`` prefix."""
+engine: a private dockerd unless ``--docker-host``); the first backend's figures have no prefix, each
+other's carry its name (``docker_``)."""
 
 from __future__ import annotations
 
@@ -78,16 +79,21 @@ def run(args: argparse.Namespace) -> int:
         figures["attacks"] = len(ATTACKS)
     for backend in backends:
         found = run_backend(args, instances, backend)
-        prefix = "" if backend == "local" else f"{backend}_"
+        prefix = _prefix(backend, backends)
         figures.update({f"{prefix}{key}": value for key, value in found.items()})
-    figures.setdefault("docker_gold_reward_mean", None)  # the key is always there: null when not run
+    figures["backend"] = backends[0]  # the backend of the figures without a prefix
+    if "docker" not in backends:
+        figures["docker_gold_reward_mean"] = None  # the key is always there: null when not run
     print(json.dumps(figures, indent=1))
     write_json(args.json, figures)
-    return 0 if all(_as_expected(figures, b, args.attacks) for b in backends) else 1
+    return 0 if all(_as_expected(figures, _prefix(b, backends), args.attacks) for b in backends) else 1
 
 
-def _as_expected(figures: dict[str, Any], backend: str, attacks: bool) -> bool:
-    prefix = "" if backend == "local" else f"{backend}_"
+def _prefix(backend: str, backends: list[str]) -> str:
+    return "" if backend == backends[0] else f"{backend}_"
+
+
+def _as_expected(figures: dict[str, Any], prefix: str, attacks: bool) -> bool:
     rewards = [figures.get(f"{prefix}{route}{mode}_reward_mean") for route in ("", "plain_") for mode in MODES]
     attacked = not attacks or figures.get(f"{prefix}attack_reward_max") == 0.0
     return rewards == [1.0, 0.0, 0.0] * 2 and figures.get(f"{prefix}infra_errors") == 0 and attacked

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from services.protocol.tasks import Name, RolloutOptions, SourceVersion
 
@@ -33,6 +33,9 @@ class SweInstance(BaseModel):
     setup_patch: str | None = None
     # this instance's test command, placeholders as in the request's (nothing appended); else the request's
     test_command: str | None = None
+    # the official harness's parser of this row's log (SWE-bench 5.x: "parse_log_django", ...): used
+    # when the request's ``log_parser`` is "swebench"
+    log_parser: str | None = None
     source: Name = "swebench"  # the dataset format the row came from (docs/environments.md)
     source_version: SourceVersion = ""  # that dataset's version (a name, a revision or a content hash)
 
@@ -57,7 +60,16 @@ class SweBenchRolloutRequest(RolloutOptions):
     # {files}: the test files (the test_patch's, else those of the test ids); {ids}: the test ids;
     # {modules}: the test files as dotted modules (Django's runtests.py). No placeholder: ids appended
     test_command: str = "python -m pytest -rA {files}"
-    log_parser: Literal["auto", "pytest", "unittest", "django"] = "auto"
+    # swebench: each instance's own ``log_parser`` (a SWE-bench 5.x column) from the official package
+    log_parser: Literal["auto", "pytest", "unittest", "django", "swebench"] = "auto"
     reward_timeout_s: float = Field(1_800.0, gt=0)
     grade_in: Literal["fresh", "same"] = "fresh"  # the tests run in a new sandbox with the agent's diff
     hide_history: bool = True  # after ``setup``: the repository keeps only its base commit (no later objects)
+
+    @model_validator(mode="after")
+    def _parsers_named(self) -> SweBenchRolloutRequest:
+        if self.log_parser == "swebench":
+            missing = [i.instance_id for i in self.instances if not i.log_parser]
+            if missing:
+                raise ValueError(f"log_parser 'swebench' needs each instance's log_parser; missing: {missing[:5]}")
+        return self

@@ -97,7 +97,16 @@ class ScoredTests(_Model):
 
     fail_to_pass: list[str] = Field(min_length=1)
     pass_to_pass: list[str] = Field(default_factory=list)
-    log_parser: Literal["auto", "pytest", "unittest", "django"] = "auto"  # auto: every format found
+    # auto: every format found; swebench: the official package's parser named by ``swebench_parser``
+    # (where pytest's own report is missing: docs/rollout_api.md)
+    log_parser: Literal["auto", "pytest", "unittest", "django", "swebench"] = "auto"
+    swebench_parser: Annotated[str, StringConstraints(pattern=r"^parse_log_\w{1,100}$")] | None = None
+
+    @model_validator(mode="after")
+    def _parser_named(self) -> ScoredTests:
+        if (self.log_parser == "swebench") != (self.swebench_parser is not None):
+            raise ValueError("swebench_parser names the parser of log_parser 'swebench' (and only then)")
+        return self
 
 
 class RewardSpec(_Model):

@@ -104,7 +104,7 @@ async def check_agents(ctx: ApiContext, request: RolloutRequest) -> None:
         raise PlatformError(
             ErrorCode.CONFLICT,
             f'where "host" runs agents beside the platform, for single-tenant setups: {jobs} jobs exist here '
-            '(use where "sandbox")',
+            '(use where "sandbox" or "paired")',
             field=f"{host[0]}.where",
         )
 

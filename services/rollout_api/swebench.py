@@ -132,6 +132,7 @@ def instance_task(instance: SweInstance, request: SweBenchRolloutRequest) -> Tas
                 fail_to_pass=list(instance.FAIL_TO_PASS),
                 pass_to_pass=list(instance.PASS_TO_PASS),
                 log_parser=request.log_parser,
+                swebench_parser=instance.log_parser if request.log_parser == "swebench" else None,
             ),
         ),
         source=instance.source,

@@ -33,12 +33,14 @@ SANDBOX_PYTHON = "/usr/bin/python3"  # local sandboxes see the host's /usr
 class Recipe:
     source: Literal["pypi", "npm"]
     package: str
-    commands: dict[str, str]  # command in bin/ -> the package's console script (PyPI) or bin entry (npm)
+    # command in bin/ -> the package's console script (PyPI; "python": the venv's interpreter) or bin entry (npm)
+    commands: dict[str, str]
 
 
 RECIPES: dict[str, Recipe] = {
     "mini-swe-agent": Recipe("pypi", "mini-swe-agent", {"mini": "mini"}),
     "aider": Recipe("pypi", "aider-chat", {"aider": "aider"}),
+    "openai-sdk": Recipe("pypi", "openai", {"python": "python"}),  # an agent program of one's own on the SDK
     "claude-code": Recipe("npm", "@anthropic-ai/claude-code", {"claude": "claude"}),
     "codex": Recipe("npm", "@openai/codex", {"codex": "codex"}),
     "gemini-cli": Recipe("npm", "@google/gemini-cli", {"gemini": "gemini"}),
@@ -124,7 +126,8 @@ def _pypi(recipe: Recipe, tree: Path, inside: str, version: str | None, python: 
     found = _run([str(venv / "bin" / "python"), "-c",
                   f"import importlib.metadata as m; print(m.version({recipe.package!r}))"]).strip()  # fmt: skip
     for command, script in recipe.commands.items():  # the script itself: its shebang has the build path
-        wrapper(tree / "bin" / command, f"{inside}/venv/bin/python {inside}/venv/bin/{script}")
+        python = f"{inside}/venv/bin/python"
+        wrapper(tree / "bin" / command, python if script == "python" else f"{python} {inside}/venv/bin/{script}")
     return found
 
 

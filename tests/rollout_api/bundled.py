@@ -2,10 +2,10 @@
 gateway: the fleet, the bundles and the token-exact check the in-sandbox harness tests share.
 
 The bundles are the ones in the directory ``ROLLOUT_TEST_AGENT_BUNDLES`` names, else the pinned
-versions below, built once per machine into ``/var/cache/rollout-agents`` (``rollout agents
-install``: npm packages in seconds, PyPI ones in 30-200 s; every directory above a bundle must be
-searchable by the sandbox user, which /root is not). Where a bundle cannot be built (no registry),
-the test that needs it skips with the reason."""
+versions of ``services/benchmarks/bundled_harnesses.py``, built once per machine into
+``/var/cache/rollout-agents`` (``rollout agents install``: npm packages in seconds, PyPI ones in
+30-200 s; every directory above a bundle must be searchable by the sandbox user, which /root is
+not). Where a bundle cannot be built (no registry), the test that needs it skips with the reason."""
 
 from __future__ import annotations
 
@@ -21,23 +21,16 @@ import orjson
 import pytest
 import redis
 
+from services.benchmarks.bundled_harnesses import ensure_bundles
 from services.protocol import Trajectory, keys
 from services.protocol.gateway import GatewayCall, decode_call
 from services.runtime.chat import ChatTemplate
-from services.sandbox_broker.bundles import install, installed
+from services.sandbox_broker.bundles import installed
 from tests.rollout_api.fleet import Fleet, create_job, running_fleet, submit, task, trajectories, wait_finished
 
 BUNDLE_CACHE = Path("/var/cache/rollout-agents")
-PINNED = {"mini-swe-agent": "2.4.6", "claude-code": "2.1.328", "codex": "0.169.0", "gemini-cli": "0.61.0",
-          "aider": "0.86.2"}  # fmt: skip
 JOB = "harness"
 CONTEXT = 400_000  # Claude Code's system prompt and tools are ~50 KB: more than the engine's default context
-# no telemetry, update checks or start-up banners (the sandbox has no network but its gateway)
-QUIET = {
-    "MSWEA_CONFIGURED": "1", "MSWEA_SILENT_STARTUP": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
-    "AIDER_ANALYTICS": "false",
-}  # fmt: skip
 
 
 def hermes(name: str, arguments: dict[str, Any]) -> str:
@@ -52,13 +45,7 @@ def bundles_dir(names: Sequence[str] = ("mini-swe-agent", "claude-code")) -> Pat
     given = os.environ.get("ROLLOUT_TEST_AGENT_BUNDLES", "")
     if given:
         return Path(given)
-    have = {(b.name, b.version) for b in installed(BUNDLE_CACHE)} if BUNDLE_CACHE.is_dir() else set()
-    for name in names:
-        if (name, PINNED[name]) not in have:
-            try:
-                install(name, BUNDLE_CACHE, PINNED[name])
-            except Exception as exc:  # a registry out of reach, a failed build: nothing to test with
-                FAILED[name] = f"building the {name} {PINNED[name]} bundle failed: {str(exc)[-500:]}"
+    FAILED.update(ensure_bundles(BUNDLE_CACHE, list(names)))
     return BUNDLE_CACHE
 
 

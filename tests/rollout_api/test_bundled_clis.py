@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
+from services.benchmarks.bundled_harnesses import AIDER, CODEX, GEMINI, QUIET
 from services.protocol import Status
-from tests.rollout_api.bundled import QUIET, Harnesses, harnesses, hermes
+from tests.rollout_api.bundled import Harnesses, harnesses, hermes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]  # bundles built once per machine
 
@@ -25,35 +26,6 @@ RULES: dict[str, list[Any]] = {
     "GEMINI-INSIDE": ["I will write it.\n" + hermes("run_shell_command", {"command": WRITE}), "Done."],
     "AIDER-INSIDE": ["I will write it down.\n\nanswer.txt\n```\n42\n```"],  # aider's "whole" edit format
 }
-# Codex: a Responses provider at the session (config.toml in a CODEX_HOME of its own); its
-# sub-agent namespace tool and hosted web search off (a chat template renders neither); its own
-# sandbox off (it runs in the task sandbox)
-CODEX = """mkdir -p /tmp/codex && cat > /tmp/codex/config.toml <<EOF
-model = "$OPENAI_MODEL"
-model_provider = "rollout"
-[model_providers.rollout]
-name = "rollout"
-base_url = "$OPENAI_BASE_URL"
-env_key = "OPENAI_API_KEY"
-wire_api = "responses"
-EOF
-CODEX_HOME=/tmp/codex exec codex exec --disable multi_agent -c 'web_search="disabled"' \
-  --dangerously-bypass-approvals-and-sandbox --skip-git-repo-check "$ROLLOUT_TASK"
-"""
-# Gemini CLI: the Gemini API at the session root, API-key auth, no usage statistics
-GEMINI = """mkdir -p "$HOME/.gemini" && cat > "$HOME/.gemini/settings.json" <<EOF
-{"security": {"auth": {"selectedType": "gemini-api-key"}}, "privacy": {"usageStatisticsEnabled": false}}
-EOF
-GOOGLE_GEMINI_BASE_URL="$ANTHROPIC_BASE_URL" GEMINI_API_KEY="$OPENAI_API_KEY" \
-  exec gemini -p "$ROLLOUT_TASK" --yolo --skip-trust -m "$OPENAI_MODEL"
-"""
-# aider: litellm's OpenAI provider at the session, the "whole" edit format, no git, no repository
-# map, nothing else on the network
-AIDER = """exec aider --model "openai/$OPENAI_MODEL" --openai-api-base "$OPENAI_BASE_URL" \
-  --openai-api-key "$OPENAI_API_KEY" --edit-format whole --yes-always --no-git --map-tokens 0 \
-  --no-check-update --no-analytics --no-show-model-warnings --no-pretty --no-fancy-input --no-detect-urls \
-  --no-show-release-notes --message "$ROLLOUT_TASK"
-"""
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
+from services.benchmarks.bundled_harnesses import CLAUDE, MINI, QUIET
 from services.protocol import Status, Trajectory
 from services.runtime.chat import ChatTemplate
-from tests.rollout_api.bundled import QUIET, Harnesses, harnesses, hermes
+from tests.rollout_api.bundled import Harnesses, harnesses, hermes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]  # bundles built once per machine
 
@@ -31,10 +32,6 @@ RULES: dict[str, list[Any]] = {
         "Done.",
     ],
 }
-MINI = ('exec mini -y --exit-immediately -l 0 -m "openai/$OPENAI_MODEL" -c mini.yaml '
-        '-c "model.model_kwargs.api_base=$OPENAI_BASE_URL" -c model.cost_tracking=ignore_errors '
-        '-o /tmp/mini.traj.json -t "$ROLLOUT_TASK"')  # fmt: skip
-CLAUDE = 'exec claude -p "$ROLLOUT_TASK" --dangerously-skip-permissions --model "$ANTHROPIC_MODEL"'
 
 
 @pytest.fixture(scope="module")

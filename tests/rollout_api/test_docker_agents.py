@@ -8,7 +8,6 @@ bind-mounted at /run/rollout and the bundles at /opt/agents."""
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,11 @@ import orjson
 import pytest
 import redis
 
+from services.benchmarks.bundled_harnesses import MINI, QUIET
 from services.protocol import Status, Trajectory, keys
 from services.runtime.chat import ChatTemplate
 from services.sandbox_broker.bundles import installed
-from tests.rollout_api.bundled import QUIET, bundles_dir, hermes
+from tests.rollout_api.bundled import FAILED, bundles_dir, hermes
 from tests.rollout_api.fleet import (
     ADMIN,
     SECRETS,
@@ -37,7 +37,6 @@ from tests.rollout_api.fleet import (
     wait_finished,
     wait_for,
 )
-from tests.rollout_api.test_bundled_harnesses import MINI
 from tests.rollout_api.test_sandbox_agents import PROBE
 from tests.sandbox_broker.dockerd import Dockerd, import_image, private_dockerd
 
@@ -65,15 +64,10 @@ AGENTS_DIRS: list[Path] = []  # the broker's agents_dir, set by the fleet
 
 
 def _bundles() -> Path:
-    """The real bundles where they can be had (the mini-swe-agent test skips otherwise), else an
-    empty directory: the attack test needs none."""
-    try:
-        found = bundles_dir()
-    except pytest.skip.Exception:
-        found = Path(tempfile.mkdtemp(prefix="rollout-agents-"))
-        found.chmod(0o755)
-    AGENTS_DIRS[:] = [found]
-    return found
+    """The real bundles (mini-swe-agent built into the cache when missing; where it cannot be built
+    its test skips with the reason, the attack test needs none)."""
+    AGENTS_DIRS[:] = [bundles_dir(("mini-swe-agent",))]
+    return AGENTS_DIRS[0]
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +157,7 @@ def test_mini_swe_agent_from_its_bundle_finishes_in_a_docker_sandbox_token_exact
     /opt/agents, runs inside the container and reaches the gateway through the socket forwarder."""
     found = {b.name: b for b in installed(AGENTS_DIRS[0])}
     if "mini-swe-agent" not in found:
-        pytest.skip(f"no mini-swe-agent bundle in {AGENTS_DIRS[0]} (building it failed)")
+        pytest.skip(FAILED.get("mini-swe-agent", f"no mini-swe-agent bundle in {AGENTS_DIRS[0]}"))
     agent = {"kind": "command", "bundle": "mini-swe-agent", "argv": ["/bin/sh", "-c", MINI], "env": QUIET}
     traj = run_one(fleet, "MSWEA-DOCKER", agent)
     assert traj.status is Status.COMPLETED and traj.reward == 1.0, (traj.infra, traj.agent)

@@ -155,3 +155,14 @@ def test_a_paired_agent_drives_the_task_sandbox_from_its_own(fleet: Fleet) -> No
     finally:
         broker.close()
         store.close()
+
+
+def test_an_unknown_agent_template_is_refused_at_submission(fleet: Fleet) -> None:
+    agent = {"kind": "command", "where": "paired", "argv": ["x"], "agent_template": "no-such-template"}
+    with fleet.client() as client:
+        headers = create_job(client, "unknown-template")
+        body = {"job": "unknown-template", "group_size": 1, "tasks": [task("T", "x", agent=agent)]}
+        response = client.post("/rollouts", json=body, headers=headers)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["field"]) == ("unknown_template", "tasks.0.agent.agent_template"), error

@@ -63,6 +63,7 @@ def _exhaust(client: httpx.Client, lid: str, memory_mb: int, disk_mb: int, disk_
 
 
 @needs_bwrap
+@pytest.mark.timeout(300)  # gVisor's cold starts and exhaustion probes on a loaded host
 @pytest.mark.parametrize("level", ["namespaces", "gvisor"])
 @pytest.mark.parametrize("network", ["none", "egress"])
 def test_local_sandbox_escapes_are_blocked(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from services.protocol import ErrorCode, InfraStage, RewardDetails, RewardSpec
 from services.protocol.sandboxes import ExecRequest, ExecResult
-from services.rollout_api.worker import outcomes
+from services.rollout_api.worker import outcomes, swebench_parsers
 from services.rollout_api.worker.clients import BrokerClient, InfraError
 from services.rollout_api.worker.conversation import truncate_middle
 from services.rollout_api.worker.restore import Snapshot, restore
@@ -65,6 +65,8 @@ async def score(
         reported = await _read(broker, lease_id, report) if report else None  # pytest ran with the plugin
         if reported is not None:
             statuses = outcomes.parse_report(reported)
+        elif spec.tests.swebench_parser is not None:
+            statuses = _swebench(log, spec.tests.swebench_parser)
         else:
             statuses = outcomes.parse(log, spec.tests.log_parser)
         resolved, details.tests = outcomes.grade(statuses, spec.tests)
@@ -101,7 +103,14 @@ async def _prepare(
             raise InfraError(InfraStage.REWARD, ErrorCode.INTERNAL_ERROR, message)
 
 
-REPORTED = ("pytest", "auto")  # log parsers under which a pytest run gets the grader's plugin
+REPORTED = ("pytest", "auto", "swebench")  # log parsers under which a pytest run gets the grader's plugin
+
+
+def _swebench(log: str, parser: str) -> dict[str, str]:
+    try:
+        return swebench_parsers.parse(log, parser)
+    except swebench_parsers.Unavailable as exc:
+        raise InfraError(InfraStage.REWARD, ErrorCode.INTERNAL_ERROR, str(exc)) from exc
 
 
 def with_plugin(command: str, report: str, directory: str = GRADER_DIR) -> str:

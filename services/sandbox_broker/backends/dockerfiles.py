@@ -51,8 +51,9 @@ PUT_TAR = _MARK + 'mkdir -p -- "$1" && exec tar -x -o -f - -C "$1"'
 GET_TAR = _MARK + '[ -e "$1" ] || exit 2; [ -d "$1" ] || exit 3; exec tar -c -f - -C "$1" .'
 MISSING, NOT_THAT_KIND = 2, 3
 # exit codes that say the command never ran (the engine's or the runtime's failure, as "unable to
-# find user", not the path's): an infra error, so that the caller retries, never a 400
-CANNOT_RUN = (-1, 125, 126, 127)
+# find user", not the path's), or was killed (137, SIGKILL: seen under load on a private dockerd while
+# writing the grader's plugin, with no output): an infra error, so that the caller retries, never a 400
+CANNOT_RUN = (-1, 125, 126, 127, 137)
 
 
 def _in_container(
