@@ -91,6 +91,6 @@ def test_close_before_the_end_cancels_the_rollout() -> None:
         await env.reset(list(task.agent.messages))
         await env.step("3")
         await env.close()
-        return env.rollout is not None and env.rollout.cancelled()
+        return env.driven.task is not None and env.driven.task.cancelled()
 
     assert asyncio.run(episode())

@@ -108,7 +108,7 @@ class DockerBackend:
                 "runtime": self.settings.docker_runtime or "default", "bridge": bridge,
                 "firewall": "iptables" if self._firewalled else "operator (docs/sandbox_broker.md)",
                 "disk_quota": self._disk.detail, "host_paths": self.agents.enabled,
-                "agents_dir": self.agents.agents_dir if self.agents.enabled else None,
+                "agent_bundles": bool(self.agents.enabled and self.agents.agents_dir),
                 "isolation_levels": self._levels()}  # fmt: skip
 
     def _levels(self) -> dict[str, str]:
