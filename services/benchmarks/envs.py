@@ -5,8 +5,9 @@ and the broker (local backend, authentication on) twice: with the oracle (each t
 ``solution/solve.sh``: 1.0) and with a no-op agent (0.0). Then one file per SWE instance format
 (swe_fixtures.py: SWE-bench, SWE-Gym, SWE-smith, R2E-Gym rows) through ``POST /rollouts/swebench``
 as ``rollout tasks import swe`` maps it, with the gold fix (1.0) and a no-op (0.0). Then the
-SkyRL-Gym rows of skyrl_fixtures.py and the verifiers environments of verifiers_fixtures.py, stepped
-by the worker (``env`` agents), each against the reward the package itself gives the same replies.
+SkyRL-Gym rows of skyrl_fixtures.py, the verifiers environments of verifiers_fixtures.py and the
+Atropos environments of atropos_fixtures.py, stepped by the worker (``env`` agents), each against the
+reward the package itself gives the same replies.
 
 JSON keys: ``harbor_tasks``, ``harbor_oracle_reward_mean``, ``harbor_noop_reward_mean``,
 ``infra_errors`` (every source), ``image_build_s_p50`` (per Harbor image, the shared base's
@@ -14,7 +15,8 @@ unpacking included), ``episodes`` (every source), ``sources_ok`` (the sources wh
 scored as its definition says), ``reward_matches_package`` (the share of episodes whose reward
 equals the reference of the set's own definition: the oracle's or gold fix's 1.0, the no-op's
 0.0; for SkyRL-Gym the package's own ``make`` / ``init`` / ``step``, for verifiers its own
-``rollout`` + ``score_rollout``), ``per_task`` (Harbor)."""
+``rollout`` + ``score_rollout``, for Atropos the environment's own ``collect_trajectories``),
+``per_task`` (Harbor)."""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ import redis
 
 from services.benchmarks.fleet_stack import Stack
 from services.benchmarks.report import write_json
-from services.environments import harbor, skyrl_gym, verifiers_env, verifiers_fixtures
+from services.environments import atropos, atropos_fixtures, harbor, skyrl_gym, verifiers_env, verifiers_fixtures
 from services.environments.fixture_base import HARBOR_FIXTURES, busybox_base
 from services.environments.harbor_sets import HarborImport, import_tasks
 from services.environments.skyrl_fixtures import REPLIES as SKYRL_REPLIES
@@ -92,6 +94,7 @@ def measure(args: argparse.Namespace, root: Path, redis_url: str) -> dict[str, A
     rules += [{"match": "MODE-GOLD", "replies": [SWE_GOLD, SUBMIT]}, {"match": "MODE-NOOP", "replies": [SUBMIT]}]
     rules += [{"match": marker, "replies": replies} for marker, replies in SKYRL_REPLIES.items()]
     rules += [{"match": marker, "replies": replies} for marker, replies in verifiers_fixtures.REPLIES.items()]
+    rules += [{"match": marker, "replies": replies} for marker, replies in atropos_fixtures.REPLIES.items()]
     (root / "script.json").write_text(json.dumps({"rules": rules, "default": SUBMIT, "latency_s": 0.0}))
     model = write_tokenizer_dir(root / "model")
     (root / "logs").mkdir()
@@ -111,6 +114,7 @@ def measure(args: argparse.Namespace, root: Path, redis_url: str) -> dict[str, A
         register_templates(broker, [*done.templates, *swe_templates])
         results = {mode: run_mode(api, redis_url, done.tasks, mode) for mode in MODES}
         swe = run_swe(api, redis_url, root / "swe") + run_skyrl(api, redis_url) + run_verifiers(api, redis_url)
+        swe += run_atropos(api, redis_url, str(model))
     finally:
         stack.stop()
     return summary(done, results, swe)
@@ -169,11 +173,23 @@ def run_verifiers(api: str, redis_url: str) -> list[Episode]:
     return [(verifiers_env.SOURCE, reference[t.task_id], t) for t in trajs]
 
 
+def run_atropos(api: str, redis_url: str, tokenizer: str) -> list[Episode]:
+    """The Atropos environments' items through ``env`` agents; each reference is the environment's own score."""
+    config, fixtures = {"tokenizer_name": tokenizer}, atropos_fixtures
+    tasks = [t for name, items in fixtures.ITEMS.items()
+             for t in atropos.tasks_from_environment(f"{fixtures.MODULE}:{name}", len(items), config)]  # fmt: skip
+    trajs = run_mode(api, redis_url, tasks, "atropos", mark=False)
+    items = {i["question"]: (name, i) for name, items in fixtures.ITEMS.items() for i in items}
+    reference = {t.id: asyncio.run(fixtures.package_reward(*items[t.prompt], tokenizer)) for t in tasks}
+    return [(atropos.SOURCE, reference[t.task_id], t) for t in trajs]
+
+
 def expected_episodes(harbor_tasks: int) -> dict[str, int]:
     """Episodes per source."""
     verifiers_rows = sum(len(rows) for rows in verifiers_fixtures.QUESTIONS.values())
+    atropos_items = sum(len(items) for items in atropos_fixtures.ITEMS.values())
     return {harbor.SOURCE: harbor_tasks * len(MODES), **{fmt: 2 for fmt in ROWS}, skyrl_gym.SOURCE: len(SKYRL_ROWS),
-            verifiers_env.SOURCE: verifiers_rows}  # fmt: skip
+            verifiers_env.SOURCE: verifiers_rows, atropos.SOURCE: atropos_items}  # fmt: skip
 
 
 def run_mode(api: str, redis_url: str, tasks: list[Task], mode: str, *, mark: bool = True) -> list[Trajectory]:

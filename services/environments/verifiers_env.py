@@ -6,8 +6,8 @@
   ``verifiers.load_environment`` takes it (an installed environment module), ``config`` its
   ``env_args``, ``extras`` the row (``prompt``, ``answer``, ``info``, ``task``, ``example_id``).
 - ``open_environment``: called by the worker through ``ENV_ADAPTERS``. The package's own ``rollout``
-  runs unchanged, with a chat client whose ``create`` hands the request to the worker and waits
-  for the worker's reply (the LLM turn, through the episode's gateway session). So the package
+  runs unchanged (``driven_rollout``), with a chat client whose ``create`` hands the request to the
+  worker and waits for the worker's reply (the LLM turn, through the episode's gateway session). So the package
   itself builds each prompt, calls ``env_response`` between turns (tools run by ``ToolEnv``),
   checks its stop conditions, and at the end its rubric's ``score_rollout`` gives the reward
   (the last step's reward; earlier steps give 0). The tools the environment offers
@@ -24,14 +24,13 @@ made inert here, so the worker keeps its own handling; teardown handlers are not
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import importlib.metadata
 import json
 import signal
 import threading
 from typing import Any
 
+from services.environments.driven_rollout import DrivenRollout, chat_completion, observations
 from services.protocol import RewardSpec, Task
 from services.protocol.agents import EnvAgent
 from services.protocol.environments import ENV_REWARD_COMMAND, EnvStep
@@ -101,24 +100,16 @@ def load_environment(env_id: str, env_args: dict[str, Any]) -> Any:
         return _environments[key]
 
 
-class _Request:
-    def __init__(self, messages: list[dict[str, Any]]) -> None:
-        self.messages = messages
-        self.reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+class _Client:
+    """The ``AsyncOpenAI`` the package's rollout is given: each ``chat.completions.create`` is a worker turn."""
 
-
-class _Bridge:
-    """The chat client the package's rollout talks to: each ``create`` is one LLM turn for the worker."""
-
-    def __init__(self) -> None:
+    def __init__(self, driven: DrivenRollout) -> None:
         self.chat = self
         self.completions = self
-        self.requests: asyncio.Queue[_Request] = asyncio.Queue()
+        self.driven = driven
 
-    async def create(self, *, messages: list[dict[str, Any]], **_: Any) -> Any:
-        request = _Request([dict(m) for m in messages])
-        await self.requests.put(request)
-        return await request.reply
+    async def create(self, *, messages: list[dict[str, Any]], **arguments: Any) -> Any:
+        return await self.driven.ask(messages, **arguments)
 
 
 class VerifiersEnvironment:
@@ -131,32 +122,22 @@ class VerifiersEnvironment:
         self.input = {**spec.extras, "prompt": spec.extras.get("prompt") or list(spec.messages)}
         self.input.setdefault("example_id", 0)
         self.tools: list[dict[str, Any]] = list(self.env.oai_tools or [])
-        self.bridge: _Bridge | None = None
-        self.rollout: asyncio.Task[Any] | None = None
-        self.request: _Request | None = None
+        self.driven = DrivenRollout()
 
     async def reset(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        self.bridge = _Bridge()
-        self.rollout = asyncio.ensure_future(self.env.rollout(self.input, self.bridge, "policy"))
-        state = await self._next()
-        if state is not None:
-            raise RuntimeError(f"the rollout ended before its first LLM turn (stop: {state.get('stop_condition')})")
-        assert self.request is not None
-        return list(self.request.messages)
+        request = await self.driven.start(lambda: self.env.rollout(self.input, _Client(self.driven), "policy"))
+        if request is None:
+            stop = self.driven.result().get("stop_condition")
+            raise RuntimeError(f"the rollout ended before its first LLM turn (stop: {stop})")
+        return list(request.messages)
 
     async def step(self, action: str, message: dict[str, Any] | None = None) -> EnvStep:
-        from openai.types.chat import ChatCompletion
-
-        assert self.request is not None
-        sent = self.request.messages
-        reply = {"role": "assistant", "content": action, **(message or {})}
-        choice = {"index": 0, "message": reply, "finish_reason": "tool_calls" if reply.get("tool_calls") else "stop"}
-        doc = {"id": "env-step", "object": "chat.completion", "created": 0, "model": "policy", "choices": [choice]}
-        self.request.reply.set_result(ChatCompletion.model_validate(doc))
-        state = await self._next()
-        if state is None:  # the package asks for another turn: what it added after the reply is the observation
-            assert self.request is not None
-            return EnvStep(observations=self.request.messages[len(sent) + 1 :], reward=0.0, done=False)
+        sent = self.driven.request
+        assert sent is not None
+        request = await self.driven.answer(chat_completion(action, message))
+        if request is not None:  # the package asks for another turn
+            return EnvStep(observations=observations(sent, request), reward=0.0, done=False)
+        state = self.driven.result()
         if state.get("error") is not None:
             raise RuntimeError(f"the rollout ended with an error: {state['error']!r}")
         await self.env.rubric.score_rollout(state)
@@ -164,22 +145,8 @@ class VerifiersEnvironment:
         return EnvStep(observations=[], reward=float(state["reward"]), done=True,
                        metadata={"stop_condition": state.get("stop_condition"), "metrics": metrics})  # fmt: skip
 
-    async def _next(self) -> Any:
-        """The package's next LLM request (``None`` returned, ``self.request`` set) or its finished state."""
-        assert self.bridge is not None and self.rollout is not None
-        asked = asyncio.ensure_future(self.bridge.requests.get())
-        await asyncio.wait({asked, self.rollout}, return_when=asyncio.FIRST_COMPLETED)
-        if asked.done():
-            self.request = asked.result()
-            return None
-        asked.cancel()
-        return self.rollout.result()
-
     async def close(self) -> None:
-        if self.rollout is not None and not self.rollout.done():
-            self.rollout.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.rollout
+        await self.driven.close()
 
 
 def open_environment(spec: EnvAgent) -> VerifiersEnvironment:

@@ -155,7 +155,7 @@ class CommandAgent(_Agent):
 
 
 EnvSource = Literal[
-    "skyrl-gym", "openenv", "verifiers"
+    "skyrl-gym", "openenv", "verifiers", "atropos"
 ]  # the packages an ``env`` agent can step (services/protocol/environments.py)
 
 

@@ -25,6 +25,7 @@ ENV_ADAPTERS: dict[str, str] = {  # source (``EnvAgent.source``) -> its adapter 
     "skyrl-gym": "services.environments.skyrl_gym",
     "openenv": "services.environments.openenv",
     "verifiers": "services.environments.verifiers_env",
+    "atropos": "services.environments.atropos",
 }
 ENV_REWARD_FILE = ".rollout-env-reward"  # in the workdir: the step rewards and, last line, their sum
 ENV_REWARD_COMMAND = f"cat {ENV_REWARD_FILE}"  # the ``RewardSpec.command`` of an ``env`` task (parse_float)

@@ -7,10 +7,11 @@ leaves a counter out of step with a stream:
 - ``admit`` (API): idempotency check, queue quota, rollout record and every XADD, all or nothing;
 - ``take`` (worker): start an attempt of a trajectory (counts a first take as queued -> in flight);
 - ``give_back`` (worker shutting down): undo ``take``, the item is queued again for another worker;
+- ``count`` (worker): one more of a job counter (a failed attempt at its stage);
 - ``publish`` (worker, API on cancel): the single final record of a trajectory, with its counters
   (an evaluation sample's goes to the eval stream, and its result to the rollout's results hash).
 
-The worker's three (``take``, ``give_back``, ``publish``) do nothing where the rollout's record is
+The worker's (``take``, ``give_back``, ``count``, ``publish``) do nothing where the rollout's record is
 missing (records are never deleted: the store lost its state, restarted empty): a running episode
 of a job that no longer exists is never recorded into keys recreated for it. ``take`` and
 ``publish`` answer as for a trajectory already finished, so its item is dropped.
@@ -146,6 +147,16 @@ return id
 )
 
 
+COUNT = LuaScript(
+    keys=("stats", "rollout"),
+    args=("field",),
+    body="""
+if redis.call('EXISTS', rollout) == 0 then return 0 end
+return redis.call('HINCRBY', stats, field, 1)
+""",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Admitted:
     outcome: int  # 1 admitted, 0 duplicate idempotency key, -1 over the queue quota
@@ -181,6 +192,7 @@ class Scripts:
         self._admit = ADMIT.register(client)
         self._take = TAKE.register(client)
         self._give_back = GIVE_BACK.register(client)
+        self._count = COUNT.register(client)
         self._publish = PUBLISH.register(client)
 
     async def admit(
@@ -216,6 +228,11 @@ class Scripts:
         script_keys = {"attempts": keys.attempts(job), "stats": keys.job_stats(job),
                        "rollout": keys.rollout_record(job, rollout_id)}  # fmt: skip
         await self._give_back(script_keys, {"trajectory_id": trajectory_id})
+
+    async def count(self, job: str, rollout_id: str, field: str) -> None:
+        """One more of the job's counter ``field`` (nothing for a rollout that no longer exists)."""
+        await self._count({"stats": keys.job_stats(job), "rollout": keys.rollout_record(job, rollout_id)},
+                          {"field": field})  # fmt: skip
 
     async def publish(
         self, job: str, rollout_id: str, outcome: Outcome, fields: Mapping[str, str | bytes], *, maxlen: int, now: float

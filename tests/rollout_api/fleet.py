@@ -52,6 +52,7 @@ class Fleet:
     engines: dict[str, ServiceProcess]
     workers: list[ServiceProcess] = field(default_factory=list)
     state_dir: Path = Path()  # the broker's, reachable by the sandbox user
+    redis: EmbeddedRedis | None = None  # the server, for tests that stop or restart it
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.api.url, timeout=30.0)
@@ -199,6 +200,7 @@ def running_fleet(
     state.chmod(0o755)  # the sandbox user must reach the sandboxes' directories (pytest's tmp root is 0700)
     with EmbeddedRedis() as server:
         fleet = start_fleet(server.url, script, model, root / "logs", state, api_env, broker_env, context_cap, backend)
+        fleet.redis = server
         try:
             yield fleet
         finally:

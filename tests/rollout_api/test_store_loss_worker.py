@@ -16,7 +16,7 @@ from services.protocol import keys
 from services.rollout_api.redis_scripts import Outcome, Scripts, Taken
 from services.rollout_api.worker.worker import Worker
 from services.runtime.tokenizer import write_tokenizer_dir
-from tests.rollout_api.inprocess import admit, run_worker, setup_job, task
+from tests.rollout_api.inprocess import JOB, admit, run_worker, setup_job, task
 
 
 class LongEpisode:
@@ -40,7 +40,7 @@ def test_running_episodes_stop_without_a_record_when_redis_comes_back_empty(
 
     def done() -> bool:
         worker = seen[0]
-        if not flushed and len(worker.running) == 2:
+        if not flushed and len(worker.running) == 2 and redis_client.hlen(keys.attempts(JOB)) == 2:  # both taken
             redis_client.flushall()  # Redis restarted without persistence
             flushed.append(True)
         return bool(flushed) and not worker.running
@@ -54,8 +54,9 @@ def test_running_episodes_stop_without_a_record_when_redis_comes_back_empty(
 
 
 def test_the_worker_scripts_recreate_nothing_of_a_vanished_job(redis_url: str, redis_client: redis.Redis) -> None:
-    """An episode that ends between the loss and the worker noticing it: its take, give-back and
-    record find the rollout missing and write nothing (the record is answered as a duplicate)."""
+    """An episode that ends between the loss and the worker noticing it: its take, give-back,
+    failed-attempt counter and record find the rollout missing and write nothing (the record is
+    answered as a duplicate)."""
 
     async def scripts_on_an_empty_store() -> tuple[Taken, str | None]:
         client = AsyncRedis.from_url(redis_url)
@@ -63,6 +64,7 @@ def test_the_worker_scripts_recreate_nothing_of_a_vanished_job(redis_url: str, r
             scripts = Scripts(client)
             taken = await scripts.take("gone", "r1", "t1")
             await scripts.give_back("gone", "r1", "t1")
+            await scripts.count("gone", "r1", "failed_attempts:sandbox")
             outcome = Outcome("t1", 1, "completed", 1.0, False, 3, True)
             entry = await scripts.publish("gone", "r1", outcome, {"body": b"x"}, maxlen=100, now=1.0)
             return taken, entry

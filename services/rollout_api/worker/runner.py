@@ -124,8 +124,9 @@ class ItemRunner:
             if await self._outage_kept(delivery, trips):
                 continue  # the attempt was given back: the same attempt number runs again
             error = failure
-            await self._stored(functools.partial(self.redis.hincrby, keys.job_stats(item.job),
-                                                 counters.failed_attempts(error.stage.value), 1))  # fmt: skip
+            count = functools.partial(self.scripts.count, item.job, item.rollout_id,
+                                      counters.failed_attempts(error.stage.value))  # fmt: skip
+            await self._stored(count)
             self.metrics.infra.labels(error.stage.value).inc()
             if not error.retryable or taken.attempt >= item.max_attempts:
                 await self._finish(delivery, self._infra(item, taken.attempt, error), ran=True)
