@@ -269,6 +269,10 @@ class DockerBackend:
                                 "before this broker forwarded gateways)", field="gateway")  # fmt: skip
         await self.gateways.bind(sandbox_id, gateway, session, upstream, ttl_s)
 
+    def route_task(self, sandbox_id: str, task_lease: str, broker: str) -> None:
+        """A paired agent's container: its forwarder also relays ``/leases/{task_lease}/...`` to the broker."""
+        self.gateways.route_task(sandbox_id, task_lease, broker)
+
     async def list_sandboxes(self) -> list[Sandbox]:
         containers = await self._run(self.client.containers.list, all=True, filters={"label": LABEL_BROKER})
         found = [Sandbox(c.id, dict(c.labels), _workdir(c.attrs), _created(c.attrs.get("Created", "")))
