@@ -1,4 +1,5 @@
-"""A Redis Cluster of embedded servers on loopback: ``masters`` primaries, no replicas, one password.
+"""A Redis Cluster of embedded servers on loopback: ``masters`` primaries, ``replicas`` replicas of
+each (none by default), one password.
 
 It stands for a production Redis Cluster in tests and on a developer's machine: each node is an
 :class:`~services.runtime.redis_server.EmbeddedRedis` started with ``--cluster-enabled yes``, and
@@ -36,22 +37,27 @@ def find_cli_binary(server: Path) -> Path:
 
 @dataclass
 class EmbeddedRedisCluster:
-    """``masters`` cluster-mode servers on 127.0.0.1 joined into one cluster. A context manager."""
+    """``masters`` (+ ``masters * replicas``) cluster-mode servers on 127.0.0.1 joined into one
+    cluster. A context manager."""
 
     masters: int = 3
+    replicas: int = 0  # per master; a killed master's replica is promoted after the node timeout
+    node_timeout_ms: int = 5000
     password: str = field(default_factory=lambda: secrets.token_urlsafe(24), repr=False)
     nodes: list[EmbeddedRedis] = field(default_factory=list, init=False)
 
     @property
     def url(self) -> str:
-        """The seed URL clients start from (the first node; the client discovers the others)."""
-        return f"redis+cluster://:{quote(self.password, safe='')}@127.0.0.1:{self.nodes[0].port}"
+        """The seed URL clients start from (the first live node; the client discovers the others)."""
+        seed = next((node for node in self.nodes if node.alive()), self.nodes[0])
+        return f"redis+cluster://:{quote(self.password, safe='')}@127.0.0.1:{seed.port}"
 
     def start(self, timeout_s: float = 30.0) -> str:
         binary = find_server_binary()
-        options = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000")
+        options = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                   "--cluster-node-timeout", str(self.node_timeout_ms))  # fmt: skip
         try:
-            for _ in range(self.masters):
+            for _ in range(self.masters * (1 + self.replicas)):
                 node = EmbeddedRedis(password=self.password, binary=binary, extra_args=options)
                 self.nodes.append(node)
                 node.start()
@@ -64,17 +70,17 @@ class EmbeddedRedisCluster:
 
     def _create(self, cli: Path) -> None:
         addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
-        argv = [str(cli), "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"]
+        argv = [str(cli), "--cluster", "create", *addresses, "--cluster-replicas", str(self.replicas), "--cluster-yes"]
         env = {**os.environ, "REDISCLI_AUTH": self.password}  # not on the command line
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
         if done.returncode != 0:
             raise RedisServerError(f"cluster create failed: {(done.stdout + done.stderr)[-800:]}")
 
     def _wait_ok(self, timeout_s: float) -> None:
-        """Every node reports ``cluster_state:ok`` and knows all the others."""
+        """Every node reports ``cluster_state:ok`` and knows all the others (a killed node is skipped)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if all(self._node_ok(node) for node in self.nodes):
+            if all(self._node_ok(node) for node in self.nodes if node.alive()):
                 return
             time.sleep(0.1)
         raise RedisServerError(f"the cluster did not reach cluster_state:ok in {timeout_s:g} s")
@@ -83,18 +89,64 @@ class EmbeddedRedisCluster:
         client = redis.Redis(host=node.host, port=node.port, password=self.password, socket_connect_timeout=1)
         try:
             info: Any = client.cluster("INFO")  # parsed into a dict of strings
+            replication: Any = client.info("replication")
         finally:
             client.close()
-        return bool(info.get("cluster_state") == "ok" and info.get("cluster_known_nodes") == str(self.masters))
+        linked = replication.get("role") == "master" or replication.get("master_link_status") == "up"
+        return bool(info.get("cluster_state") == "ok" and info.get("cluster_known_nodes") == str(len(self.nodes))
+                    and linked)  # fmt: skip
 
     def flush(self) -> None:
-        """Empty every node (a clean keyspace per test)."""
+        """Empty every master (a clean keyspace per test; replicas follow)."""
         for node in self.nodes:
+            if not node.alive():
+                continue
             client = redis.Redis(host=node.host, port=node.port, password=self.password)
             try:
-                client.flushall()
+                info: Any = client.info("replication")
+                if info.get("role") == "master":
+                    client.flushall()
             finally:
                 client.close()
+
+    def master_of(self, key: str) -> EmbeddedRedis:
+        """The node serving ``key``'s slot now (as the live nodes see it)."""
+        for node in self.nodes:
+            if not node.alive():
+                continue
+            client = redis.Redis(host=node.host, port=node.port, password=self.password, socket_connect_timeout=1)
+            try:
+                slot = int(client.cluster("KEYSLOT", key))
+                ranges: Any = client.cluster("SLOTS")
+            finally:
+                client.close()
+            for start, end, master, *_ in ranges:
+                if int(start) <= slot <= int(end):
+                    port = int(master[1])
+                    return next(n for n in self.nodes if n.port == port)
+        raise RedisServerError(f"no live node knows who serves {key!r}")
+
+    def wait_failover(self, key: str, dead: EmbeddedRedis, timeout_s: float = 60.0) -> EmbeddedRedis:
+        """Wait until a live node serves ``key``'s slot in ``dead``'s place and the live nodes all
+        report ``cluster_state:ok``; returns the promoted node."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                node = self.master_of(key)
+                if node is not dead and node.alive() and all(self._state_ok(n) for n in self.nodes if n.alive()):
+                    return node
+            except (redis.RedisError, RedisServerError):
+                pass
+            time.sleep(0.2)
+        raise RedisServerError(f"no replica took over {key!r}'s slot within {timeout_s:g} s")
+
+    def _state_ok(self, node: EmbeddedRedis) -> bool:
+        client = redis.Redis(host=node.host, port=node.port, password=self.password, socket_connect_timeout=1)
+        try:
+            info: Any = client.cluster("INFO")
+        finally:
+            client.close()
+        return bool(info.get("cluster_state") == "ok")
 
     def stop(self) -> None:
         for node in self.nodes:

@@ -102,7 +102,8 @@ class EmbeddedRedis:
         path = self.data_dir / "embedded-redis.conf"
         path.touch(mode=0o600)
         path.chmod(0o600)
-        path.write_text(f'requirepass "{self.password}"\n' if self.password else "")
+        # masterauth: a replica (of a cluster with replicas) authenticates to its master with the same password
+        path.write_text(f'requirepass "{self.password}"\nmasterauth "{self.password}"\n' if self.password else "")
         return path
 
     def _args(self, port: int) -> list[str]:
@@ -159,6 +160,9 @@ class EmbeddedRedis:
             self._tmp.cleanup()
             self._tmp = None
             self.data_dir = None
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
 
     def kill(self) -> None:
         """``kill -9`` the server and wait for it, keeping its port, password and data directory:

@@ -76,6 +76,7 @@ def test_claude_code_shaped_tool_use_with_thinking_is_one_token_exact_segment(fl
     calls = fleet.calls(sid)
     assert [c.route for c in calls] == ["messages", "messages"]
     assert [c.merged for c in calls] == [False, True] and not any(c.mismatch for c in calls)
+    assert {"?beta", "thinking", "metadata", "context_management", "output_config"} <= set(calls[0].unused_fields)
     assert counted.input_tokens == len(calls[1].prompt_ids)
     (segment,) = segments_from_calls(calls)
     template_tool = {

@@ -27,7 +27,7 @@ def claude(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
 
 def test_claude_code_tool_use_with_thinking_is_token_exact(claude: Cli, tmp_path: Path) -> None:
     run = claude.run(tmp_path)
-    assert {"thinking", "context_management", "output_config", "metadata"} <= set(run.calls[0].unused_fields)
+    assert {"?beta", "thinking", "context_management", "output_config", "metadata"} <= set(run.calls[0].unused_fields)
     assert len(run.tools) == 12
     (used,) = [m for m in run.messages if m.get("tool_calls")]
     assert used["content"] == claude.first_reply and "<think>" in used["content"]  # the thinking block, verbatim

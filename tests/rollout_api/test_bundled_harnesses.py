@@ -67,7 +67,8 @@ def test_claude_code_from_its_bundle_finishes_a_task_with_thinking_token_exact(f
     calls = fleet.calls(traj.agent.session)
     assert [c.route for c in calls] == ["messages", "messages"] and [c.tool_calls for c in calls] == [1, 0]
     assert [c.merged for c in calls] == [False, True]
-    assert {"thinking", "context_management", "metadata"} <= set(calls[0].unused_fields)  # as Claude Code sends
+    # Messages as Claude Code sends them: /v1/messages?beta=true with thinking
+    assert {"?beta", "thinking", "context_management", "metadata"} <= set(calls[0].unused_fields)
     context = fleet.token_exact(traj)
     (used,) = [m for m in context["messages"] if m.get("tool_calls")]
     assert used["content"] == THOUGHT + "I will write it."  # its thinking block came back verbatim

@@ -192,6 +192,9 @@ def test_a_docker_sandbox_reaches_its_own_gateway_session_and_the_bundles(
     agents.chmod(0o755)
     broker = start_broker("--backend", "docker", env=docker_env(dockerd, ROLLOUT_BROKER_AGENTS_DIR=str(agents)))
     with httpx.Client(base_url=broker.url, timeout=120) as client:
+        isolation = client.get("/healthz").json()["isolation"]
+        assert (isolation["host_paths"], isolation["agent_bundles"]) == (True, True)
+        assert str(agents) not in str(isolation)  # no host path on /healthz
         made = client.post("/templates", json={"name": "hostpy", "image": IMAGE, "host_usr": True})
         assert made.status_code == 201, made.text
         held = lease(client, job="dj", template="hostpy")
@@ -208,7 +211,9 @@ def test_a_docker_sandbox_reaches_its_own_gateway_session_and_the_bundles(
 
         plain = lease(client, job="dj")  # busybox, no python3: the relay cannot start
         body = {"argv": ["true"], "gateway_port": 8399}
-        refused = client.post(f"/leases/{plain['id']}/exec", json=body).json()
+        answer = client.post(f"/leases/{plain['id']}/exec", json=body)
+        assert answer.status_code == 200, answer.text
+        refused = answer.json()
         assert refused["exit_code"] == 127 and "needs python3" in refused["stderr"], refused
         for item in (held, plain):
             assert client.delete(f"/leases/{item['id']}").status_code == 204

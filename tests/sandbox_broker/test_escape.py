@@ -96,16 +96,19 @@ def test_local_sandbox_escapes_are_blocked(
 
 
 @needs_bwrap
+@pytest.mark.parametrize("level", ["namespaces", "gvisor"])
 def test_local_egress_reaches_allow_listed_destinations_only(
-    start_broker: BrokerFactory, services: tuple[int, int]
+    level: str, start_broker: BrokerFactory, services: tuple[int, int]
 ) -> None:
     """The positive control: the path through NAT works, and the rules are what blocks the host."""
+    if level == "gvisor" and (problem := runsc_problem()):
+        pytest.skip(problem)
     broker = start_broker()
     host, any_port = escape.host_ip(), services[1]
     with httpx.Client(base_url=broker.url, timeout=60) as client:
         if client.get("/healthz").json()["isolation"]["egress"] != "slirp4netns+nftables":
             pytest.skip("egress cannot be isolated here")
-        template = {"name": "allowed", "egress_allow": [f"{host}:{any_port}"]}
+        template = {"name": "allowed", "egress_allow": [f"{host}:{any_port}"], "isolation": level}
         assert client.post("/templates", json=template).status_code == 201
         bad = client.post("/templates", json={"name": "bad", "egress_allow": ["not-an-address"]})
         assert bad.status_code in (400, 422), bad.text

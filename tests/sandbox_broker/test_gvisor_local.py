@@ -4,6 +4,7 @@ probes on gVisor are in test_escape.py."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,11 +12,16 @@ import httpx
 import pytest
 
 from services.protocol.errors import PlatformError
+from services.protocol.sandboxes import ExecRequest, Resources, Template
 from services.protocol.status import ErrorCode
 from services.sandbox_broker.backends import gvisor
+from services.sandbox_broker.backends.base import SandboxSpec
+from services.sandbox_broker.backends.local import LocalBackend
 from services.sandbox_broker.broker import Broker
+from services.sandbox_broker.settings import BrokerSettings
 from tests.sandbox_broker.conftest import BrokerFactory, lease, needs_bwrap, run
 from tests.sandbox_broker.dockerd import runsc_problem
+from tests.sandbox_broker.images_support import busybox_image
 
 
 def test_an_unknown_isolation_is_a_422_naming_the_field(start_broker: BrokerFactory) -> None:
@@ -73,3 +79,41 @@ def test_a_gvisor_lease_runs_its_commands_in_gvisor(start_broker: BrokerFactory)
         assert run(client, plain["id"], "uname -r")["stdout"] != "4.4.0\n"
         other = lease(client, isolation="gvisor")  # the default template, asked for gVisor
         assert run(client, other["id"], "cat /workspace/in.txt 2>&1; uname -r")["stdout"].endswith("4.4.0\n")
+
+
+@needs_bwrap
+def test_a_task_image_on_gvisor(tmp_path: Path, state_dir: Path) -> None:
+    """The image's overlay as gVisor's root, its user, workdir and env; private upper layers; the
+    file routes; with the host's /usr, python3 and the exec agent inside."""
+    if problem := runsc_problem():
+        pytest.skip(problem)
+    image = busybox_image(tmp_path / "img")
+
+    async def scenario() -> None:
+        backend = LocalBackend(BrokerSettings(state_dir=state_dir))
+        await backend.start()
+        spec = SandboxSpec(Template(name="bb", image=str(image), isolation="gvisor"), Resources())
+        one, two = await backend.create(spec), await backend.create(spec)
+
+        async def sh(sandbox_id: str, command: str) -> str:
+            result = await backend.exec(sandbox_id, ExecRequest(shell=command))
+            assert result.exit_code == 0, result.stderr
+            return result.stdout
+
+        out = await sh(one.sandbox_id, 'uname -r; id -un; pwd; echo "$FOO $HOME"; ls /testbed')
+        assert out.splitlines() == ["4.4.0", "agent", "/testbed", "from-image /home/agent", "a.txt", "pkg"]
+        await sh(one.sandbox_id, "echo mine > /etc/note; rm a.txt")
+        assert await sh(two.sandbox_id, "ls") == "a.txt\npkg\n"  # private upper layers
+        await backend.write_file(one.sandbox_id, "pkg/w.py", b"w")
+        assert await sh(one.sandbox_id, "cat pkg/w.py") == "w"
+        assert await backend.read_file(one.sandbox_id, "/etc/note") == b"mine\n"
+        with_usr = SandboxSpec(Template(name="bb-usr", image=str(image), host_usr=True, isolation="gvisor"),
+                               Resources())  # fmt: skip
+        three = await backend.create(with_usr)
+        assert three.sandbox_id in backend.agents.agents  # the exec agent runs inside gVisor
+        assert await sh(three.sandbox_id, "/usr/bin/python3 -c 'import os; print(os.uname().release)'") == "4.4.0\n"
+        for sandbox in (one, two, three):
+            await backend.destroy(sandbox.sandbox_id)
+        await backend.close()
+
+    asyncio.run(scenario())

@@ -178,7 +178,8 @@ class Gateway:
 
     async def messages(self, request: web.Request, session: GatewaySession, body: dict[str, Any]) -> web.StreamResponse:
         req = parse(MessagesRequest, body)
-        unused = audit("messages", body)
+        # the query (Claude Code's ``?beta=true``) selects nothing here: listed as ``?NAME``
+        unused = (*audit("messages", body), *(f"?{name}" for name in sorted(request.query)))
         stops = _stops(req.stop_sequences)
         tools = anthropic_tools(req.tools)
         turn = TurnRequest(

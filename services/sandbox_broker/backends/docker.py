@@ -108,7 +108,7 @@ class DockerBackend:
                 "runtime": self.settings.docker_runtime or "default", "bridge": bridge,
                 "firewall": "iptables" if self._firewalled else "operator (docs/sandbox_broker.md)",
                 "disk_quota": self._disk.detail, "host_paths": self.agents.enabled,
-                "agents_dir": self.agents.agents_dir if self.agents.enabled else None,
+                "agent_bundles": bool(self.agents.enabled and self.agents.agents_dir),
                 "isolation_levels": self._levels()}  # fmt: skip
 
     def _levels(self) -> dict[str, str]:
@@ -268,6 +268,10 @@ class DockerBackend:
             raise PlatformError(ErrorCode.BAD_REQUEST, f"sandbox {sandbox_id} has no gateway directory (created "
                                 "before this broker forwarded gateways)", field="gateway")  # fmt: skip
         await self.gateways.bind(sandbox_id, gateway, session, upstream, ttl_s)
+
+    def route_task(self, sandbox_id: str, task_lease: str, broker: str) -> None:
+        """A paired agent's container: its forwarder also relays ``/leases/{task_lease}/...`` to the broker."""
+        self.gateways.route_task(sandbox_id, task_lease, broker)
 
     async def list_sandboxes(self) -> list[Sandbox]:
         containers = await self._run(self.client.containers.list, all=True, filters={"label": LABEL_BROKER})

@@ -114,7 +114,8 @@ def bundle_spec(paths: SandboxPaths, meta: dict[str, Any], *, uid: int, cwd: str
         mounts.append(_bind(str(paths.gateway), GATEWAY_DIR, ro=True))
         root = {"path": str(_plain_root(paths, mounts)), "readonly": True}
     mounts.insert(0, {"destination": "/proc", "type": "proc", "source": "proc"})
-    namespaces = [{"type": kind} for kind in ("pid", "ipc", "uts", "mount", "network")]
+    kinds = ("pid", "ipc", "uts", "mount") + (() if network else ("network",))  # egress: runsc's own (netns.py)
+    namespaces = [{"type": kind} for kind in kinds]
     return {"ociVersion": "1.0.2", "process": process, "root": root, "hostname": "sandbox", "mounts": mounts,
             "linux": {"namespaces": namespaces, "seccomp": NO_NEW_NAMESPACES}}  # fmt: skip
 
