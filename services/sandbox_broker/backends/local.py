@@ -340,8 +340,10 @@ class LocalBackend:
     async def _start_agent(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], wait: bool = True) -> None:
         """The sandbox's exec agent, started with it (or at its first command after a broker restart)."""
         python = agent_python(meta)
-        unisolated = self._bwrap is None and meta.get("isolation") != "gvisor"
-        if unisolated or python is None or not self.use_agents:
+        # gVisor: no resident agent. Its /proc lets a command of the same uid open the agent's
+        # descriptors (PR_SET_DUMPABLE is not honoured there), so a command could forge answers.
+        gvisor_level = meta.get("isolation") == "gvisor"
+        if self._bwrap is None or gvisor_level or python is None or not self.use_agents:
             return
         argv = await self._argv(sandbox_id, paths, meta, workdir_of(meta), AGENT_ENV, agent_command(python), "agent")
         await self.agents.ensure(sandbox_id, argv, AGENT_ENV, paths.root / "agent.log", wait)
