@@ -15,7 +15,7 @@ from pathlib import Path
 from services.sandbox_broker.bundles import install, installed
 
 PINNED = {"openai-sdk": "3.63.0", "mini-swe-agent": "2.4.6", "codex": "0.169.0", "claude-code": "2.1.328",
-          "gemini-cli": "0.61.0", "aider": "0.86.2"}  # fmt: skip
+          "gemini-cli": "0.61.0", "aider": "0.86.2", "qwen-code": "0.15.10"}  # fmt: skip
 # no telemetry, update checks or start-up banners (the sandbox has no network but its gateway)
 QUIET = {
     "MSWEA_CONFIGURED": "1", "MSWEA_SILENT_STARTUP": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
@@ -56,6 +56,8 @@ AIDER = """exec aider --model "openai/$OPENAI_MODEL" --openai-api-base "$OPENAI_
   --no-check-update --no-analytics --no-show-model-warnings --no-pretty --no-fancy-input --no-detect-urls \\
   --no-show-release-notes --message "$ROLLOUT_TASK" "$@"
 """
+# Qwen Code: its OpenAI auth at the session; --bare: no background memory call
+QWEN = 'exec qwen -p "$ROLLOUT_TASK" --yolo --bare --auth-type openai -m "$OPENAI_MODEL"'
 # the openai SDK example of docs/agents.md as its own program: its ``agent_client.sandbox`` stand-in
 # runs the commands where it is, in the task sandbox
 SDK_SHIM = """import subprocess
@@ -94,7 +96,14 @@ class Inside:
     script: str  # run as ``/bin/sh -c SCRIPT`` with the bundle's bin/ first on PATH
 
 
-SCRIPTS = {"mini-swe-agent": MINI, "codex": CODEX, "claude-code": CLAUDE, "gemini-cli": GEMINI, "aider": AIDER}
+SCRIPTS = {
+    "mini-swe-agent": MINI,
+    "codex": CODEX,
+    "claude-code": CLAUDE,
+    "gemini-cli": GEMINI,
+    "aider": AIDER,
+    "qwen-code": QWEN,
+}
 
 
 def inside(name: str, sdk_example: str = "") -> Inside:

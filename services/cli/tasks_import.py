@@ -1,4 +1,4 @@
-"""``rollout tasks import swe|harbor|skyrl-gym``: the field's task sets as the platform's requests
+"""``rollout tasks import swe|harbor|skyrl-gym|verifiers|atropos``: the field's task sets as the platform's requests
 (services/environments, docs/environments.md)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def register(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -32,6 +33,27 @@ def register(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     skyrl.add_argument("--group-size", type=int, default=1)
     skyrl.add_argument("--out", type=Path, default=None, help="write the body here (default: stdout)")
     skyrl.set_defaults(handler=import_skyrl)
+    _register_driven(kinds)
+
+
+def _register_driven(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    vf = kinds.add_parser("verifiers", help="a verifiers environment's dataset (verifiers.load_environment ENV_ID) "
+                          "-> a POST /rollouts body of env agents")  # fmt: skip
+    vf.add_argument("env_id", help="an installed verifiers environment module")
+    vf.add_argument("--env-args", type=json.loads, default={}, help="its load_environment arguments (JSON object)")
+    vf.add_argument("--split", choices=["train", "eval"], default="train")
+    vf.add_argument("-n", type=int, default=-1, help="rows (default: all)")
+    atropos = kinds.add_parser("atropos", help="an Atropos environment's items (module:Class, a BaseEnv subclass) "
+                               "-> a POST /rollouts body of env agents")  # fmt: skip
+    atropos.add_argument("env", help="module:Class")
+    atropos.add_argument("-n", type=int, required=True, help="items (get_next_item, after setup)")
+    atropos.add_argument("--config", type=json.loads, default={}, help="overrides of its config (JSON object)")
+    for sub in (vf, atropos):
+        sub.add_argument("--job", required=True)
+        sub.add_argument("--group-size", type=int, default=1)
+        sub.add_argument("--out", type=Path, default=None, help="write the body here (default: stdout)")
+    vf.set_defaults(handler=import_verifiers)
+    atropos.set_defaults(handler=import_atropos)
 
 
 def _register_harbor(kinds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -87,13 +109,39 @@ def import_skyrl(args: argparse.Namespace) -> int:
     except (RowError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    return _write_body(args, tasks, "skyrl-gym")
+
+
+def import_verifiers(args: argparse.Namespace) -> int:
+    from services.environments.verifiers_env import tasks_from_environment
+
+    try:
+        tasks = tasks_from_environment(args.env_id, args.env_args, split=args.split, n=args.n)
+    except (ImportError, ValueError, KeyError) as exc:  # verifiers raises these for an unknown or bad environment
+        print(f"error: {exc!r}", file=sys.stderr)
+        return 2
+    return _write_body(args, tasks, "verifiers")
+
+
+def import_atropos(args: argparse.Namespace) -> int:
+    from services.environments.atropos import tasks_from_environment
+
+    try:
+        tasks = tasks_from_environment(args.env, args.n, args.config)
+    except (ImportError, ValueError) as exc:
+        print(f"error: {exc!r}", file=sys.stderr)
+        return 2
+    return _write_body(args, tasks, "atropos")
+
+
+def _write_body(args: argparse.Namespace, tasks: list[Any], source: str) -> int:
     body = {"job": args.job, "group_size": args.group_size, "tasks": [t.model_dump(mode="json") for t in tasks]}
     text = json.dumps(body, indent=1)
     if args.out:
         args.out.write_text(text)
     else:
         print(text)
-    print(f"skyrl-gym: {len(tasks)} tasks", file=sys.stderr)
+    print(f"{source}: {len(tasks)} tasks", file=sys.stderr)
     return 0
 
 

@@ -422,7 +422,7 @@ class Broker:
     async def _check_task(self, job: str, task_lease: str) -> None:
         """A paired agent's sandbox reaches a task lease of its own job, on a backend that can relay it."""
         if not isinstance(self.backend, TaskRouter):
-            why = f"the {self.backend.name} backend does not relay a task lease into an agent's sandbox (local does)"
+            why = f"the {self.backend.name} backend relays no task lease into an agent's sandbox (local and docker do)"
             raise PlatformError(ErrorCode.BAD_REQUEST, why, field="task_lease")
         task = await self.live(task_lease)
         if task.lease.job != job:

@@ -44,6 +44,8 @@ RECIPES: dict[str, Recipe] = {
     "claude-code": Recipe("npm", "@anthropic-ai/claude-code", {"claude": "claude"}),
     "codex": Recipe("npm", "@openai/codex", {"codex": "codex"}),
     "gemini-cli": Recipe("npm", "@google/gemini-cli", {"gemini": "gemini"}),
+    "qwen-code": Recipe("npm", "@qwen-code/qwen-code", {"qwen": "qwen"}),
+    "opencode": Recipe("npm", "opencode-ai", {"opencode": "opencode"}),
 }
 
 

@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
 import pytest
 
+from services.cli.main import main
 from services.environments import atropos
 from services.environments.atropos_fixtures import ITEMS, MODULE, REPLIES, package_reward
 from services.protocol.agents import EnvAgent
@@ -93,3 +96,15 @@ def test_items_that_are_not_json_are_refused(tokenizer: str, monkeypatch: pytest
     monkeypatch.setattr(Arithmetic, "items", [{"question": "q", "answer": {1, 2}}])
     with pytest.raises(ValueError, match="not JSON"):
         atropos.tasks_from_environment(f"{MODULE}:Arithmetic", 1, {"tokenizer_name": tokenizer})
+
+
+def test_the_cli_writes_the_rollouts_body(tokenizer: str, tmp_path: Path) -> None:
+    out = tmp_path / "body.json"
+    config = json.dumps({"tokenizer_name": tokenizer})
+    args = ["tasks", "import", "atropos", f"{MODULE}:ArithmeticRetry", "-n", "1", "--config", config, "--job", "j",
+            "--group-size", "4", "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    body = json.loads(out.read_text())
+    assert (body["job"], body["group_size"], len(body["tasks"])) == ("j", 4, 1)
+    assert body["tasks"][0]["agent"]["extras"]["item"]["answer"] == "17"
+    assert main(["tasks", "import", "atropos", "json:dumps", "-n", "1", "--job", "j"]) == 2

@@ -15,7 +15,7 @@ from services.environments.atropos_fixtures import ITEMS, MODULE, REPLIES, packa
 from services.protocol import Status
 from tests.rollout_api.fleet import Fleet, create_job, running_fleet, submit, trajectories, wait_finished
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(420)]
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def test_atropos_rewards_match_the_package(fleet: Fleet) -> None:
     body = {"job": "atropos", "group_size": 1, "tasks": [t.model_dump(mode="json") for t in tasks]}
     with fleet.client() as client:
         headers = create_job(client, "atropos")
-        wait_finished(client, headers, submit(client, headers, body), timeout_s=120)
+        wait_finished(client, headers, submit(client, headers, body), timeout_s=240)
     by_task = {t.task_id: t for t in trajectories(fleet.redis_url, "atropos")}
     assert sorted(by_task) == sorted(t.id for t in tasks)
     rewards = {}

@@ -16,7 +16,7 @@ from services.environments.verifiers_fixtures import ENV_ID, REPLIES, package_re
 from services.protocol import Status
 from tests.rollout_api.fleet import Fleet, create_job, running_fleet, submit, trajectories, wait_finished
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(420)]
 KINDS = ("single", "multi", "tool")
 
 
@@ -33,7 +33,7 @@ def test_verifiers_rewards_match_the_package(fleet: Fleet) -> None:
     body = {"job": "verifiers", "group_size": 1, "tasks": [t.model_dump(mode="json") for t in tasks]}
     with fleet.client() as client:
         headers = create_job(client, "verifiers")
-        wait_finished(client, headers, submit(client, headers, body), timeout_s=120)
+        wait_finished(client, headers, submit(client, headers, body), timeout_s=240)
     by_task = {t.task_id: t for t in trajectories(fleet.redis_url, "verifiers")}
     assert sorted(by_task) == sorted(t.id for t in tasks)
     rewards = {}

@@ -4,10 +4,13 @@ rollout (no fleet): rewards equal the package's own rollout + rubric on the same
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from services.cli.main import main
 from services.environments import verifiers_env
 from services.environments.verifiers_fixtures import ENV_ID, REPLIES, ScriptedChat, package_reward
 from services.protocol.agents import EnvAgent
@@ -94,3 +97,14 @@ def test_close_before_the_end_cancels_the_rollout() -> None:
         return env.driven.task is not None and env.driven.task.cancelled()
 
     assert asyncio.run(episode())
+
+
+def test_the_cli_writes_the_rollouts_body(tmp_path: Path) -> None:
+    out = tmp_path / "body.json"
+    args = ["tasks", "import", "verifiers", ENV_ID, "--env-args", '{"kind": "tool"}', "--job", "j", "--out", str(out)]
+    assert main(args) == 0
+    body = json.loads(out.read_text())
+    assert body["job"] == "j" and body["group_size"] == 1
+    (task,) = body["tasks"]
+    assert task["agent"]["source"] == "verifiers" and task["agent"]["config"] == {"kind": "tool"}
+    assert main(["tasks", "import", "verifiers", "no_such_environment_module", "--job", "j"]) == 2

@@ -1,10 +1,11 @@
-"""The real Codex CLI, Gemini CLI and aider, unmodified, from their agent bundles (``rollout agents
-install``: npm, npm, PyPI), each finishing a task inside the task sandbox through its own gateway
-session (the socket-forwarded ``127.0.0.1`` base URL): each writes the answer with its own tool or
-edit, inside the sandbox (the reward reads answer.txt there), and its trajectory is one token-exact
-segment with the loss mask on exactly the generated tokens. Each also checks a dialect detail it
-relies on: Codex's streamed ``function_call`` over Responses, Gemini CLI's ``functionResponse``.
-The commands are those of docs/agents.md's harness table. Bundles: see ``tests/rollout_api/bundled.py``
+"""The real Codex CLI, Gemini CLI, Qwen Code and aider, unmodified, from their agent bundles
+(``rollout agents install``: npm, npm, npm, PyPI), each finishing a task inside the task sandbox
+through its own gateway session (the socket-forwarded ``127.0.0.1`` base URL): each writes the
+answer with its own tool or edit, inside the sandbox (the reward reads answer.txt there), and its
+trajectory is one token-exact segment with the loss mask on exactly the generated tokens. Each also
+checks a dialect detail it relies on: Codex's streamed ``function_call`` over Responses, Gemini
+CLI's ``functionResponse``. The commands are those of docs/agents.md's harness table
+(``services/benchmarks/bundled_harnesses.py``). Bundles: see ``tests/rollout_api/bundled.py``
 (skipped with the reason where one cannot be built)."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from services.benchmarks.bundled_harnesses import AIDER, CODEX, GEMINI, QUIET
+from services.benchmarks.bundled_harnesses import AIDER, CODEX, GEMINI, QUIET, QWEN
 from services.protocol import Status
 from tests.rollout_api.bundled import Harnesses, harnesses, hermes
 
@@ -24,13 +25,18 @@ WRITE = "echo 42 > answer.txt"
 RULES: dict[str, list[Any]] = {
     "CODEX-INSIDE": ["I will write it.\n" + hermes("exec_command", {"cmd": WRITE}), "Done."],
     "GEMINI-INSIDE": ["I will write it.\n" + hermes("run_shell_command", {"command": WRITE}), "Done."],
+    "QWEN-INSIDE": [
+        "(its own first turn)",
+        "I will write it.\n" + hermes("run_shell_command", {"command": WRITE}),
+        "Done.",
+    ],  # Qwen Code's first request already holds an assistant turn
     "AIDER-INSIDE": ["I will write it down.\n\nanswer.txt\n```\n42\n```"],  # aider's "whole" edit format
 }
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harnesses]:
-    with harnesses(tmp_path_factory.mktemp("clis"), RULES, ["codex", "gemini-cli", "aider"]) as fleet:
+    with harnesses(tmp_path_factory.mktemp("clis"), RULES, ["codex", "gemini-cli", "aider", "qwen-code"]) as fleet:
         yield fleet
 
 
@@ -76,3 +82,15 @@ def test_aider_from_its_bundle_finishes_a_task_in_the_sandbox_token_exact(fleet:
     assert [c.route for c in calls] == ["chat"]
     context = fleet.token_exact(traj)
     assert context["reply"]["content"].endswith("answer.txt\n```\n42\n```")
+
+
+def test_qwen_code_from_its_bundle_finishes_a_task_in_the_sandbox_token_exact(fleet: Harnesses) -> None:
+    traj = run(fleet, "qwen-code", QWEN, "QWEN-INSIDE")
+    assert "Done." in traj.agent.last_output, traj.agent.last_output[-2000:]
+    calls = fleet.calls(traj.agent.session)
+    assert [c.route for c in calls] == ["chat", "chat"] and [c.tool_calls for c in calls] == [1, 0]
+    assert [c.merged for c in calls] == [False, True]
+    context = fleet.token_exact(traj)
+    (call,) = [m for m in context["messages"] if m.get("tool_calls")]
+    assert call["tool_calls"][0]["function"] == {"name": "run_shell_command", "arguments": {"command": WRITE}}
+    assert [m["role"] for m in context["messages"]].count("tool") == 1

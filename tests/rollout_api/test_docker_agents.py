@@ -175,3 +175,36 @@ def test_mini_swe_agent_from_its_bundle_finishes_in_a_docker_sandbox_token_exact
     generated = [t for t, m in zip(traj.response_ids, traj.loss_mask, strict=True) if m]
     assert len(generated) == sum(t.response_tokens for t in traj.turns)
     assert chat.decode(generated).count("<tool_call>") == 2
+
+
+# a paired agent with the standard library only: exec in the task's container through its own forwarder
+PAIRED = """
+import json, os, urllib.error, urllib.request
+env = os.environ
+base, token, lease = env["ROLLOUT_BROKER_URL"], env["ROLLOUT_BROKER_TOKEN"], env["ROLLOUT_LEASE_ID"]
+def call(method, path, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Authorization": "Bearer " + token, "Content-Type": "application/json"}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(base + path, data, headers, method=method), timeout=60) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, None
+code, done = call("POST", f"/leases/{lease}/exec", {"shell": "echo 42 > answer.txt; id -u; ls"})
+print("there:", json.dumps([code, done["stdout"].split() if done else None]))
+print("here:", json.dumps(sorted(os.listdir("."))))
+print("list leases:", call("GET", "/leases")[0])
+"""
+
+
+def test_a_paired_agent_in_a_docker_sandbox_drives_the_task_container_through_its_forwarder(fleet: Fleet) -> None:
+    """``where: "paired"`` on docker: the agent's own container reaches exec of the task's lease (and
+    nothing else of the broker) at 127.0.0.1 through its gateway socket; the task's files are not in it."""
+    agent = {"kind": "command", "where": "paired", "agent_template": "agentbox", "argv": ["python3", "-c", PAIRED]}
+    traj = run_one(fleet, "PAIRED-DOCKER", agent, files={"task_note.txt": "the task's"})
+    assert traj.status is Status.COMPLETED and traj.reward == 1.0, (traj.infra, traj.agent)
+    assert traj.agent is not None and traj.agent.exit_code == 0, traj.agent
+    lines = dict(line.split(": ", 1) for line in traj.agent.last_output.splitlines() if ": " in line)
+    code, there = json.loads(lines["there"])
+    assert code == 200 and there[0] == "1000" and "task_note.txt" in there, lines
+    assert "task_note.txt" not in json.loads(lines["here"]) and lines["list leases"] == "403", lines

@@ -9,6 +9,7 @@ Sized for a small machine: ``ROLLOUT_TEST_STORE_LOSS_TRAJECTORIES`` trajectories
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -25,8 +26,10 @@ from services.runtime.sync_redis import open_sync_redis
 from services.sandbox_broker.backends import overlay
 from services.sandbox_broker.backends.cgroups import Cgroups
 from tests.rollout_api.fleet import (
+    ADMIN,
     SUBMIT,
     Fleet,
+    bearer,
     create_job,
     running_fleet,
     submit,
@@ -66,6 +69,17 @@ def _left_on_host(state_dir: Path) -> dict[str, Any]:
     return {"dirs": _sandboxes(state_dir), "cgroups": cgroups, "mounts": overlay.mounts_under(state_dir / "sandboxes")}
 
 
+def _leases(broker: ServiceProcess) -> list[Any]:
+    leases: list[Any] = httpx.get(broker.url + "/leases", headers=bearer(ADMIN), timeout=10).json()
+    return leases
+
+
+def _reaped(broker: ServiceProcess) -> float:
+    found = re.search(r'rollout_broker_sandboxes_reaped_total\{reason="store_lost"\} ([0-9.]+)',
+                      httpx.get(broker.url + "/metrics", timeout=10).text)  # fmt: skip
+    return float(found.group(1)) if found else 0.0
+
+
 def _tasks(prefix: str) -> list[dict[str, Any]]:
     return [task(f"{prefix}{i}", f"TASK-HOLD {prefix} {i}") for i in range(max(1, TRAJECTORIES // 4))]
 
@@ -95,7 +109,7 @@ def test_a_redis_restarted_empty_under_load(fleet: Fleet) -> None:
         consumer = TrajectoryConsumer(store, "before")  # a trainer reading the job's stream
         consumer.ensure_group()
         submit(client, before, {"job": "before", "tasks": _tasks("b"), "group_size": 4})
-        wait_for("sandboxes in use", lambda: _sandboxes(fleet.state_dir), timeout_s=120)
+        wait_for("live leases", lambda: len(_leases(fleet.broker)) >= 4, timeout_s=120)
 
         fleet.redis.stop()  # no persistence: it comes back empty
         away = client.get("/jobs/before", headers=before)
@@ -108,6 +122,7 @@ def test_a_redis_restarted_empty_under_load(fleet: Fleet) -> None:
         reported_s = time.monotonic() - lost_at
         wait_for("the orphaned sandboxes reaped", lambda: not _sandboxes(fleet.state_dir), timeout_s=60)
         reaped_s = time.monotonic() - lost_at
+        assert _reaped(fleet.broker) >= 1  # live leases' sandboxes (ones still starting are destroyed by their start)
         print(
             f"every service reported the loss {reported_s:.1f} s after the restart; sandboxes reaped {reaped_s:.1f} s"
         )

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from services.protocol import Task, WorkItem, keys, work
 from services.protocol.keys import WORKERS_GROUP
@@ -128,6 +129,12 @@ class Worker:
             except STORE_ERRORS as exc:
                 self.outage.failed(exc)
                 took = 0
+            except ResponseError as exc:
+                if "NOGROUP" in str(exc):
+                    await self._job_vanished()
+                else:
+                    log.exception("taking work failed")
+                took = 0
             except Exception:
                 log.exception("taking work failed")
                 took = 0
@@ -137,6 +144,14 @@ class Worker:
                 self.slot_freed.clear()
                 await self._wait(self.slot_freed, idle_s)
                 idle_s = min(2 * idle_s, self.settings.poll_max_s)
+
+    async def _job_vanished(self) -> None:
+        """A job's work stream is gone (NOGROUP: the store lost its state): follow the job list now,
+        which stops the vanished jobs' episodes, instead of a traceback per round until its refresh."""
+        try:
+            await self.refresh_jobs()
+        except STORE_ERRORS as exc:
+            self.outage.failed(exc)
 
     async def _wait(self, event: asyncio.Event, timeout_s: float) -> None:
         waiters = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self.stopping.wait())]
@@ -229,9 +244,17 @@ class Worker:
         by_job: dict[str, list[str]] = {}
         for delivery in list(self.running.values()):
             by_job.setdefault(delivery.job, []).append(delivery.entry_id)
+        vanished = False
         for job, ids in by_job.items():
             claim: list[Any] = list(ids)
-            await self.redis.xclaim(keys.work_stream(job), WORKERS_GROUP, self.name, 0, claim, justid=True)
+            try:
+                await self.redis.xclaim(keys.work_stream(job), WORKERS_GROUP, self.name, 0, claim, justid=True)
+            except ResponseError as exc:  # the job's stream is gone: the other jobs' entries are still claimed
+                if "NOGROUP" not in str(exc):
+                    raise
+                vanished = True
+        if vanished and await self.generation.observe_async(self.redis):
+            self.drop_running(STOP_STORE_LOST)  # the store lost its state: what refresh_jobs would do next
         outages = self.deps.outages
         if outages is not None and not outages.breakers[BROKER].up.is_set():
             return  # renewals wait for the broker; the items' idle time above must not
