@@ -49,7 +49,11 @@ from services.sandbox_broker.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
 
-KEEP_RUNNING = ["sleep", "2147483647"]
+# the container's command, marked like every exec so that no exec's sweep takes it for a leftover: the
+# sweep also spares the lowest pid after init, but an exec that starts before docker-init has forked
+# this command gets the lower pid, and its sweep then killed the keep-alive, docker-init exited and
+# the kernel killed everything in the container (a setup command exiting 137 after it had finished)
+KEEP_RUNNING = ["sh", "-c", f"{docker_sweep.MARK} the container's keep-alive\nwhile :; do sleep 2147483647; done"]
 KILL_GRACE_S = 2  # timeout -k: SIGKILL this long after SIGTERM
 CLIENT_SLACK_S = 10.0  # the client-side deadline: the inner timeout plus this
 TIMEOUT_CODES = (124, 137, 143)

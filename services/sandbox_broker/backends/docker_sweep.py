@@ -16,6 +16,7 @@ sandbox ends; a command that must leave a server running passes ``keep_backgroun
 from __future__ import annotations
 
 KEEP_ENV = "ROLLOUT_KEEP"
+MARK = "# rollout-exec:"  # the first line of every wrapper, file command and the keep-alive: spared
 MAX_ROUNDS = 50
 
 SWEEP = r"""# rollout-exec: the first line is how other wrappers recognise this one in /proc/PID/cmdline
