@@ -228,7 +228,8 @@ async def test_a_batch_is_refused_whole_for_a_bad_caller_or_body(http: tuple[htt
     for headers, status in (({}, 401), (_as(JOB_A), 403)):  # job a asking for job b's lease
         refused = await client.post("/leases/batch", json={"leases": [{}, {"job": "b"}]}, headers=headers)
         assert refused.status_code == status, refused.text
-    for body in ({"leases": []}, {"leases": [{"ttl_s": 0}]}, {}, {"leases": [{}] * 1025}):
+    bodies: list[dict[str, Any]] = [{"leases": []}, {"leases": [{"ttl_s": 0}]}, {}, {"leases": [{}] * 1025}]
+    for body in bodies:
         invalid = await client.post("/leases/batch", json=body, headers=_as(SERVICE))
         assert invalid.status_code == 422 and invalid.json()["error"]["code"] == "validation_error"
     assert broker.calls == []  # nothing was leased
