@@ -48,4 +48,10 @@ if ! command -v nvidia-smi >/dev/null; then
   "${PIP[@]}" "torch==2.13.0"
 fi
 "${PIP[@]}" -e ".[all,dev]"
+# Two distributions ship the module `connectrpc`: `connectrpc` (e2b's) and `connect-python`, the same project's
+# older release under its former name, which verifiers' prime-sandboxes pulls. Whichever pip writes last wins, and
+# connect-python's lacks what e2b imports. connectrpc's module serves both, so its files are written again last.
+CONNECTRPC=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("connectrpc"))')
+"${PIP[@]}" --force-reinstall --no-deps "connectrpc==$CONNECTRPC"
+"$VENV/bin/python" -c "import e2b, prime_sandboxes" || { echo "e2b and prime_sandboxes do not both import" >&2; exit 1; }
 echo "== set-up done: $VENV"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from rollout_client.errors import JobGone
 from services.runtime.logs import configure_logging
 from trainer_client.metrics import StepTimer
 from trainer_client.plot import plot_steps
@@ -50,7 +51,11 @@ def loop(trainer: Trainer, settings: TrainSettings) -> None:
 def main() -> None:
     settings = TrainSettings()
     configure_logging(settings.log_level)
-    run(settings)
+    try:
+        run(settings)
+    except JobGone as exc:  # the store lost its state (or the job was removed): nothing more will come
+        logger.error("stopping: %s", exc)
+        raise SystemExit(2) from exc
 
 
 if __name__ == "__main__":  # dist_checkpointing spawns processes: the guard is required

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from rollout_client.errors import JobGone, job_gone
 from rollout_client.http import RolloutClient
 from rollout_client.weights import WeightPublisher, job_pool
 from services.protocol.weights import version_label
@@ -111,14 +112,22 @@ class Trainer:
         return record
 
     def next_batch(self) -> Batch | None:
-        """The leader gathers complete groups and makes the samples; every rank gets them (None: stop)."""
-        batch = None
+        """The leader gathers complete groups and makes the samples; every rank gets them (None: stop).
+        A job gone from the store (``JobGone``) is raised on every rank, not only the leader's (the
+        others would wait for its broadcast forever)."""
+        batch: Batch | str | None = None
         if self.feed is not None:
             s = self.settings
-            groups = self.feed.gather(self.state.step)
-            samples = samples_from_groups(groups, self.state.step, s.loss.normalize_std, s.max_seq_len)
-            batch = Batch(len(groups), samples) if groups else None
-        shared: Batch | None = self.ranks.broadcast(batch)
+            try:
+                groups = self.feed.gather(self.state.step)
+            except JobGone as exc:
+                batch = str(exc)
+            else:
+                samples = samples_from_groups(groups, self.state.step, s.loss.normalize_std, s.max_seq_len)
+                batch = Batch(len(groups), samples) if groups else None
+        shared: Batch | str | None = self.ranks.broadcast(batch)
+        if isinstance(shared, str):
+            raise job_gone(self.settings.job, f"reading its trajectories: {shared}")
         return shared
 
     def train(self, batch: Batch) -> StepStats:

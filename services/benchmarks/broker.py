@@ -30,9 +30,12 @@ from services.benchmarks.broker_load import (
     run_leases,
     run_paced,
 )
+from services.benchmarks.broker_phases import one_at_a_time
 from services.benchmarks.broker_procs import Proc, python_proc
-from services.benchmarks.procstat import session_cpu_s
+from services.benchmarks.cpuacct import CpuGroup
+from services.benchmarks.procstat import session_cpu_s, tree_total_cpu_s
 from services.benchmarks.report import percentile, write_json
+from services.protocol.sandboxes import Resources, Template
 from services.runtime.redis_server import redis_url_or_embedded
 from services.runtime.secrets import FleetSecrets
 from services.runtime.tables import print_table
@@ -120,6 +123,7 @@ async def _bench(args: argparse.Namespace, redis_url: str, root: Path) -> dict[s
     log_dir = args.log_dir or root
     log_dir.mkdir(parents=True, exist_ok=True)
     broker = python_proc(argv, env, log_dir / "broker.log")
+    broker.cpu_group = CpuGroup.make("broker")
     fields = {k.removeprefix("ROLLOUT_BROKER_").lower(): v for k, v in env.items() if k.startswith("ROLLOUT_BROKER_")}
     settings = BrokerSettings.model_validate({**fields, "backend": args.backend, "redis_url": redis_url})
     started = time.monotonic()
@@ -132,6 +136,8 @@ async def _bench(args: argparse.Namespace, redis_url: str, root: Path) -> dict[s
             await load.close()
     finally:
         broker.stop()
+        if broker.cpu_group is not None:
+            broker.cpu_group.remove()
     figures["leaked"] = await leftover_sandboxes(settings) + leftover_processes(str(settings.state_dir))
     # the same burst against a server that does nothing: what the machine's HTTP alone costs
     figures.update(await http_floor.measure(args.leases, 3, log_dir / "floor.log"))
@@ -147,9 +153,13 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
                 "isolation": args.isolation}  # fmt: skip
     pool_timeout_s = max(600.0, 4.0 * args.leases)  # refills run 4 creates at a time; a loaded machine is slow
     await load.register(template, timeout_s=pool_timeout_s)
+    cpu_before = _tree_cpu_s(broker)
     cold = await run_leases(load, args.leases, {"template": "bench", "resources": COLD})
+    cold_cpu_ms = (_tree_cpu_s(broker) - cpu_before) * 1000 / max(len(cold.start_ms), 1)
     egress_n = args.leases if args.egress_leases is None else args.egress_leases
+    cpu_before = _tree_cpu_s(broker)
     egress = await run_leases(load, egress_n, {"template": "bench", "resources": COLD, "network": "egress"})
+    egress_cpu_ms = (_tree_cpu_s(broker) - cpu_before) * 1000 / max(len(egress.start_ms), 1)
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
     warm = await run_leases(load, args.leases, {"template": "bench"})
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)  # refills done: measure the exec path alone
@@ -158,6 +168,7 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
     broker_cpu_ms = (_broker_cpu_s(broker) - cpu_before) * 1000 / max(len(via_broker), 1)
     # after the overhead: the paced lease rate raises the pool's target, and its refills would run during it
     paced = await _paced(args, load)
+    alone = await _one_at_a_time(args, load, settings)
     starts = await _agent_starts(args, load, pool_timeout_s)
     template["warm_pool"] = 0  # the restarted broker need not refill it
     await load.register(template, timeout_s=60)
@@ -166,6 +177,10 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
         "backend": args.backend, "isolation": args.isolation or "default", "leases": args.leases,
         "commands_per_lease": args.commands,
         "cold_lease_p50_ms": percentile(cold.start_ms, 50), "cold_lease_p99_ms": percentile(cold.start_ms, 99),
+        # the broker's and its children's CPU (sandbox processes, agents, commands) per cold lease, its
+        # episode's commands and release included; then the same with egress
+        "cold_create_cpu_ms": cold_cpu_ms, "egress_cold_create_cpu_ms": egress_cpu_ms,
+        "cold_create_cpu_source": "cpuacct" if broker.cpu_group else "tree", **alone,
         "warm_lease_p50_ms": percentile(warm.start_ms, 50), "warm_lease_p99_ms": percentile(warm.start_ms, 99),
         "egress_leases": egress_n,
         "egress_cold_lease_p50_ms": percentile(egress.start_ms, 50),
@@ -202,6 +217,28 @@ async def _agent_starts(args: argparse.Namespace, load: Load, pool_timeout_s: fl
         return Outcome()
     await load.wait_pool(n, timeout_s=pool_timeout_s)  # warm leases, as an episode usually gets
     return await agent_starts(load, n, {"template": "bench"})
+
+
+async def _one_at_a_time(args: argparse.Namespace, load: Load, settings: BrokerSettings) -> dict[str, Any]:
+    """local: one cold sandbox's creation phase by phase, in this process (broker_phases.py)."""
+    if args.backend != "local":
+        return {}
+    lease = await load.create({"template": "bench"})  # its id labels the sandboxes: the reaper spares them
+    assert lease is not None, "could not lease a sandbox"
+    try:
+        template = Template(name="bench", setup=args.setup, isolation=args.isolation)
+        return await one_at_a_time(settings, template, Resources.model_validate(COLD), lease["id"])
+    finally:
+        await load.release(lease["id"])
+
+
+def _tree_cpu_s(broker: Proc) -> float:
+    """CPU seconds of the broker and every process it started: its cpuacct group's, else (no writable
+    cgroup v1) its live process tree's with what each waited for (which misses orphaned sandbox processes)."""
+    if broker.cpu_group is not None:
+        return broker.cpu_group.cpu_s()
+    assert broker.proc is not None
+    return tree_total_cpu_s(broker.proc.pid)
 
 
 def _broker_cpu_s(broker: Proc) -> float:
@@ -250,6 +287,16 @@ def _report(args: argparse.Namespace, f: dict[str, Any]) -> None:
         {"figure": "exec via broker (seq)", "p50_ms": f["exec_broker_p50_ms"], "p99_ms": float("nan")},
         {"figure": "exec on bare backend (seq)", "p50_ms": f["exec_direct_p50_ms"], "p99_ms": float("nan")},
     ])  # fmt: skip
+    for phase, figures in f.get("cold_create_phases", {}).items():
+        print(
+            f"  cold create, one at a time: {phase:8} wall {figures['wall_ms']:8.1f} ms  CPU "
+            f"{figures['cpu_ms']:6.1f} ms  children CPU {figures['children_cpu_ms']:6.1f} ms  all CPU "
+            f"{figures['all_cpu_ms']:6.1f} ms"
+        )
+    print(
+        f"\ncold create CPU (broker and children) {f['cold_create_cpu_ms']:.1f} ms per lease, with egress "
+        f"{f['egress_cold_create_cpu_ms']:.1f} ms"
+    )
     print(f"\ncold/warm p99 ratio {ratio:.1f}x; exec overhead p50 {f['exec_overhead_p50_ms']:.2f} ms "
           f"(broker CPU {f['broker_cpu_ms_per_exec']:.2f} ms per exec); "
           f"warm hits {f['warm_hits']}/{f['leases']}; errors {f['errors']}; leaked {f['leaked']}; "

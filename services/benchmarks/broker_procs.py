@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.benchmarks.cpuacct import CpuGroup
 from services.runtime.net import free_port
 from services.runtime.processes import wait_healthy
 
@@ -23,6 +24,7 @@ class Proc:
     log: Path
     health: str = "/healthz"
     proc: subprocess.Popen[bytes] | None = None
+    cpu_group: CpuGroup | None = None  # counts the process's CPU and its descendants' (cpuacct.py)
 
     @property
     def url(self) -> str:
@@ -32,6 +34,8 @@ class Proc:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)  # fmt: skip
+        if self.cpu_group is not None:  # before it starts anything: a Python service imports for a while first
+            self.cpu_group.join(self.proc.pid)
         wait_healthy(self.proc, self.url + self.health, timeout_s, str(self.argv[:4]), lambda: f"; see {self.log}")
 
     def kill9(self) -> None:

@@ -54,3 +54,19 @@ def session_cpu_s(sessions: dict[int, str]) -> dict[str, float]:
         if (name := sessions.get(p.session)) is not None:
             totals[name] += p.own_s + p.reaped_children_s
     return totals
+
+
+def tree_total_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid`` and its live descendants, each with the children it reaped: a process
+    tree's whole cost so far, its exited members included once they were waited for."""
+    table = processes()
+    children: dict[int, list[int]] = {}
+    for p in table:
+        children.setdefault(p.ppid, []).append(p.pid)
+    total_of = {p.pid: p.own_s + p.reaped_children_s for p in table}
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += total_of.get(current, 0.0)
+        todo += children.get(current, [])
+    return total

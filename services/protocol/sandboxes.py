@@ -22,12 +22,19 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from services.protocol.tasks import MAX_DISK_MB, MAX_MEMORY_MB, MAX_TIMEOUT_S, MIN_CPUS, EnvKey, FilePath, Name, Text
+from services.protocol.tasks import (
+    MAX_DISK_MB,
+    MAX_MEMORY_MB,
+    MAX_TIMEOUT_S,
+    MIN_CPUS,
+    EnvKey,
+    FilePath,
+    Isolation,
+    Name,
+    Text,
+)
 
 Label = Annotated[str, StringConstraints(max_length=256, pattern=r"^[^\x00]*$")]
-# how a sandbox is kept from its host: "namespaces" (local: bubblewrap; docker: runc), "gvisor" (local:
-# runsc; docker: the runsc runtime). Left out: the backend's own (``/healthz`` ``isolation.isolation_levels``)
-Isolation = Literal["namespaces", "gvisor"]
 
 
 def split_destination(entry: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, int | None]:

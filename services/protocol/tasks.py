@@ -77,6 +77,12 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+# how a sandbox is kept from its host: "namespaces" (local: bubblewrap; docker: runc), "gvisor" (local:
+# runsc; docker: the runsc runtime). Left out: the template's, else the backend's own (``/healthz``
+# ``isolation.isolation_levels`` lists what a broker can give)
+Isolation = Literal["namespaces", "gvisor"]
+
+
 class SandboxSpec(_Model):
     """The sandbox an episode runs in. Written by the user, read by the worker and broker."""
 
@@ -85,6 +91,7 @@ class SandboxSpec(_Model):
     memory_mb: int = Field(2048, gt=0, le=MAX_MEMORY_MB)
     disk_mb: int = Field(10_240, gt=0, le=MAX_DISK_MB)
     network: Literal["none", "egress"] = "none"  # no network unless asked for
+    isolation: Isolation | None = None  # the broker refuses a level it cannot give (422 naming it)
     setup: list[Text] = Field(default_factory=list, max_length=1_000)  # shell commands before the first turn
     files: dict[FilePath, str] = Field(default_factory=dict)  # path -> content written before setup
     env: dict[EnvKey, Text] = Field(default_factory=dict)  # every command, the agent's and the reward's

@@ -23,9 +23,10 @@ from services.runtime.tasks import cancel_and_wait
 from services.sandbox_broker import hot_routes
 from services.sandbox_broker.auth import Caller, Callers, authenticator, hide_others, listed_job, sandbox_access
 from services.sandbox_broker.backends import make_backend
+from services.sandbox_broker.backends.create_phases import PhaseClock
 from services.sandbox_broker.broker import Broker
 from services.sandbox_broker.leases import LeaseStore
-from services.sandbox_broker.metrics import BrokerMetrics
+from services.sandbox_broker.metrics import BrokerMetrics, PhaseCollector
 from services.sandbox_broker.reaper import Reaper
 from services.sandbox_broker.settings import BrokerSettings
 from services.sandbox_broker.template_sources import checked_template
@@ -50,6 +51,8 @@ def create_app(
         store = LeaseStore(client, settings.ttl_grace_s)
         templates = Templates(client, default_template(settings), settings.backend)
         broker = Broker(settings, make_backend(settings), store, templates, metrics)
+        if isinstance(phases := getattr(broker.backend, "phases", None), PhaseClock):
+            metrics.registry.register(PhaseCollector(phases))
         await broker.start()
         reaper = Reaper(broker, client)
         await reaper.start()

@@ -23,6 +23,7 @@ from services.protocol.sandboxes import (
 )
 from services.protocol.status import ErrorCode
 from services.runtime.generation import StoreGeneration
+from services.runtime.outages import STORE_ERRORS, Outage
 from services.sandbox_broker.admission import Admission, TokenBucket
 from services.sandbox_broker.backends.base import (
     LABEL_BROKER,
@@ -47,6 +48,7 @@ from services.sandbox_broker.settings import BrokerSettings
 from services.sandbox_broker.templates import Templates
 
 log = logging.getLogger(__name__)
+ACTIVATE_RETRY_S = 0.2  # between tries to record a ready lease live while Redis is away
 T = TypeVar("T")
 
 
@@ -72,6 +74,7 @@ class Broker:
         self.setups = SharedSetups(backend, settings.shared_setup_ttl_s)
         self.cache = LeaseCache(store.client)
         self.generation = StoreGeneration("broker")  # followed by the reaper (reaper.py)
+        self._activating = Outage("Redis (leases going live)", log)  # one line per outage, not per lease
         self._quiet = False
         # the labelled series of the hot paths, looked up once (``labels()`` is a locked dict lookup)
         self._exec_latency = metrics.exec_latency.labels(backend.name)
@@ -125,13 +128,31 @@ class Broker:
                              request.network, self.instance)  # fmt: skip
         epoch = self.cache.epoch
         try:
-            activated = await self.store.activate(record)
+            activated = await self._activate(record)
         finally:
             self.pools.settled(sandbox.sandbox_id)
         if not activated:
             await self.backend.destroy(sandbox.sandbox_id)
             raise PlatformError(ErrorCode.CONFLICT, f"lease {lease_id} was released while starting")
         return await self._handed_out(record, template, epoch)
+
+    async def _activate(self, record: LeaseRecord) -> bool:
+        """Record the lease live. Redis away (a restart, a failover) is waited out until the create
+        timeout: the sandbox is ready, and failing here would leave the lease reserved until its
+        create deadline and cost the caller an attempt. The script is idempotent (a reply lost after
+        it ran answers the same the second time)."""
+        deadline = time.monotonic() + self.settings.create_timeout_s
+        while True:
+            try:
+                activated = await self.store.activate(record)
+            except STORE_ERRORS as exc:
+                self._activating.failed(exc)
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(ACTIVATE_RETRY_S)
+                continue
+            self._activating.ok()
+            return activated
 
     async def _warm_lease(self, lease_id: str, template: Template, request: LeaseRequest,
                           started: float) -> Lease | None:  # fmt: skip

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from services.sandbox_broker.backends.create_phases import PhaseClock
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -48,3 +54,26 @@ class BrokerMetrics:
         self.recovered = Counter(
             "rollout_broker_leases_recovered", "live leases found again after a restart", registry=r
         )
+
+
+class PhaseCollector(Collector):
+    """The local backend's cold-create phases (``create_phases.py``), read at scrape time."""
+
+    def __init__(self, clock: PhaseClock) -> None:
+        self.clock = clock
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        families = {
+            "wall_s": CounterMetricFamily("rollout_broker_create_phase_seconds", "wall seconds of sandbox "
+                                          "creates per phase", labels=["phase"]),
+            "cpu_s": CounterMetricFamily("rollout_broker_create_phase_cpu_seconds", "the broker's CPU seconds "
+                                         "per create phase (in the phase's thread)", labels=["phase"]),
+            "children_cpu_s": CounterMetricFamily("rollout_broker_create_phase_children_cpu_seconds", "CPU of "
+                                                  "children reaped during a create phase (overlapping creates "
+                                                  "share it)", labels=["phase"]),
+            "count": CounterMetricFamily("rollout_broker_create_phases", "create phases run", labels=["phase"]),
+        }  # fmt: skip
+        for phase, figures in self.clock.snapshot().items():
+            for key, family in families.items():
+                family.add_metric([phase], figures[key])
+        yield from families.values()

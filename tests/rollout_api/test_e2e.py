@@ -28,6 +28,7 @@ from tests.rollout_api.fleet import (
     wait_finished,
     wait_for,
 )
+from tests.sandbox_broker.dockerd import runsc_problem
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 pytest.importorskip("services.llm_proxy", reason="the LLM proxy (branch proxy) has not landed")
@@ -55,13 +56,14 @@ RULES: dict[str, list[Any]] = {
         {"text": SUBMIT, "latency_s": 0.7},
     ],  # fmt: skip
     "TASK-QUICK": [{"text": SUBMIT, "latency_s": 0.05}],
+    "TASK-GVISOR": ['```bash\n[ "$(uname -r)" = 4.4.0 ] && echo 42 > answer.txt\n```', SUBMIT],  # gVisor's kernel
 }
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     with running_fleet(tmp_path_factory.mktemp("fleet"), RULES, "e2e") as fleet:
-        fleet.start_worker(jobs=["batch", "caps", "llmfail", "sandboxkill"], concurrency=16)
+        fleet.start_worker(jobs=["batch", "caps", "llmfail", "sandboxkill", "gvisor"], concurrency=16)
         yield fleet
 
 
@@ -161,6 +163,22 @@ def test_unknown_template_is_refused(client: httpx.Client) -> None:
         "code": "unknown_template", "message": "the broker has no template 'no-such-template'", "infra": False,
         "field": "tasks.0.sandbox.template", "retry_after_s": None,
     }  # fmt: skip
+
+
+def test_a_task_can_ask_for_gvisor(fleet: Fleet, client: httpx.Client) -> None:
+    """``sandbox.isolation: "gvisor"``: the episode's commands and its reward run in gVisor (the task
+    scores 1 only where ``uname -r`` is gVisor's); an unknown level is refused at submission."""
+    if problem := runsc_problem():
+        pytest.skip(problem)
+    headers = create_job(client, "gvisor")
+    bad = client.post("/rollouts", json={"job": "gvisor", "tasks": [task("v", "x", sandbox={"isolation": "vm"})]},
+                      headers=headers)  # fmt: skip
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "tasks.0.sandbox.isolation", bad.text
+    tasks = [task("gv", "TASK-GVISOR", sandbox={"isolation": "gvisor"}), task("ns", "TASK-GVISOR")]
+    rollout = submit(client, headers, {"job": "gvisor", "tasks": tasks, "group_size": 1, "limits": {"max_turns": 4}})
+    assert wait_finished(client, headers, rollout)["by_status"]["completed"] == 2
+    rewards = {t.task_id: t.reward for t in trajectories(fleet.redis_url, "gvisor")}
+    assert rewards == {"gv": 1.0, "ns": 0.0}
 
 
 def test_engine_killed_mid_episode_is_an_infra_error(fleet: Fleet, client: httpx.Client) -> None:

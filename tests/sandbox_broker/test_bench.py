@@ -37,4 +37,9 @@ def test_broker_benchmark_writes_its_figures(isolation: str, tmp_path: Path, red
     assert figures["paced_leases"] == n and figures["paced_warm_hits"] == n  # paced: the pool was refilled first
     assert 0 < figures["burst_floor_p50_ms"] <= figures["burst_floor_p99_ms"]  # the no-op server answered them all
     assert figures["agent_starts"] == n and figures["agent_start_p50_ms"] > 0  # each agent reached the upstream
+    assert figures["cold_create_cpu_ms"] > 0 and figures["egress_cold_create_cpu_ms"] > 0
+    assert figures["cold_create_cpu_source"] in ("cpuacct", "tree")
+    phases = figures["cold_create_phases"]  # one at a time: each phase that ran took time
+    assert phases["agent"]["wall_ms"] > 0 and phases["setup"]["wall_ms"] > 0 and phases["egress"]["wall_ms"] == 0
+    assert figures["cold_create_alone_cpu_ms"] > 0
     assert "warm lease" in out.stdout

@@ -5,6 +5,7 @@ probes on gVisor are in test_escape.py."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -79,6 +80,23 @@ def test_a_gvisor_lease_runs_its_commands_in_gvisor(start_broker: BrokerFactory)
         assert run(client, plain["id"], "uname -r")["stdout"] != "4.4.0\n"
         other = lease(client, isolation="gvisor")  # the default template, asked for gVisor
         assert run(client, other["id"], "cat /workspace/in.txt 2>&1; uname -r")["stdout"].endswith("4.4.0\n")
+        assert client.delete(f"/leases/{gv['id']}").status_code == 204
+        deadline = time.monotonic() + 30
+        while _host_processes_with(gv["sandbox_id"]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _host_processes_with(gv["sandbox_id"]) == []  # runsc, its sandbox and gofer: gone
+
+
+def _host_processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
 
 
 @needs_bwrap
@@ -110,7 +128,7 @@ def test_a_task_image_on_gvisor(tmp_path: Path, state_dir: Path) -> None:
         with_usr = SandboxSpec(Template(name="bb-usr", image=str(image), host_usr=True, isolation="gvisor"),
                                Resources())  # fmt: skip
         three = await backend.create(with_usr)
-        assert three.sandbox_id in backend.agents.agents  # the exec agent runs inside gVisor
+        assert three.sandbox_id not in backend.agents.agents  # no resident agent on gVisor (gvisor.py)
         assert await sh(three.sandbox_id, "/usr/bin/python3 -c 'import os; print(os.uname().release)'") == "4.4.0\n"
         for sandbox in (one, two, three):
             await backend.destroy(sandbox.sandbox_id)

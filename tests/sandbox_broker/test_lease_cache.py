@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import cast
+from typing import Any, cast
 
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from services.protocol.errors import PlatformError
-from services.protocol.sandboxes import Lease, LeaseRequest
+from services.protocol.sandboxes import Lease, LeaseRequest, Resources
 from services.protocol.status import ErrorCode
 from services.sandbox_broker.backends.base import LABEL_BROKER, LABEL_POOL, Sandbox
 from services.sandbox_broker.lease_cache import LeaseCache
@@ -130,3 +131,29 @@ def test_the_cache_keeps_nothing_it_cannot_trust() -> None:
     assert cache.get("e", time.time()) is None
     cache._unsubscribed()
     assert cache.get("a", time.time()) is None and len(cache) == 0  # lost the subscription: forget everything
+
+
+async def test_a_redis_outage_while_a_lease_goes_live_is_waited_out(make_broker: InProcessFactory) -> None:
+    """The sandbox is ready when Redis goes away: the broker records the lease once Redis answers
+    again, instead of failing the request and leaving the lease reserved until its create deadline."""
+    broker = await make_broker()
+    backend = cast(RecordingBackend, broker.backend)
+
+    async def create(spec: Any) -> Sandbox:
+        return Sandbox("cold-1", dict(spec.labels))
+
+    backend.create = create  # type: ignore[attr-defined]
+    activate, tries = broker.store.activate, []
+
+    async def away_twice(record: LeaseRecord) -> bool:
+        tries.append(record.lease.id)
+        if len(tries) <= 2:
+            raise RedisConnectionError("Redis away")
+        return await activate(record)
+
+    broker.store.activate = away_twice  # type: ignore[method-assign]
+    lease = await broker.create_lease(LeaseRequest(job="j", resources=Resources(cpus=0.5)))  # not the pool's: cold
+    assert len(tries) == 3 and lease.sandbox_id == "cold-1"
+    record = await broker.store.get(lease.id)
+    assert record is not None and record.state == "live"
+    assert backend.destroyed == [] and broker.pools.owned() == set()

@@ -143,6 +143,7 @@ class Episode:
             job=self.item.job,
             labels={"trajectory": self.item.trajectory_id, "attempt": str(self.traj.attempt), **labels},
             network=spec.network,
+            isolation=spec.isolation,
             wait_s=self.deps.settings.lease_wait_s,
             setup=self._setup_request(),
         )

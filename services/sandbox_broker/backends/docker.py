@@ -274,11 +274,16 @@ class DockerBackend:
         self.gateways.route_task(sandbox_id, task_lease, broker)
 
     async def list_sandboxes(self) -> list[Sandbox]:
-        containers = await self._run(self.client.containers.list, all=True, filters={"label": LABEL_BROKER})
+        containers = await self._run(  # one removed meanwhile is left out (it failed the whole orphan pass)
+            self.client.containers.list, all=True, filters={"label": LABEL_BROKER}, ignore_removed=True
+        )
         found = [Sandbox(c.id, dict(c.labels), _workdir(c.attrs), _created(c.attrs.get("Created", "")))
                  for c in containers]  # fmt: skip
-        if self.settings.docker_exec_root:
-            every = {c.id for c in await self._run(self.client.containers.list, all=True)}
+        if self.settings.docker_exec_root:  # the containers are listed after /proc is read (monitors.py)
+
+            def every() -> set[str]:
+                return {c["Id"] for c in self.client.api.containers(all=True)}
+
             await self._run(leftover_monitors, self.settings.docker_exec_root, every, True)
         return found
 

@@ -1,19 +1,21 @@
 """``isolation: "gvisor"`` on the local backend: a sandbox's commands run in gVisor (``runsc``), a
 user-space kernel between them and the host's, instead of bubblewrap's namespaces.
 
-Each start (a command of its own, or the sandbox's exec agent) is ``runsc run`` of an OCI bundle
-written for it under the sandbox's directory, over the same host directories a bubblewrap binds:
-the host's ``/usr`` read-only (or the image's overlay as ``/``), ``/workspace`` and ``/tmp`` on the
-sandbox's size-limited disk, its own ``/etc/passwd``, the gateway socket's directory and the agent
-bundles read-only. The command runs as the sandbox uid (an image's user) with no capabilities and
-no new privileges; rlimits (open files, file size, processes) are set in the bundle and enforced by
-gVisor's kernel. On the host, runsc joins the sandbox's cgroups first, so its memory, CPU and pids
-limits hold the whole gVisor sandbox (sentry and gofer included), and dies with the broker
-(``--pdeathsig``). Network: ``none`` is gVisor's own loopback only; ``egress`` is ``--network=host``
-inside the sandbox's egress namespace (netns.py): gVisor's own network stack cannot start on a
-host whose root network namespace it cannot read. Files the broker writes on the host are seen
-inside (``--file-access=shared``). Each run's container state lives under the sandbox's directory
-and goes with it.
+Each command is ``runsc run`` of an OCI bundle written for it under the sandbox's directory. There
+is no resident exec agent: gVisor's /proc lets a process open the descriptors of another of the
+same uid although it is not dumpable, so a command could write forged frames to an agent's pipes.
+The bundle binds the host directories a bubblewrap binds: the host's ``/usr`` read-only (or the
+image's overlay as ``/``), ``/workspace`` and ``/tmp`` on the sandbox's size-limited disk, its own
+``/etc/passwd``, the gateway socket's directory and the agent bundles read-only. The command runs
+as the sandbox uid (an image's user) with no capabilities and no new privileges; rlimits (open
+files, file size, processes) are set in the bundle and enforced by gVisor's kernel. On the host,
+runsc joins the sandbox's cgroups first, so its memory, CPU and pids limits hold the whole gVisor
+sandbox (sentry and gofer included), and dies with the broker (``--pdeathsig``). Network: ``none``
+is gVisor's own loopback only; ``egress`` is ``--network=host`` inside the sandbox's egress
+namespace (netns.py): gVisor's own network stack cannot start on a host whose root network
+namespace it cannot read. Files the broker writes on the host are seen inside
+(``--file-access=shared``). Each run's container state lives under the sandbox's directory and
+goes with it.
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ import posixpath
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import GATEWAY_SOCKET, ExecRequest, ExecResult
@@ -29,6 +30,7 @@ from services.sandbox_broker.backends.agents import AgentRequest, ExecAgents, ag
 from services.sandbox_broker.backends.base import OutputSink, Sandbox, SandboxSpec, bad_path, sandbox_gone
 from services.sandbox_broker.backends.bwrap import HostProbe, SandboxPaths, probe_bwrap
 from services.sandbox_broker.backends.cgroups import Cgroups
+from services.sandbox_broker.backends.create_phases import PhaseClock
 from services.sandbox_broker.backends.gateway_forwarder import GatewayForwarders, relay_command
 from services.sandbox_broker.backends.leftovers import teardown
 from services.sandbox_broker.backends.local_commands import (
@@ -47,6 +49,7 @@ from services.sandbox_broker.backends.process import run_process, watch_children
 from services.sandbox_broker.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 WORKDIR = "/workspace"
 WRITABLE = ("/workspace", "/tmp")
@@ -78,6 +81,7 @@ class LocalBackend:
         self.agents_dir = str(settings.agents_dir.resolve()) if settings.agents_dir else None
         self.gateways = GatewayForwarders()
         self.gvisor = gvisor.GvisorLevel()
+        self.phases = PhaseClock()  # where cold creates go (create_phases.py; the broker's /metrics)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -133,7 +137,8 @@ class LocalBackend:
     async def create(self, spec: SandboxSpec) -> Sandbox:
         sandbox_id = "loc-" + secrets.token_hex(8)
         paths = self._paths(sandbox_id)
-        unpack_s = await asyncio.to_thread(self.images.unpack, spec.template, self.overlay)  # before its dir exists
+        # the image is unpacked before the sandbox's directory exists
+        unpack_s = await asyncio.to_thread(self._timed, "image", self.images.unpack, spec.template, self.overlay)
         meta: dict[str, object] = {"labels": spec.labels, "network": spec.network, "created_at": time.time(),
                                    "image_prepare_s": unpack_s, "agents_dir": self.agents_dir}  # fmt: skip
         if spec.isolation_level == "gvisor":  # else bubblewrap's namespaces (an older sandbox has no "isolation")
@@ -142,10 +147,12 @@ class LocalBackend:
         try:
             text = await asyncio.to_thread(self._prepare, paths, spec, meta)
             self.known.add(sandbox_id, paths, json.loads(text))  # as its commands would read it back
-            await self._start_agent(sandbox_id, paths, meta)
+            with self.phases.phase("agent"):
+                await self._start_agent(sandbox_id, paths, meta)
             for command in spec.template.setup:
                 request = ExecRequest(shell=command, timeout_s=self.setup_timeout_s)
-                result = await self.exec(sandbox_id, request)
+                with self.phases.phase("setup"):
+                    result = await self.exec(sandbox_id, request)
                 if result.exit_code != 0:
                     raise PlatformError(
                         ErrorCode.SANDBOX_CREATE_FAILED,
@@ -179,17 +186,17 @@ class LocalBackend:
         """Lay the sandbox out on disk; its meta as written."""
         paths.root.mkdir(parents=True)
         if self.disk_quota:  # first: the workspace, /tmp and an image's upper layer all live on it
-            self.disks.create(paths.root, paths.disk, spec.resources.disk_mb)
+            self._timed("disk", self.disks.create, paths.root, paths.disk, spec.resources.disk_mb)
         if spec.clone_of is not None:  # before any overlay is mounted over the copied upper layer
             started = time.monotonic()
             snapshots.restore(spec.clone_of, self.root.parent, paths.disk)
             meta["cloned_s"] = time.monotonic() - started
-        self._layout(paths)
+        self._timed("layout", self._layout, paths)
         if spec.network == "egress":
-            meta["netns"] = self._network(paths, spec)
-        self.images.prepare(paths, spec.template, self.overlay, meta)
+            meta["netns"] = self._timed("egress", self._network, paths, spec)
+        self._timed("overlay", self.images.prepare, paths, spec.template, self.overlay, meta)
         gvisor_pids = self.pids_max * gvisor.PIDS_FACTOR if meta.get("isolation") == "gvisor" else None
-        self.cgroups.create(paths.root.name, spec.resources, gvisor_pids)
+        self._timed("cgroup", self.cgroups.create, paths.root.name, spec.resources, gvisor_pids)
         rlimits = {"n": self.nofile, "f": spec.resources.disk_mb * 2048}  # dash counts 512-byte blocks
         if self.cgroups.mode == "none":
             rlimits["v"] = spec.resources.memory_mb * 1024
@@ -197,6 +204,10 @@ class LocalBackend:
         text = json.dumps(meta)
         paths.meta.write_text(text)
         return text
+
+    def _timed(self, phase: str, step: Callable[..., T], *args: Any) -> T:
+        with self.phases.phase(phase):
+            return step(*args)
 
     def _network(self, paths: SandboxPaths, spec: SandboxSpec) -> bool:
         """Give an egress sandbox its own namespace behind NAT and rules (netns.py); whether it has one."""
@@ -329,8 +340,10 @@ class LocalBackend:
     async def _start_agent(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], wait: bool = True) -> None:
         """The sandbox's exec agent, started with it (or at its first command after a broker restart)."""
         python = agent_python(meta)
-        unisolated = self._bwrap is None and meta.get("isolation") != "gvisor"
-        if unisolated or python is None or not self.use_agents:
+        # gVisor: no resident agent. Its /proc lets a command of the same uid open the agent's
+        # descriptors (PR_SET_DUMPABLE is not honoured there), so a command could forge answers.
+        gvisor_level = meta.get("isolation") == "gvisor"
+        if self._bwrap is None or gvisor_level or python is None or not self.use_agents:
             return
         argv = await self._argv(sandbox_id, paths, meta, workdir_of(meta), AGENT_ENV, agent_command(python), "agent")
         await self.agents.ensure(sandbox_id, argv, AGENT_ENV, paths.root / "agent.log", wait)
