@@ -82,17 +82,46 @@ class Cgroups:
         return self.mode == "none" or all(d.is_dir() for d in self._dirs(sandbox_id))
 
     def kill(self, sandbox_id: str) -> int:
-        """SIGKILL every process in the sandbox's groups; how many were signalled."""
+        """SIGKILL every process in the sandbox's groups; how many were signalled.
+
+        A pid read from ``cgroup.procs`` may be reaped and given to another host process before the
+        signal (pid_max is 32768 here, and fork bombs in other sandboxes churn through it), so each
+        is held by a pidfd, the groups are read again, and only a pid still listed is signalled,
+        through its pidfd: a reused pid is never signalled (by number it would be)."""
         if self.mode == "none":
             return 0
+        handles: dict[int, int | None] = {}
+        for pid in self._pids(sandbox_id):
+            try:
+                handles[pid] = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue
+            except OSError:  # no pidfd here (or out of descriptors): by number, as before
+                handles[pid] = None
+        try:
+            still = self._pids(sandbox_id)
+            signalled = 0
+            for pid, fd in handles.items():
+                if pid not in still:
+                    continue
+                with contextlib.suppress(ProcessLookupError):
+                    if fd is None:
+                        os.kill(pid, signal.SIGKILL)
+                    else:
+                        signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    signalled += 1
+            return signalled
+        finally:
+            for fd in handles.values():
+                if fd is not None:
+                    os.close(fd)
+
+    def _pids(self, sandbox_id: str) -> set[int]:
         pids: set[int] = set()
         for procs in self.procs_files(sandbox_id):
             with contextlib.suppress(OSError):
                 pids.update(int(p) for p in procs.read_text().split())
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        return len(pids)
+        return pids
 
     def remove(self, sandbox_id: str) -> None:
         """Kill what is left and remove the groups (retrying while the kernel reaps)."""
