@@ -191,6 +191,17 @@ def _qwen(exe: str, ep: Episode) -> Launch:
     return Launch([exe, "-p", ep.task, "--yolo", "--bare", "--auth-type", "openai", "-m", MODEL], env, ep.work)
 
 
+def _opencode(exe: str, ep: Episode) -> Launch:
+    """opencode with an OpenAI-compatible provider at the session; it runs its tools in ``$PWD``.
+    It asks for a title first (no tools): a segment of its own."""
+    provider = {"npm": "@ai-sdk/openai-compatible", "name": "rollout", "models": {MODEL: {"name": MODEL}},
+                "options": {"baseURL": ep.openai_url, "apiKey": ep.token}}  # fmt: skip
+    config = ep.home / "opencode.json"
+    config.write_text(json.dumps({"provider": {"rollout": provider}}))
+    env = {"OPENCODE_CONFIG": str(config), "PWD": str(ep.work), "HOME": str(ep.home)}
+    return Launch([exe, "run", ep.task, "-m", f"rollout/{MODEL}"], env, ep.work)
+
+
 AIDER = "0.86.2"
 
 
@@ -267,6 +278,16 @@ HARNESSES: dict[str, Harness] = {
             _npm("@qwen-code/qwen-code", "0.15.10", "qwen"),
             _qwen,
             lead=1,
+        ),
+        Harness(
+            "opencode",
+            "chat",
+            "bash",
+            lambda c: {"command": c, "description": "Run it"},
+            _npm("opencode-ai", "1.18.33", "opencode"),
+            _opencode,
+            answer_on_stdout=False,  # its output carries terminal escapes
+            calls=3,
         ),
         Harness(
             "aider",
