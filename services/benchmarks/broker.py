@@ -27,13 +27,14 @@ from services.benchmarks.broker_load import (
     Outcome,
     leftover_processes,
     leftover_sandboxes,
+    run_batched,
     run_leases,
     run_paced,
 )
 from services.benchmarks.broker_phases import one_at_a_time
 from services.benchmarks.broker_procs import Proc, python_proc
 from services.benchmarks.cpuacct import CpuGroup
-from services.benchmarks.procstat import session_cpu_s, tree_total_cpu_s
+from services.benchmarks.procstat import processes, session_cpu_s, tree_total_cpu_s
 from services.benchmarks.report import percentile, write_json
 from services.protocol.sandboxes import Resources, Template
 from services.runtime.redis_server import redis_url_or_embedded
@@ -161,7 +162,13 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
     egress = await run_leases(load, egress_n, {"template": "bench", "resources": COLD, "network": "egress"})
     egress_cpu_ms = (_tree_cpu_s(broker) - cpu_before) * 1000 / max(len(egress.start_ms), 1)
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
+    cpu_before = _own_cpu_s(broker)
     warm = await run_leases(load, args.leases, {"template": "bench"})
+    warm_cpu_ms = (_own_cpu_s(broker) - cpu_before) * 1000 / max(len(warm.start_ms), 1)
+    await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
+    cpu_before = _own_cpu_s(broker)
+    batched = await run_batched(load, args.leases, {"template": "bench"})  # the same leases, one request
+    batched_cpu_ms = (_own_cpu_s(broker) - cpu_before) * 1000 / max(len(batched.start_ms), 1)
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)  # refills done: measure the exec path alone
     cpu_before = _broker_cpu_s(broker)
     via_broker, direct = await load.overhead(settings, args.exec_samples, args.isolation)
@@ -187,6 +194,12 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
         "egress_cold_lease_p99_ms": percentile(egress.start_ms, 99),
         "egress_exec_under_load_p50_ms": percentile(egress.exec_ms, 50),
         "warm_hits": warm.warm, "cold_hits": cold.warm,
+        # the same burst asked for in one POST /leases/batch; each lease timed to the batch's answer
+        "warm_lease_batch_p50_ms": percentile(batched.start_ms, 50),
+        "warm_lease_batch_p99_ms": percentile(batched.start_ms, 99), "batch_warm_hits": batched.warm,
+        # the broker process's own CPU per lease over each burst's episodes (leases, commands, releases and
+        # the pool refills that start meanwhile)
+        "warm_episode_broker_cpu_ms": warm_cpu_ms, "batch_episode_broker_cpu_ms": batched_cpu_ms,
         # the same warm episodes, started one at a time at --paced-rate per second instead of all at once
         "paced_rate_per_s": args.paced_rate, "paced_leases": len(paced.start_ms) + paced.errors,
         "warm_lease_paced_p50_ms": percentile(paced.start_ms, 50),
@@ -198,9 +211,10 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
         "exec_broker_p50_ms": percentile(via_broker, 50), "exec_direct_p50_ms": percentile(direct, 50),
         "exec_overhead_p50_ms": percentile([b - d for b, d in zip(via_broker, direct, strict=True)], 50),
         "broker_cpu_ms_per_exec": broker_cpu_ms,
-        "errors": cold.errors + egress.errors + warm.errors + paced.errors + starts.errors
+        "errors": cold.errors + egress.errors + warm.errors + batched.errors + paced.errors + starts.errors
         + recovery["errors_after_restart"],
-        "error_samples": cold.samples + egress.samples + warm.samples + paced.samples + starts.samples,
+        "error_samples": cold.samples + egress.samples + warm.samples + batched.samples + paced.samples
+        + starts.samples,
         **recovery,
     }  # fmt: skip
 
@@ -241,6 +255,12 @@ def _tree_cpu_s(broker: Proc) -> float:
     return tree_total_cpu_s(broker.proc.pid)
 
 
+def _own_cpu_s(broker: Proc) -> float:
+    """CPU seconds of the broker process alone (not its children)."""
+    assert broker.proc is not None
+    return next((p.own_s for p in processes() if p.pid == broker.proc.pid), 0.0)
+
+
 def _broker_cpu_s(broker: Proc) -> float:
     """CPU seconds of the broker's session: the broker, and the commands it ran and reaped itself (a
     bubblewrap per command without exec agents; the agents have sessions of their own)."""
@@ -277,6 +297,8 @@ def _report(args: argparse.Namespace, f: dict[str, Any]) -> None:
          "p99_ms": f["egress_cold_lease_p99_ms"]},
         {"figure": f"warm lease, burst of {f['leases']}", "p50_ms": f["warm_lease_p50_ms"],
          "p99_ms": f["warm_lease_p99_ms"]},
+        {"figure": f"warm lease, batch of {f['leases']}", "p50_ms": f["warm_lease_batch_p50_ms"],
+         "p99_ms": f["warm_lease_batch_p99_ms"]},
         {"figure": f"  floor: {f['leases']} at once, no-op server", "p50_ms": f["burst_floor_p50_ms"],
          "p99_ms": f["burst_floor_p99_ms"]},
         {"figure": f"warm lease, paced at {f['paced_rate_per_s']:g}/s", "p50_ms": f["warm_lease_paced_p50_ms"],

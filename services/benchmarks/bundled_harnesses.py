@@ -15,7 +15,7 @@ from pathlib import Path
 from services.sandbox_broker.bundles import install, installed
 
 PINNED = {"openai-sdk": "3.63.0", "mini-swe-agent": "2.4.6", "codex": "0.169.0", "claude-code": "2.1.328",
-          "gemini-cli": "0.61.0", "aider": "0.86.2", "qwen-code": "0.15.10"}  # fmt: skip
+          "gemini-cli": "0.61.0", "aider": "0.86.2", "qwen-code": "0.15.10", "opencode": "1.18.33"}  # fmt: skip
 # no telemetry, update checks or start-up banners (the sandbox has no network but its gateway)
 QUIET = {
     "MSWEA_CONFIGURED": "1", "MSWEA_SILENT_STARTUP": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
@@ -58,6 +58,15 @@ AIDER = """exec aider --model "openai/$OPENAI_MODEL" --openai-api-base "$OPENAI_
 """
 # Qwen Code: its OpenAI auth at the session; --bare: no background memory call
 QWEN = 'exec qwen -p "$ROLLOUT_TASK" --yolo --bare --auth-type openai -m "$OPENAI_MODEL"'
+# opencode: an OpenAI-compatible provider at the session (a config file of its own); it runs its
+# tools in $PWD
+OPENCODE = """cat > /tmp/opencode.json <<EOF
+{"provider": {"rollout": {"npm": "@ai-sdk/openai-compatible", "name": "rollout",
+  "options": {"baseURL": "$OPENAI_BASE_URL", "apiKey": "$OPENAI_API_KEY"},
+  "models": {"$OPENAI_MODEL": {"name": "$OPENAI_MODEL"}}}}}
+EOF
+OPENCODE_CONFIG=/tmp/opencode.json PWD="$(pwd)" exec opencode run "$ROLLOUT_TASK" -m "rollout/$OPENAI_MODEL"
+"""
 # the openai SDK example of docs/agents.md as its own program: its ``agent_client.sandbox`` stand-in
 # runs the commands where it is, in the task sandbox
 SDK_SHIM = """import subprocess
@@ -103,6 +112,7 @@ SCRIPTS = {
     "gemini-cli": GEMINI,
     "aider": AIDER,
     "qwen-code": QWEN,
+    "opencode": OPENCODE,
 }
 
 

@@ -72,6 +72,7 @@ class Harness:
     answer_on_stdout: bool = True  # else: finished means exit 0 after all its scripted calls
     calls: int = 2  # scripted calls per episode
     edit: bool = False  # edits files instead of calling tools (aider): ANSWER.txt, a draft first
+    lead: int = 0  # assistant turns of its own in its first request (Qwen Code): they shift the reply index
 
     def rules(self, tag: str, command: str, answer: str) -> list[tuple[str, list[str]]]:
         """The scripted engine's rules for one episode (``tag``: its task): the first rule whose
@@ -79,7 +80,8 @@ class Harness:
         if self.edit:  # aider: its example turns shift the index, so the failing test picks the reply
             return [(aider_test(tag), [whole("ANSWER.txt", answer)]), (tag, [whole("ANSWER.txt", "draft")])]
         first = self.prefix + "I will look.\n" + hermes(self.tool, self.shell(command))
-        return [(tag, [first, hermes(self.tool, self.shell(self.submit)) if self.submit else answer])]
+        second = hermes(self.tool, self.shell(self.submit)) if self.submit else answer
+        return [(tag, [*(["(its own turn)"] * self.lead), first, second])]
 
 
 def _codex(exe: str, ep: Episode) -> Launch:
@@ -183,6 +185,23 @@ def _sdk(exe: str, ep: Episode) -> Launch:
     return Launch([exe, str(ep.home / "my_agent.py")], env, ep.work)
 
 
+def _qwen(exe: str, ep: Episode) -> Launch:
+    """Qwen Code over chat completions; ``--bare``: no background memory-extraction call."""
+    env = {"OPENAI_BASE_URL": ep.openai_url, "OPENAI_API_KEY": ep.token, "HOME": str(ep.home)}
+    return Launch([exe, "-p", ep.task, "--yolo", "--bare", "--auth-type", "openai", "-m", MODEL], env, ep.work)
+
+
+def _opencode(exe: str, ep: Episode) -> Launch:
+    """opencode with an OpenAI-compatible provider at the session; it runs its tools in ``$PWD``.
+    It asks for a title first (no tools): a segment of its own."""
+    provider = {"npm": "@ai-sdk/openai-compatible", "name": "rollout", "models": {MODEL: {"name": MODEL}},
+                "options": {"baseURL": ep.openai_url, "apiKey": ep.token}}  # fmt: skip
+    config = ep.home / "opencode.json"
+    config.write_text(json.dumps({"provider": {"rollout": provider}}))
+    env = {"OPENCODE_CONFIG": str(config), "PWD": str(ep.work), "HOME": str(ep.home)}
+    return Launch([exe, "run", ep.task, "-m", f"rollout/{MODEL}"], env, ep.work)
+
+
 AIDER = "0.86.2"
 
 
@@ -250,6 +269,25 @@ HARNESSES: dict[str, Harness] = {
             _command,
             _npm("@google/gemini-cli", "0.61.0", "gemini"),
             _gemini,
+        ),
+        Harness(
+            "qwen-code",
+            "chat",
+            "run_shell_command",
+            _command,
+            _npm("@qwen-code/qwen-code", "0.15.10", "qwen"),
+            _qwen,
+            lead=1,
+        ),
+        Harness(
+            "opencode",
+            "chat",
+            "bash",
+            lambda c: {"command": c, "description": "Run it"},
+            _npm("opencode-ai", "1.18.33", "opencode"),
+            _opencode,
+            answer_on_stdout=False,  # its output carries terminal escapes
+            calls=3,
         ),
         Harness(
             "aider",

@@ -22,6 +22,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from services.protocol.errors import ErrorDetail
 from services.protocol.tasks import (
     MAX_DISK_MB,
     MAX_MEMORY_MB,
@@ -137,6 +138,29 @@ class RenewRequest(_Model):
 
 
 MAX_RENEWALS = 10_000  # lease ids in one ``POST /leases/renew``
+
+
+MAX_LEASE_BATCH = 1_024  # leases in one ``POST /leases/batch``
+
+
+class LeaseBatch(_Model):
+    """Several leases asked for in one request (a worker's episodes that start together). Written
+    by a worker, read by the broker."""
+
+    leases: list[LeaseRequest] = Field(min_length=1, max_length=MAX_LEASE_BATCH)
+
+
+class LeaseOutcome(_Model):
+    """One lease of a batch: exactly one of the two (``error`` as a single ``POST /leases`` would answer it)."""
+
+    lease: Lease | None = None
+    error: ErrorDetail | None = None
+
+
+class LeaseBatchResult(_Model):
+    """Written by the broker: one outcome per lease asked for, in the order asked."""
+
+    results: list[LeaseOutcome]
 
 
 class LeaseRenewals(_Model):

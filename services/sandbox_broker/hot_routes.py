@@ -1,14 +1,14 @@
 """The routes every agent turn and every heartbeat uses, served as plain ASGI.
 
-``POST /leases``, ``DELETE /leases/{id}``, ``POST /leases/{id}/exec``, ``POST /leases/{id}/renew`` and
-``POST /leases/renew`` (many leases at once) are matched by :class:`Front` from the path's segments
-and answered by one coroutine each, with no framework between uvicorn and the broker: no routing
-tables or regular expressions, no ``Request`` object, no middleware or exception-wrapper layers. What
-the routes do is unchanged: the same wire format (``services.protocol``), the same checks of the
-caller (``auth.py``: the same functions the FastAPI routes use), the same error answers (an exception
-goes to the app's own handlers, ``install_error_handlers``, looked up as Starlette does) and the same
-metrics. A request body is validated straight from its bytes (pydantic's JSON parser) and an answer
-is serialized once, to bytes.
+``POST /leases``, ``POST /leases/batch`` (many new leases at once), ``DELETE /leases/{id}``,
+``POST /leases/{id}/exec``, ``POST /leases/{id}/renew`` and ``POST /leases/renew`` (many leases at once)
+are matched by :class:`Front` from the path's segments and answered by one coroutine each, with no
+framework between uvicorn and the broker: no routing tables or regular expressions, no ``Request``
+object, no middleware or exception-wrapper layers. What the routes do is unchanged: the same wire
+format (``services.protocol``), the same checks of the caller (``auth.py``: the same functions the
+FastAPI routes use), the same error answers (an exception goes to the app's own handlers,
+``install_error_handlers``, looked up as Starlette does) and the same metrics. A request body is
+validated straight from its bytes (pydantic's JSON parser) and an answer is serialized once, to bytes.
 
 They are documented in ``/openapi.json`` through :func:`documented`, signatures that are never
 mounted: the schema (and the fuzzer, which reads it) sees the routes as FastAPI routes. Served
@@ -17,7 +17,9 @@ without :class:`Front`, the app still answers them (:func:`install` mounts them 
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -34,6 +36,9 @@ from services.protocol.sandboxes import (
     ExecRequest,
     ExecResult,
     Lease,
+    LeaseBatch,
+    LeaseBatchResult,
+    LeaseOutcome,
     LeaseRenewals,
     LeaseRequest,
     RenewedLeases,
@@ -46,6 +51,7 @@ from services.sandbox_broker.broker import Broker
 
 M = TypeVar("M", bound=BaseModel)
 JSON = "application/json"
+log = logging.getLogger(__name__)
 JSON_HEADERS = [(b"content-type", JSON.encode())]
 
 
@@ -102,6 +108,28 @@ async def create_lease(call: Call) -> Answer:
     return Answer(201, _json(lease))
 
 
+async def create_leases(call: Call) -> Answer:
+    """``POST /leases/batch``: each lease as ``POST /leases`` makes it (the same records, tokens, TTLs,
+    limits and reaping), all at once; one outcome each. A lease the caller may not ask for refuses
+    the whole batch (403) before any is made."""
+    caller = await caller_from(call.state, call.authorization)
+    requests = [own_request(caller, request) for request in (await json_body(call, LeaseBatch)).leases]
+    outcomes = await asyncio.gather(*(_one_lease(call.broker, request) for request in requests))
+    return Answer(200, _json(LeaseBatchResult(results=outcomes)))
+
+
+async def _one_lease(broker: Broker, request: LeaseRequest) -> LeaseOutcome:
+    try:
+        return LeaseOutcome(lease=await broker.create_lease(request))
+    except PlatformError as exc:
+        error = exc.body().error
+    except Exception as exc:  # the others' leases are made: answer them, and this one as a 500 would
+        log.exception("a lease of a batch failed")
+        error = PlatformError(ErrorCode.INTERNAL_ERROR, f"lease failed: {type(exc).__name__}").body().error
+    broker.metrics.errors.labels(error.code.value).inc()
+    return LeaseOutcome(error=error)
+
+
 async def release(call: Call) -> Answer:
     broker = call.broker
     lease_id = await lease_access(call.lease_id, await caller_from(call.state, call.authorization), broker)
@@ -150,7 +178,9 @@ def match(method: str, path: str) -> tuple[Handler, str] | None:
     if len(parts) == 3:
         if method == "DELETE":
             return release, lease_id
-        return (renew_many, "") if method == "POST" and lease_id == "renew" else None
+        if method != "POST":
+            return None
+        return {"renew": (renew_many, ""), "batch": (create_leases, "")}.get(lease_id)
     if len(parts) == 4 and method == "POST":
         if parts[3] == "exec":
             return exec_, lease_id
@@ -239,6 +269,7 @@ def _routes() -> list[BaseRoute]:
     return [
         Route("/leases", _endpoint(create_lease), methods=["POST"]),
         Route("/leases/renew", _endpoint(renew_many), methods=["POST"]),
+        Route("/leases/batch", _endpoint(create_leases), methods=["POST"]),
         Route("/leases/{lease_id}", _endpoint(release), methods=["DELETE"]),
         Route("/leases/{lease_id}/exec", _endpoint(exec_), methods=["POST"]),
         Route("/leases/{lease_id}/renew", _endpoint(renew), methods=["POST"]),
@@ -272,6 +303,9 @@ def documented() -> APIRouter:
 
     @router.post("/leases", status_code=201, response_model=Lease)
     async def create_lease(body: LeaseRequest) -> None: ...
+
+    @router.post("/leases/batch", response_model=LeaseBatchResult)
+    async def create_leases(body: LeaseBatch) -> None: ...
 
     @router.post("/leases/renew", response_model=RenewedLeases)
     async def renew_many(body: LeaseRenewals) -> None: ...

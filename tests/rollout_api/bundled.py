@@ -23,7 +23,8 @@ import redis
 
 from services.benchmarks.bundled_harnesses import ensure_bundles
 from services.protocol import Trajectory, keys
-from services.protocol.gateway import GatewayCall, decode_call
+from services.protocol.gateway import GatewayCall, decode_call, segments_from_calls
+from services.protocol.trajectory import Segment
 from services.runtime.chat import ChatTemplate
 from services.sandbox_broker.bundles import installed
 from tests.rollout_api.fleet import Fleet, create_job, running_fleet, submit, task, trajectories, wait_finished
@@ -88,21 +89,29 @@ class Harnesses:
             raw = store.lrange(keys.gateway_calls(sid), 0, -1)
         return [decode_call(item) for item in cast(list[bytes], raw)]
 
-    def token_exact(self, traj: Trajectory) -> dict[str, Any]:
-        """Assert the trajectory is one token-exact segment: its ids are the chat template rendered over
-        the conversation the harness sent last (plus its reply), and the loss mask covers exactly the
-        tokens the engine generated. The conversation (``messages``, ``reply``, ``tools``)."""
-        assert traj.agent is not None and traj.agent.retokenization_mismatches == 0 and traj.segments == []
+    def token_exact(self, traj: Trajectory, segments: int = 1) -> dict[str, Any]:
+        """Assert the trajectory is ``segments`` token-exact segments, each the calls the gateway
+        recorded for it, its loss mask on exactly the tokens the engine generated in them; the last
+        one's ids are the chat template rendered over the conversation the harness sent last (plus
+        its reply). The conversation (``messages``, ``reply``, ``tools``)."""
+        assert traj.agent is not None and traj.agent.retokenization_mismatches == 0
+        held = [Segment(prompt_ids=traj.prompt_ids, response_ids=traj.response_ids, loss_mask=traj.loss_mask),
+                *traj.segments]  # fmt: skip
+        calls = {c.index: c for c in self.calls(traj.agent.session)}
+        recorded = segments_from_calls(list(calls.values()))
+        assert len(held) == len(recorded) == segments, [s.calls for s in recorded]
+        for mine, theirs in zip(held, recorded, strict=True):
+            assert (mine.prompt_ids, mine.response_ids, mine.loss_mask) == (
+                theirs.prompt_ids, theirs.response_ids, theirs.loss_mask)  # fmt: skip
+            generated = [t for t, m in zip(mine.response_ids, mine.loss_mask, strict=True) if m]
+            assert generated == [t for i in theirs.calls for t in calls[i].output_ids]
+        assert sum(sum(s.loss_mask) for s in held) == sum(t.response_tokens for t in traj.turns)
         with redis.Redis.from_url(self.fleet.redis_url) as store:
             context: dict[str, Any] = orjson.loads(store.get(keys.gateway_context(traj.agent.session)) or b"{}")
         chat = ChatTemplate.from_dir(self.fleet.model_path)
         rendered = chat.encode(chat.render([*context["messages"], context["reply"]], False, context["tools"]))
-        held = [*traj.prompt_ids, *traj.response_ids]
-        assert rendered[: len(held)] == held and rendered[len(held) :] == chat.encode("\n")
-        generated = [t for t, m in zip(traj.response_ids, traj.loss_mask, strict=True) if m]
-        calls = self.calls(traj.agent.session)
-        assert generated == [t for c in calls for t in c.output_ids]
-        assert sum(traj.loss_mask) == sum(t.response_tokens for t in traj.turns) == len(generated)
+        last = [*held[-1].prompt_ids, *held[-1].response_ids]
+        assert rendered[: len(last)] == last and rendered[len(last) :] == chat.encode("\n")
         return context
 
 

@@ -1,10 +1,11 @@
-"""The real Codex CLI, Gemini CLI, Qwen Code and aider, unmodified, from their agent bundles
-(``rollout agents install``: npm, npm, npm, PyPI), each finishing a task inside the task sandbox
-through its own gateway session (the socket-forwarded ``127.0.0.1`` base URL): each writes the
-answer with its own tool or edit, inside the sandbox (the reward reads answer.txt there), and its
-trajectory is one token-exact segment with the loss mask on exactly the generated tokens. Each also
-checks a dialect detail it relies on: Codex's streamed ``function_call`` over Responses, Gemini
-CLI's ``functionResponse``. The commands are those of docs/agents.md's harness table
+"""The real Codex CLI, Gemini CLI, Qwen Code, opencode and aider, unmodified, from their agent
+bundles (``rollout agents install``: npm, npm, npm, npm, PyPI), each finishing a task inside the
+task sandbox through its own gateway session (the socket-forwarded ``127.0.0.1`` base URL): each
+writes the answer with its own tool or edit, inside the sandbox (the reward reads answer.txt
+there), and its trajectory is token-exact (one segment; opencode's title call is a segment of its
+own) with the loss mask on exactly the generated tokens. Each also checks a dialect detail it
+relies on: Codex's streamed ``function_call`` over Responses, Gemini CLI's ``functionResponse``.
+The commands are those of docs/agents.md's harness table
 (``services/benchmarks/bundled_harnesses.py``). Bundles: see ``tests/rollout_api/bundled.py``
 (skipped with the reason where one cannot be built)."""
 
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from services.benchmarks.bundled_harnesses import AIDER, CODEX, GEMINI, QUIET, QWEN
+from services.benchmarks.bundled_harnesses import AIDER, CODEX, GEMINI, OPENCODE, QUIET, QWEN
 from services.protocol import Status
 from tests.rollout_api.bundled import Harnesses, harnesses, hermes
 
@@ -30,13 +31,16 @@ RULES: dict[str, list[Any]] = {
         "I will write it.\n" + hermes("run_shell_command", {"command": WRITE}),
         "Done.",
     ],  # Qwen Code's first request already holds an assistant turn
+    "OPENCODE-INSIDE": ["I will write it.\n" + hermes("bash", {"command": WRITE, "description": "Write it"}), "Done."],
     "AIDER-INSIDE": ["I will write it down.\n\nanswer.txt\n```\n42\n```"],  # aider's "whole" edit format
 }
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harnesses]:
-    with harnesses(tmp_path_factory.mktemp("clis"), RULES, ["codex", "gemini-cli", "aider", "qwen-code"]) as fleet:
+    with harnesses(
+        tmp_path_factory.mktemp("clis"), RULES, ["codex", "gemini-cli", "aider", "qwen-code", "opencode"]
+    ) as fleet:
         yield fleet
 
 
@@ -94,3 +98,16 @@ def test_qwen_code_from_its_bundle_finishes_a_task_in_the_sandbox_token_exact(fl
     (call,) = [m for m in context["messages"] if m.get("tool_calls")]
     assert call["tool_calls"][0]["function"] == {"name": "run_shell_command", "arguments": {"command": WRITE}}
     assert [m["role"] for m in context["messages"]].count("tool") == 1
+
+
+def test_opencode_from_its_bundle_finishes_a_task_in_the_sandbox_token_exact(fleet: Harnesses) -> None:
+    """opencode first asks for a title (no tools: a segment of its own), then works the task."""
+    traj = run(fleet, "opencode", OPENCODE, "OPENCODE-INSIDE")
+    assert "Done." in traj.agent.last_output, traj.agent.last_output[-2000:]
+    calls = fleet.calls(traj.agent.session)
+    assert [c.route for c in calls] == ["chat"] * 3 and [c.tool_calls for c in calls] == [0, 1, 0]
+    assert [(c.segment, c.merged) for c in calls] == [(0, False), (1, False), (1, True)]
+    context = fleet.token_exact(traj, segments=2)
+    (call,) = [m for m in context["messages"] if m.get("tool_calls")]
+    assert call["tool_calls"][0]["function"]["name"] == "bash"
+    assert call["tool_calls"][0]["function"]["arguments"]["command"] == WRITE

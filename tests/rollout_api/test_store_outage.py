@@ -14,8 +14,9 @@ import pytest
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from services.protocol import keys
+from services.protocol import ErrorCode, InfraStage, keys
 from services.rollout_api import publishing
+from services.rollout_api.worker.clients import InfraError
 from services.rollout_api.worker.worker import Worker
 from services.runtime.tokenizer import write_tokenizer_dir
 from tests.rollout_api.inprocess import JOB, admit, records, run_worker, setup_job, task
@@ -70,3 +71,28 @@ def test_an_outage_while_publishing_spends_no_attempt(
     # one line per outage; a call answered just as it began may end it early and a second line start
     assert 1 <= len(said) <= 2 < len(refused), (len(said), len(refused))
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "no traceback per item"
+
+
+def test_a_service_answering_store_unavailable_spends_no_attempt(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker answers 503 ``store_unavailable`` while Redis restarts (found by ``rollout bench
+    chaos``, scenario redis_aof): the worker runs the same attempt again once Redis answers. The
+    second run fails for good here (a request error), so the record shows which attempt it was."""
+    runs: list[int] = []
+
+    async def broker_store_away_once(self: Any) -> Any:
+        runs.append(self.traj.attempt)
+        if len(runs) == 1:
+            raise InfraError(InfraStage.SANDBOX_CREATE, ErrorCode.STORE_UNAVAILABLE, "broker POST /leases answered 503")
+        raise InfraError(InfraStage.SANDBOX_CREATE, ErrorCode.VALIDATION_ERROR, "refused", retryable=False)
+
+    monkeypatch.setattr("services.rollout_api.worker.runner.STORE_AWAY_RETRY_S", 0.05)
+    monkeypatch.setattr("services.rollout_api.worker.agent.Episode.run", broker_store_away_once)
+    setup_job(redis_client)
+    asyncio.run(admit(redis_url, "dl.store-away", [task("t0")]))
+    done = lambda: len(records(redis_client)) == 1  # noqa: E731
+    asyncio.run(run_worker(redis_url, write_tokenizer_dir(tmp_path / "model"), done))
+    (found,) = records(redis_client).values()
+    assert runs == [1, 1]  # the same attempt twice
+    assert found.attempt == 1 and found.infra is not None and found.infra.code == ErrorCode.VALIDATION_ERROR

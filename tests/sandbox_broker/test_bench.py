@@ -34,6 +34,7 @@ def test_broker_benchmark_writes_its_figures(isolation: str, tmp_path: Path, red
     assert all(key in figures for key in KEYS)
     assert figures["errors"] == 0 and figures["leaked"] == 0 and figures["isolation"] == isolation
     assert figures["warm_hits"] == n and figures["cold_hits"] == 0 and figures["kill9_leases"] == n
+    assert figures["batch_warm_hits"] == n and figures["warm_lease_batch_p50_ms"] > 0  # one request, n leases
     assert figures["paced_leases"] == n and figures["paced_warm_hits"] == n  # paced: the pool was refilled first
     assert 0 < figures["burst_floor_p50_ms"] <= figures["burst_floor_p99_ms"]  # the no-op server answered them all
     assert figures["agent_starts"] == n and figures["agent_start_p50_ms"] > 0  # each agent reached the upstream

@@ -22,16 +22,24 @@ from services.sandbox_broker.backends.local_commands import HOST_PYTHON
 from services.sandbox_broker.settings import BrokerSettings
 from services.sandbox_broker.templates import default_template
 from tests.sandbox_broker.conftest import needs_bwrap
+from tests.sandbox_broker.dockerd import runsc_problem
 
 pytestmark = needs_bwrap
 
 
-def test_commands_share_one_agent_and_keep_their_own_semantics(state_dir: Path) -> None:
+@pytest.mark.parametrize("level", ["namespaces", "gvisor"])
+def test_commands_share_one_agent_and_keep_their_own_semantics(level: str, state_dir: Path) -> None:
+    """Also in gVisor, where the agent is its container's first process, gVisor's root (its /proc
+    does not honour non-dumpable: only another uid keeps the pipes out of reach), and polls for its
+    command's exit (gVisor has no pidfd_open)."""
+    if level == "gvisor" and (problem := runsc_problem()):
+        pytest.skip(problem)
+
     async def scenario() -> None:
         settings = BrokerSettings(state_dir=state_dir)
         backend = LocalBackend(settings)
         await backend.start()
-        sandbox = await backend.create(SandboxSpec(default_template(settings), Resources()))
+        sandbox = await backend.create(SandboxSpec(default_template(settings), Resources(), isolation=level))
         sid = sandbox.sandbox_id
 
         async def sh(command: str, **extra: object) -> tuple[int, str, str]:
@@ -39,7 +47,10 @@ def test_commands_share_one_agent_and_keep_their_own_semantics(state_dir: Path) 
             return result.exit_code, result.stdout, result.stderr
 
         agent = (await sh("echo $PPID"))[1]
-        assert agent == (await sh("echo $PPID"))[1] and agent != "1\n"  # one resident parent, not bwrap's init
+        assert agent == (await sh("echo $PPID"))[1]  # one resident parent: not bwrap's init; gVisor's first
+        assert (agent == "1\n") == (level == "gvisor")
+        commands = (await sh("id -u; grep -E '^Cap(Eff|Prm)' /proc/self/status"))[1].split()
+        assert commands == ["1000", "CapPrm:", "0000000000000000", "CapEff:", "0000000000000000"]
         assert sid in backend.agents.agents
 
         # background processes end with their command, setsid and double forks included
@@ -52,7 +63,8 @@ def test_commands_share_one_agent_and_keep_their_own_semantics(state_dir: Path) 
         # the agent's pipes are out of reach (no forged answers), and killing it ends only the command
         forged = await sh(f"echo forged > /proc/{agent.strip()}/fd/1 && echo WROTE")
         assert forged[0] != 0 and "WROTE" not in forged[1] and "Permission denied" in forged[2]
-        assert (await sh("kill -9 -1; sleep 5"))[0] == 137
+        killed = 0 if level == "gvisor" else 137  # gVisor: the agent is init, and root there: out of reach
+        assert (await sh("kill -9 -1; sleep 5"))[0] == killed
         assert await sh("echo alive; exit 3", stdin="x") == (3, "alive\n", "")
 
         # a second command while one runs gets a bubblewrap of its own; both finish

@@ -80,6 +80,10 @@ def test_a_gvisor_lease_runs_its_commands_in_gvisor(start_broker: BrokerFactory)
         assert run(client, plain["id"], "uname -r")["stdout"] != "4.4.0\n"
         other = lease(client, isolation="gvisor")  # the default template, asked for gVisor
         assert run(client, other["id"], "cat /workspace/in.txt 2>&1; uname -r")["stdout"].endswith("4.4.0\n")
+        setup = {"key": "group-1", "commands": ["echo seeded > s.txt"]}  # a group's setup runs once, then forks
+        first, second = (lease(client, template="gv", setup=setup) for _ in range(2))
+        assert (first["setup_shared"], second["setup_shared"]) == (False, True)
+        assert run(client, second["id"], "cat s.txt; uname -r")["stdout"] == "seeded\n4.4.0\n"
         assert client.delete(f"/leases/{gv['id']}").status_code == 204
         deadline = time.monotonic() + 30
         while _host_processes_with(gv["sandbox_id"]) and time.monotonic() < deadline:

@@ -15,12 +15,13 @@ from fastapi import FastAPI
 
 from services.protocol import keys
 from services.protocol.errors import PlatformError
-from services.protocol.sandboxes import ExecRequest, ExecResult, Lease, LeaseRequest, RenewedLeases
+from services.protocol.sandboxes import ExecRequest, ExecResult, Lease, LeaseBatchResult, LeaseRequest, RenewedLeases
 from services.protocol.status import ErrorCode
 from services.runtime.auth import Authenticator, TokenSet, hash_token
 from services.runtime.http_errors import install_error_handlers
 from services.sandbox_broker import hot_routes
 from services.sandbox_broker.auth import Callers
+from services.sandbox_broker.metrics import BrokerMetrics
 
 SERVICE, JOB_A = "svc", "tok-a"
 
@@ -29,13 +30,22 @@ class RecordingBroker:
     def __init__(self) -> None:
         self.leases: dict[str, Lease] = {}
         self.calls: list[tuple[str, Any]] = []
+        self._metrics = BrokerMetrics()
 
     async def create_lease(self, request: LeaseRequest) -> Lease:
         self.calls.append(("create", request))
+        if request.template == "missing":
+            raise PlatformError(ErrorCode.UNKNOWN_TEMPLATE, "no template 'missing'", field="template")
+        if request.template == "broken":
+            raise RuntimeError("a bug")
         lease = Lease(id=f"lse-{len(self.leases)}", template=request.template, backend="local", job=request.job,
                       sandbox_id="s", expires_at=time.time() + request.ttl_s, warm=True, start_s=0.001)  # fmt: skip
         self.leases[lease.id] = lease
         return lease
+
+    @property
+    def metrics(self) -> BrokerMetrics:
+        return self._metrics
 
     async def get(self, lease_id: str) -> Lease:
         if lease_id not in self.leases:
@@ -198,10 +208,40 @@ async def test_renewals_one_by_one_and_many_at_once(http: tuple[httpx.AsyncClien
     assert [c[1] for c in broker.calls if c[0] == "renew_many"] == [ids, ids]
 
 
+async def test_a_batch_answers_one_outcome_per_lease_in_order(http: tuple[httpx.AsyncClient, Any]) -> None:
+    client, broker = http
+    asked = [{"job": "j", "ttl_s": 30}, {"template": "missing"}, {"template": "broken"}, {"job": "k"}]
+    answer = await client.post("/leases/batch", json={"leases": asked}, headers=_as(SERVICE))
+    assert answer.status_code == 200, answer.text
+    results = LeaseBatchResult.model_validate_json(answer.content).results
+    assert [r.lease.job if r.lease else None for r in results] == ["j", None, None, "k"]
+    assert results[0].lease is not None and results[0].lease.expires_at < time.time() + 31
+    assert results[1].error is not None and results[1].error.code == ErrorCode.UNKNOWN_TEMPLATE
+    assert results[1].error.field == "template"
+    assert results[2].error is not None and results[2].error.code == ErrorCode.INTERNAL_ERROR
+    assert broker.metrics.errors.labels("unknown_template")._value.get() == 1
+    assert len(broker.leases) == 2  # each made lease is a live one, answered
+
+
+async def test_a_batch_is_refused_whole_for_a_bad_caller_or_body(http: tuple[httpx.AsyncClient, Any]) -> None:
+    client, broker = http
+    for headers, status in (({}, 401), (_as(JOB_A), 403)):  # job a asking for job b's lease
+        refused = await client.post("/leases/batch", json={"leases": [{}, {"job": "b"}]}, headers=headers)
+        assert refused.status_code == status, refused.text
+    bodies: list[dict[str, Any]] = [{"leases": []}, {"leases": [{"ttl_s": 0}]}, {}, {"leases": [{}] * 1025}]
+    for body in bodies:
+        invalid = await client.post("/leases/batch", json=body, headers=_as(SERVICE))
+        assert invalid.status_code == 422 and invalid.json()["error"]["code"] == "validation_error"
+    assert broker.calls == []  # nothing was leased
+    own = await client.post("/leases/batch", json={"leases": [{}]}, headers=_as(JOB_A))
+    assert own.json()["results"][0]["lease"]["job"] == "a"  # a job token's own job where left out
+
+
 @pytest.mark.parametrize(
     ("method", "path", "route"),
     [
         ("POST", "/leases", "create_lease"), ("POST", "/leases/renew", "renew_many"),
+        ("POST", "/leases/batch", "create_leases"), ("GET", "/leases/batch", None),
         ("DELETE", "/leases/l1", "release"), ("DELETE", "/leases/renew", "release"),
         ("POST", "/leases/l1/exec", "exec_"), ("POST", "/leases/l1/renew", "renew"),
         ("GET", "/leases", None), ("GET", "/leases/l1", None), ("POST", "/leases/l1", None),

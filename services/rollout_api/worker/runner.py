@@ -40,6 +40,9 @@ STOP_STORE_LOST = "store_lost"  # Redis came back empty: the item's job is gone,
 T = TypeVar("T")
 
 
+STORE_AWAY_RETRY_S = 1.0  # before running again an attempt that a service failed with store_unavailable
+
+
 class StoreAway(Exception):
     """The episode met Redis away: no fault of the attempt, which is given back and run again."""
 
@@ -99,6 +102,7 @@ class ItemRunner:
 
     async def _attempts(self, delivery: Delivery) -> None:
         item = delivery.item
+        store_away_at: float | None = None  # when a service first answered that the store was away
         while True:
             taken = await self._stored(lambda: self.scripts.take(item.job, item.rollout_id, item.trajectory_id))
             if taken.attempt < 0:  # already has its record (a duplicate delivery)
@@ -121,6 +125,16 @@ class ItemRunner:
                 continue
             if failure is None:
                 return
+            if failure.code == ErrorCode.STORE_UNAVAILABLE:  # the broker or proxy found the shared Redis away
+                store_away_at = store_away_at or time.monotonic()
+                if time.monotonic() - store_away_at < self.settings.outage_budget_s:
+                    log.info("%s: a service's store was away; running the attempt again without spending it",
+                             item.trajectory_id)  # fmt: skip
+                    await asyncio.sleep(STORE_AWAY_RETRY_S)
+                    await self._stored(self.redis.ping)
+                    await self._stored(lambda: self.scripts.give_back(item.job, item.rollout_id, item.trajectory_id))
+                    self.metrics.attempts_kept.inc()
+                    continue
             if await self._outage_kept(delivery, trips):
                 continue  # the attempt was given back: the same attempt number runs again
             error = failure

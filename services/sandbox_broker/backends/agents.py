@@ -53,9 +53,10 @@ class AgentRequest:
     stdin: str | None
     timeout_s: float
     max_output_bytes: int
+    user: tuple[int, int] | None = None  # (uid, gid) the command drops to (gVisor: the agent is root there)
 
     def frame(self, rid: int, stream: bool) -> bytes:
-        body = {"argv": self.argv, "env": self.env, "cwd": self.cwd, "stdin": self.stdin,
+        body = {"argv": self.argv, "env": self.env, "cwd": self.cwd, "stdin": self.stdin, "user": self.user,
                 "timeout_s": self.timeout_s, "max_output_bytes": self.max_output_bytes, "stream": stream}  # fmt: skip
         payload = marshal.dumps(body, exec_agent.MARSHAL_VERSION)  # the agent trusts the broker (exec_agent.py)
         return exec_agent.HEADER.pack(len(payload), b"X", rid) + payload

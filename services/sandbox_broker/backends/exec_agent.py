@@ -143,7 +143,7 @@ class Child:
         return os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
 
 
-def spawn(argv: list[str], env: dict[str, str], cwd: str, with_stdin: bool) -> Child:
+def spawn(argv: list[str], env: dict[str, str], cwd: str, with_stdin: bool, user: Any = None) -> Child:
     """``subprocess.Popen(argv, env=env, cwd=cwd, stdin=PIPE or DEVNULL, stdout=PIPE, stderr=PIPE,
     start_new_session=True)``; an OSError when the command could not be started.
 
@@ -151,7 +151,7 @@ def spawn(argv: list[str], env: dict[str, str], cwd: str, with_stdin: bool) -> C
     other descriptor closed, signals restored, a new session) called as Popen calls it, without
     importing ``subprocess`` (about 20 ms of the agent's start); elsewhere it is Popen."""
     if _fork_exec is None or not (3, 11) <= sys.version_info[:2] < (3, 14):
-        return _popen(argv, env, cwd, with_stdin)
+        return _popen(argv, env, cwd, with_stdin, user)
     head = os.fsencode(argv[0])
     found = tuple(os.path.join(os.fsencode(d), head) for d in os.get_exec_path(env))  # Popen's own search
     paths = (head,) if os.path.dirname(head) else found
@@ -164,12 +164,14 @@ def spawn(argv: list[str], env: dict[str, str], cwd: str, with_stdin: bool) -> C
     c2pread, c2pwrite = os.pipe()
     errread, errwrite = os.pipe()
     report_r, report_w = os.pipe()
+    groups: list[int] | None = [] if user else None  # gVisor: the agent is root there, the command is not
+    uid, gid = (user[0], user[1]) if user else (None, None)
     try:
         # fmt: off
         pid = _fork_exec(  # as Popen calls it: close_fds, the report pipe kept, cwd, env, the pipes, then
             argv, paths, True, (report_w,), cwd, env_list, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite,
-            report_r, report_w, True, True, -1, None, None, None, -1, None, True,  # type: ignore[arg-type]
-        )  # restore_signals, setsid; no process group, gid, groups, uid, umask or preexec_fn; vfork allowed
+            report_r, report_w, True, True, -1, gid, groups, uid, -1, None, True,  # type: ignore[arg-type]
+        )  # restore_signals, setsid; no process group; the uid/gid asked for; no umask or preexec_fn; vfork
         # fmt: on
     except BaseException:
         for fd in (p2cwrite, c2pread, errread, report_r):
@@ -200,12 +202,13 @@ def _raise_child_error(pid: int, report: int, ours: tuple[int, ...]) -> None:
     raise OSError(code or errno.EIO, os.strerror(code or errno.EIO))
 
 
-def _popen(argv: list[str], env: dict[str, str], cwd: str, with_stdin: bool) -> Child:
+def _popen(argv: list[str], env: dict[str, str], cwd: str, with_stdin: bool, user: Any = None) -> Child:
     import subprocess
 
+    ids: dict[str, Any] = {"user": user[0], "group": user[1], "extra_groups": []} if user else {}
     proc = subprocess.Popen(
         argv, stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True,
+        stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True, **ids,
     )  # fmt: skip
     pipes = [proc.stdin, proc.stdout, proc.stderr]
     stdin, stdout, stderr = (os.dup(pipe.fileno()) if pipe is not None else None for pipe in pipes)
@@ -221,7 +224,7 @@ def run(out: BinaryIO, rid: int, request: dict[str, Any]) -> None:
     stdin = request.get("stdin")
     write_frame(out, b"S", rid, b"")  # before the spawn: a command that kills the agent at once has begun
     try:
-        child = spawn(request["argv"], request["env"], request["cwd"], stdin is not None)
+        child = spawn(request["argv"], request["env"], request["cwd"], stdin is not None, request.get("user"))
     except OSError as exc:
         write_frame(out, b"e", rid, spawn_error(request, exc))
         done(out, rid, 1, False, [], started)

@@ -1,9 +1,12 @@
 """``isolation: "gvisor"`` on the local backend: a sandbox's commands run in gVisor (``runsc``), a
 user-space kernel between them and the host's, instead of bubblewrap's namespaces.
 
-Each command is ``runsc run`` of an OCI bundle written for it under the sandbox's directory. There
-is no resident exec agent: gVisor's /proc lets a process open the descriptors of another of the
-same uid although it is not dumpable, so a command could write forged frames to an agent's pipes.
+Each start (the sandbox's exec agent, or a command of its own) is ``runsc run`` of an OCI bundle
+written for it under the sandbox's directory. gVisor's /proc lets a process open the descriptors of
+another of the same uid although it is not dumpable, so the agent runs as gVisor's root with
+CAP_SETUID, CAP_SETGID and CAP_KILL only (inside gVisor), and starts each command as the sandbox
+uid, which then cannot reach the agent's pipes to the broker; an image sandbox (whose user may be
+root) gets no agent.
 The bundle binds the host directories a bubblewrap binds: the host's ``/usr`` read-only (or the
 image's overlay as ``/``), ``/workspace`` and ``/tmp`` on the sandbox's size-limited disk, its own
 ``/etc/passwd``, the gateway socket's directory and the agent bundles read-only. The command runs
@@ -45,6 +48,8 @@ from services.sandbox_broker.backends.local_images import image_of
 
 PIDS_FACTOR = 8  # host pids per guest process allowed (ptrace platform: stubs and threads; docker.py)
 PROBE_TIMEOUT_S = 60.0
+AGENT = "agent"  # the exec agent's start (local.py): root inside gVisor, dropping each command's uid
+AGENT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL")
 CLONE_NEWUSER = 0x10000000
 # applied by gVisor's kernel to the sandbox's processes (``--oci-seccomp``): no new user namespace, in
 # which a process would hold capabilities (as bubblewrap's --disable-userns and docker's profile)
@@ -71,7 +76,7 @@ class Runsc:
         """``runsc run`` of a bundle written now for ``command`` (under the sandbox, named ``name``)."""
         bundle = bundles_dir(paths) / f"{name}-{secrets.token_hex(4)}"
         bundle.mkdir(parents=True, mode=0o700)
-        spec = bundle_spec(paths, meta, uid=uid, cwd=cwd, env=env, command=command)
+        spec = bundle_spec(paths, meta, uid=uid, cwd=cwd, env=env, command=command, agent=name == AGENT)
         (bundle / "config.json").write_text(json.dumps(spec))
         egress = meta.get("network") == "egress"
         flags = [f"--root={state_dir(paths)}", f"--platform={self.platform}", "--file-access=shared", "--host-uds=open",
@@ -94,17 +99,21 @@ def done_with(argv: list[str]) -> None:
 
 
 def bundle_spec(paths: SandboxPaths, meta: dict[str, Any], *, uid: int, cwd: str, env: dict[str, str],
-                command: list[str]) -> dict[str, Any]:  # fmt: skip
-    """The OCI runtime spec of one start."""
+                command: list[str], agent: bool = False) -> dict[str, Any]:  # fmt: skip
+    """The OCI runtime spec of one start (``agent``: the exec agent, gVisor's root with only the
+    capabilities it needs to start each command as ``uid`` and to end what it leaves)."""
     image = image_of(meta)
     rlimits = meta.get("rlimits", {})
     limits = [("RLIMIT_NOFILE", rlimits.get("n")), ("RLIMIT_FSIZE", _bytes(rlimits.get("f"), 512)),
               ("RLIMIT_AS", _bytes(rlimits.get("v"), 1024)), ("RLIMIT_NPROC", meta.get("gvisor_nproc"))]  # fmt: skip
     user = {"uid": image.uid, "gid": image.gid} if image else {"uid": uid, "gid": uid, "additionalGids": []}
+    caps: list[str] = []
+    if agent:
+        user, caps = {"uid": 0, "gid": 0, "additionalGids": []}, list(AGENT_CAPS)
     process: dict[str, Any] = {
         "terminal": False, "user": user, "args": command, "cwd": cwd,
         "env": [f"{k}={v}" for k, v in env.items()], "noNewPrivileges": True,
-        "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []},
+        "capabilities": {"bounding": caps, "effective": caps, "inheritable": [], "permitted": caps, "ambient": []},
         "rlimits": [{"type": kind, "hard": value, "soft": value} for kind, value in limits if value],
     }  # fmt: skip
     network = meta.get("network") == "egress"

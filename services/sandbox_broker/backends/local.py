@@ -303,7 +303,8 @@ class LocalBackend:
         if agent is None:
             result = await alone()
         else:
-            asked = AgentRequest(command, env, cwd, request.stdin, request.timeout_s, cap)
+            user = (self.uid, self.uid) if meta.get("isolation") == "gvisor" else None  # the agent is root there
+            asked = AgentRequest(command, env, cwd, request.stdin, request.timeout_s, cap, user)
             result = await self.agents.run(agent, asked, sink, alone)
         if not known.exists():  # destroyed under the command (reaped, released): not a result
             self.known.drop(sandbox_id)
@@ -340,10 +341,14 @@ class LocalBackend:
     async def _start_agent(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], wait: bool = True) -> None:
         """The sandbox's exec agent, started with it (or at its first command after a broker restart)."""
         python = agent_python(meta)
-        # gVisor: no resident agent. Its /proc lets a command of the same uid open the agent's
-        # descriptors (PR_SET_DUMPABLE is not honoured there), so a command could forge answers.
+        # gVisor: its /proc lets a process open the descriptors of another of the same uid (it does
+        # not honour PR_SET_DUMPABLE), so there the agent is gVisor's root (CAP_SETUID, CAP_SETGID,
+        # CAP_KILL and nothing else, inside gVisor only) and drops each command to the sandbox uid;
+        # an image's user may be root: no agent there
         gvisor_level = meta.get("isolation") == "gvisor"
-        if self._bwrap is None or gvisor_level or python is None or not self.use_agents:
+        if gvisor_level and image_of(meta) is not None:
+            return
+        if (self._bwrap is None and not gvisor_level) or python is None or not self.use_agents:
             return
         argv = await self._argv(sandbox_id, paths, meta, workdir_of(meta), AGENT_ENV, agent_command(python), "agent")
         await self.agents.ensure(sandbox_id, argv, AGENT_ENV, paths.root / "agent.log", wait)
