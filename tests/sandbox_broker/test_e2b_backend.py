@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.llm_proxy.fleet import wait_until
 from tests.sandbox_broker.conftest import BrokerFactory, lease, needs_bwrap, run
 from tests.support.processes import ServiceProcess, start_service
 
@@ -79,7 +80,8 @@ def test_e2b_restart_recovers_by_metadata(fake_e2b: ServiceProcess, start_broker
     with httpx.Client(base_url=broker.url, timeout=60) as client:
         held = lease(client)
         run(client, held["id"], "echo kept > k.txt")
-        assert _alive(fake_e2b) == 2  # the lease's and the pool's
+        # the lease's and the pool's (a lease that took the warm sandbox leaves the refill in flight)
+        wait_until(lambda: _alive(fake_e2b) == 2, timeout_s=60, what="the lease's and the pool's sandbox")
     broker.kill()
     restarted = start_broker("--backend", "e2b", env=_env(fake_e2b))
     with httpx.Client(base_url=restarted.url, timeout=60) as client:
