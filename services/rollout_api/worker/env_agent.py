@@ -21,6 +21,7 @@ from services.protocol.agents import EnvAgent
 from services.protocol.environments import ENV_ADAPTERS, ENV_REWARD_FILE, EnvStep, SteppedEnvironment
 from services.protocol.trajectory import AgentRun
 from services.rollout_api.worker.clients import BrokerClient, InfraError
+from services.rollout_api.worker.tools_agent import gateway_chat
 
 log = logging.getLogger(__name__)
 
@@ -103,22 +104,7 @@ class EnvRun:
                                      "\n".join(lines) + "\n")  # fmt: skip
 
     async def _complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any] | None:
-        headers = {"Authorization": f"Bearer {self.token}"}
-        body: dict[str, Any] = {"model": "policy", "messages": messages}
-        if tools:
-            body["tools"] = tools
-        try:
-            async with self.http.post(f"{self.base_url}/chat/completions", json=body, headers=headers) as response:
-                doc = await response.json(content_type=None)
-                status = response.status
-        except aiohttp.ClientError as exc:
-            raise InfraError(InfraStage.LLM, ErrorCode.TRANSPORT_ERROR, f"gateway unreachable: {exc!r}") from exc
-        if status == 200:
-            return dict(doc)
-        code = (doc.get("error") or {}).get("code") if isinstance(doc, dict) else None
-        if code in (ErrorCode.CONTEXT_LENGTH_EXCEEDED, ErrorCode.FORBIDDEN):
-            return None
-        raise InfraError(InfraStage.LLM, ErrorCode.ENGINE_ERROR, f"gateway answered {status}: {str(doc)[:300]}")
+        return await gateway_chat(self.http, self.base_url, self.token, messages, tools or None)
 
 
 def _echo(message: dict[str, Any]) -> dict[str, Any]:

@@ -93,20 +93,7 @@ class ToolsRun:
         return Cap.TURNS
 
     async def _complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any] | None:
-        body = {"model": "policy", "messages": messages, "tools": tools}
-        headers = {"Authorization": f"Bearer {self.token}"}
-        try:
-            async with self.http.post(f"{self.base_url}/chat/completions", json=body, headers=headers) as response:
-                doc = await response.json(content_type=None)
-                status = response.status
-        except aiohttp.ClientError as exc:
-            raise InfraError(InfraStage.LLM, ErrorCode.TRANSPORT_ERROR, f"gateway unreachable: {exc!r}") from exc
-        if status == 200:
-            return dict(doc)
-        code = (doc.get("error") or {}).get("code") if isinstance(doc, dict) else None
-        if code in (ErrorCode.CONTEXT_LENGTH_EXCEEDED, ErrorCode.FORBIDDEN):
-            return None
-        raise InfraError(InfraStage.LLM, ErrorCode.ENGINE_ERROR, f"gateway answered {status}: {str(doc)[:300]}")
+        return await gateway_chat(self.http, self.base_url, self.token, messages, tools)
 
     async def _act(self, message: dict[str, Any], parse_errors: list[str]) -> list[dict[str, Any]]:
         calls = message.get("tool_calls") or []
@@ -172,3 +159,31 @@ def _echo(message: dict[str, Any]) -> dict[str, Any]:
     if message.get("tool_calls"):
         out["tool_calls"] = message["tool_calls"]
     return out
+
+
+async def gateway_chat(
+    http: aiohttp.ClientSession,
+    base_url: str,
+    token: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+) -> dict[str, Any] | None:
+    """One chat completion through the episode's gateway session (``tools`` sent unless None): the
+    reply, or None where the episode must stop (context full, session closed); anything else is an
+    infra error of the LLM stage."""
+    body: dict[str, Any] = {"model": "policy", "messages": messages}
+    if tools is not None:
+        body["tools"] = tools
+    headers = {"Authorization": f"Bearer {token}"}
+    try:
+        async with http.post(f"{base_url}/chat/completions", json=body, headers=headers) as response:
+            doc = await response.json(content_type=None)
+            status = response.status
+    except aiohttp.ClientError as exc:
+        raise InfraError(InfraStage.LLM, ErrorCode.TRANSPORT_ERROR, f"gateway unreachable: {exc!r}") from exc
+    if status == 200:
+        return dict(doc)
+    code = (doc.get("error") or {}).get("code") if isinstance(doc, dict) else None
+    if code in (ErrorCode.CONTEXT_LENGTH_EXCEEDED, ErrorCode.FORBIDDEN):
+        return None
+    raise InfraError(InfraStage.LLM, ErrorCode.ENGINE_ERROR, f"gateway answered {status}: {str(doc)[:300]}")
