@@ -14,10 +14,20 @@ from services.runtime.redis_server import EmbeddedRedis
 
 
 @pytest.fixture(scope="session")
-def redis_server() -> Iterator[EmbeddedRedis]:
-    """One real Redis-compatible server (the embedded mechanism) for the whole session."""
+def _redis_process() -> Iterator[EmbeddedRedis]:
     with EmbeddedRedis() as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def redis_server(_redis_process: EmbeddedRedis) -> EmbeddedRedis:
+    """One real Redis-compatible server (the embedded mechanism) for the whole session, flushed
+    before each test module: fleet-wide state one module leaves behind (the proxy's pool members,
+    the broker's leases) never reaches the next module's services."""
+    client = redis.Redis.from_url(_redis_process.url)
+    client.flushall()
+    client.close()
+    return _redis_process
 
 
 @pytest.fixture

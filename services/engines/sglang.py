@@ -77,6 +77,16 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> N
 
 async def _serve(settings: EngineSettings) -> int:
     argv = sglang_argv(settings)
+    # the staging site binds first: a taken stage port fails here, before a server is left running
+    app = web.Application()
+    add_stage_route(app, settings.weight_cache_dir / f"engine-{settings.port}")
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, settings.host, stage_port(settings)).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
     log.info("starting SGLang: %s", " ".join(argv))
     proc = subprocess.Popen(argv, start_new_session=True)  # noqa: ASYNC220 (started once, never waited on here)
 
@@ -87,11 +97,6 @@ async def _serve(settings: EngineSettings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, forward, sig)
-    app = web.Application()
-    add_stage_route(app, settings.weight_cache_dir / f"engine-{settings.port}")
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, settings.host, stage_port(settings)).start()
     watch = None
     try:
         url = f"http://{settings.host}:{settings.port}"

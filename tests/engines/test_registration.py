@@ -13,7 +13,7 @@ import pytest
 
 from services.engines.settings import EngineSettings
 from services.engines.sglang import sglang_argv
-from services.runtime.net import free_port
+from services.runtime.net import free_port_range
 from services.runtime.redis_server import EmbeddedRedis
 from tests.llm_proxy.fleet import start_engines, start_proxy, wait_until
 from tests.support.processes import start_service
@@ -46,33 +46,39 @@ def test_sglang_command_line_carries_the_platform_flags() -> None:
 @pytest.mark.e2e
 def test_engines_join_their_pool_and_leave_it(tmp_path: Path, redis_server: EmbeddedRedis) -> None:
     base, urls = start_engines(tmp_path, 1)
-    proxy = start_proxy(tmp_path, redis_server.url, urls)
-    joining, joined = start_engines(tmp_path, 2, "--proxy-url", proxy.url, "--pool", "joined", name="joining")
+    services = [base]
     try:
+        proxy = start_proxy(tmp_path, redis_server.url, urls)
+        services.insert(0, proxy)
+        joining, joined = start_engines(tmp_path, 2, "--proxy-url", proxy.url, "--pool", "joined", name="joining")
+        services.insert(0, joining)
         ids = {u.removeprefix("http://") for u in joined}
         wait_until(lambda: engine_states(proxy.url, "joined") == ids, what="engines in pool joined")
         joining.stop()
         wait_until(lambda: not engine_states(proxy.url, "joined"), what="engines gone from pool joined")
     finally:
-        for svc in (joining, proxy, base):
+        for svc in services:
             svc.stop()
 
 
 @pytest.mark.e2e
 def test_sglang_mode_starts_the_server_joins_and_stops_it(tmp_path: Path, redis_server: EmbeddedRedis) -> None:
     base, urls = start_engines(tmp_path, 1)
-    proxy = start_proxy(tmp_path, redis_server.url, urls)
-    record, port = tmp_path / "sglang-args.json", free_port()
-    env = {
-        "PYTHONPATH": f"{FAKE_SGLANG}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-        "FAKE_SGLANG_RECORD": str(record),
-    }
-    launcher = start_service(
-        ["-m", "services.cli", "engine", "--mode", "sglang", "--model-path", str(tmp_path), "--port", str(port),
-         "--context-length", "4096", "--proxy-url", proxy.url, "--pool", "gpu", "--", "--log-level", "warning"],
-        log_dir=tmp_path, name="launcher", env=env, port=port, health_path="/health",
-    )  # fmt: skip
+    services = [base]
     try:
+        proxy = start_proxy(tmp_path, redis_server.url, urls)
+        services.insert(0, proxy)
+        record, port = tmp_path / "sglang-args.json", free_port_range(2)  # the server's port, then the stage port
+        env = {
+            "PYTHONPATH": f"{FAKE_SGLANG}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            "FAKE_SGLANG_RECORD": str(record),
+        }
+        launcher = start_service(
+            ["-m", "services.cli", "engine", "--mode", "sglang", "--model-path", str(tmp_path), "--port", str(port),
+             "--context-length", "4096", "--proxy-url", proxy.url, "--pool", "gpu", "--", "--log-level", "warning"],
+            log_dir=tmp_path, name="launcher", env=env, port=port, health_path="/health",
+        )  # fmt: skip
+        services.insert(0, launcher)
         wait_until(lambda: f"127.0.0.1:{port}" in engine_states(proxy.url, "gpu"), what="the SGLang engine in pool gpu")
         args = json.loads(record.read_text())
         assert (
@@ -82,5 +88,5 @@ def test_sglang_mode_starts_the_server_joins_and_stops_it(tmp_path: Path, redis_
         assert launcher.proc.wait(timeout=30) is not None
         wait_until(lambda: not engine_states(proxy.url, "gpu"), what="the SGLang engine gone from pool gpu")
     finally:
-        for svc in (launcher, proxy, base):
+        for svc in services:
             svc.stop()
