@@ -16,9 +16,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from services.rollout_api.settings import WorkerSettings
 from services.rollout_api.worker import grading
 from services.rollout_api.worker.agent import AgentDeps
-from services.rollout_api.worker.clients import BrokerClient, ProxyClient, new_session
+from services.rollout_api.worker.broker_client import BrokerClient
+from services.rollout_api.worker.clients import new_session
 from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.outages import BROKER, PROXY, Breaker, Outages
+from services.rollout_api.worker.proxy_client import ProxyClient
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.worker import Worker
 from services.runtime.http_client import HttpClient
