@@ -34,7 +34,7 @@ from services.sandbox_broker.backends import (
     overlay,
     snapshots,
 )
-from services.sandbox_broker.backends.agents import AgentRequest, ExecAgents, agent_command
+from services.sandbox_broker.backends.agents import STUB, AgentRequest, AgentZygote, ExecAgents, agent_command
 from services.sandbox_broker.backends.base import OutputSink, Sandbox, SandboxSpec, bad_path, sandbox_gone
 from services.sandbox_broker.backends.bwrap import HostProbe, SandboxPaths, probe_bwrap
 from services.sandbox_broker.backends.cgroups import Cgroups
@@ -43,6 +43,7 @@ from services.sandbox_broker.backends.gateway_forwarder import GatewayForwarders
 from services.sandbox_broker.backends.leftovers import teardown
 from services.sandbox_broker.backends.local_commands import (
     AGENT_ENV,
+    HOST_PYTHON,
     agent_python,
     command_of,
     cwd_of,
@@ -51,7 +52,7 @@ from services.sandbox_broker.backends.local_commands import (
     sandbox_prefix,
 )
 from services.sandbox_broker.backends.local_images import LocalImages, image_of, workdir_of
-from services.sandbox_broker.backends.local_known import KnownSandboxes
+from services.sandbox_broker.backends.local_known import KnownSandboxes, scan
 from services.sandbox_broker.backends.process import run_process, watch_children_with_pidfds
 from services.sandbox_broker.settings import BrokerSettings
 
@@ -81,7 +82,8 @@ class LocalBackend:
         self.disks = disk.DiskImages(state_dir / disk.TEMPLATES)
         self.egress_problem = "not probed"  # '' when egress sandboxes get their own isolated namespace
         self._bwrap: str | None = None
-        self.agents = ExecAgents()
+        forks = settings.agent_zygote and os.geteuid() == 0  # it enters the sandboxes' namespaces: root only
+        self.agents = ExecAgents(AgentZygote(HOST_PYTHON, AGENT_ENV) if forks else None)
         self.use_agents = settings.exec_agents
         self.known = KnownSandboxes()
         self.agents_dir = str(settings.agents_dir.resolve()) if settings.agents_dir else None
@@ -233,32 +235,7 @@ class LocalBackend:
         await asyncio.to_thread(teardown, paths)
 
     async def list_sandboxes(self) -> list[Sandbox]:
-        return await asyncio.to_thread(self._scan)
-
-    def _scan(self) -> list[Sandbox]:
-        found = []
-        for meta_path in self.root.glob("*/meta.json"):
-            cached = self.known.peek(meta_path.parent.name)  # read at its create or first command here
-            try:
-                meta = cached.meta if cached is not None else json.loads(meta_path.read_text())
-            except (OSError, ValueError):
-                continue
-            found.append(Sandbox(meta_path.parent.name, meta.get("labels", {}), workdir_of(meta),
-                                 meta.get("created_at", 0.0)))  # fmt: skip
-        known = {s.sandbox_id for s in found}
-        # half-created sandboxes (no meta yet) and leftover cgroups still count as ours; their age is
-        # their directory's, so that the reaper's grace spares one that is being created right now
-        extra = {p.name for p in self.root.iterdir() if p.name.startswith("loc-")} | set(self.cgroups.list_ids())
-        found += [Sandbox(i, {}, WORKDIR, self._age_stamp(i)) for i in sorted(extra - known)]
-        return found
-
-    def _age_stamp(self, sandbox_id: str) -> float:
-        for path in (self.root / sandbox_id, *(p.parent for p in self.cgroups.procs_files(sandbox_id))):
-            try:
-                return path.stat().st_mtime
-            except OSError:
-                continue
-        return 0.0
+        return await asyncio.to_thread(scan, self.root, self.known, self.cgroups)
 
     # -- commands ------------------------------------------------------------------------------
 
@@ -331,8 +308,15 @@ class LocalBackend:
             return
         if (self._bwrap is None and not gvisor_level) or python is None or not self.use_agents:
             return
-        argv = await self._argv(sandbox_id, paths, meta, workdir_of(meta), AGENT_ENV, agent_command(python), "agent")
-        await self.agents.ensure(sandbox_id, argv, AGENT_ENV, paths.root / "agent.log", wait)
+        workdir, log_path = workdir_of(meta), paths.root / "agent.log"
+        if self.agents.zygote is not None and not gvisor_level and image_of(meta) is None:  # forked (agent_zygote.py)
+            argv = await self._argv(sandbox_id, paths, meta, workdir, AGENT_ENV, STUB, "agent")
+            procs = [str(p) for p in self.cgroups.procs_files(sandbox_id)]
+            forked = {"sandbox": sandbox_id, "procs": procs, "rlimits": meta.get("rlimits", {}), "uid": self.uid,
+                      "cwd": workdir}  # fmt: skip
+            return await self.agents.ensure(sandbox_id, argv, AGENT_ENV, log_path, wait, forked)
+        argv = await self._argv(sandbox_id, paths, meta, workdir, AGENT_ENV, agent_command(python), "agent")
+        await self.agents.ensure(sandbox_id, argv, AGENT_ENV, log_path, wait)
 
     def _kill_all(self, sandbox_id: str) -> None:
         killed = self.cgroups.kill(sandbox_id)
