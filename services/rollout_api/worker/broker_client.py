@@ -15,12 +15,23 @@ import aiohttp
 import orjson
 
 from services.protocol import ErrorCode, InfraStage
-from services.protocol.sandboxes import MAX_RENEWALS, ExecRequest, ExecResult, Lease, LeaseRequest, RenewedLeases
+from services.protocol.errors import ErrorDetail
+from services.protocol.sandboxes import (
+    MAX_RENEWALS,
+    ExecRequest,
+    ExecResult,
+    Lease,
+    LeaseBatchResult,
+    LeaseRequest,
+    RenewedLeases,
+)
 from services.rollout_api.worker.clients import JSON_HEADERS, InfraError, bearer, error_code, held, parse_json
+from services.rollout_api.worker.lease_batches import LeaseBatcher
 from services.rollout_api.worker.outages import BROKER, Outages, Unreachable
 from services.runtime.http_client import Answer, ConnectFailed, Disconnected, HttpClient
 
 log = logging.getLogger(__name__)
+BATCH_PATH = "/leases/batch"
 
 
 @dataclass
@@ -31,11 +42,14 @@ class BrokerClient:
     outages: Outages | None = None  # None: an unreachable broker is an infra error at once
     releasing: set[asyncio.Future[None]] = field(default_factory=set)  # releases in flight (kept referenced)
     token: str = ""  # the broker's service token
+    batch_window_s: float = 0.0  # leases asked for within this long go out together; 0: the same loop turn
     http: HttpClient = field(init=False)
+    batcher: LeaseBatcher = field(init=False)  # ``lease`` goes through it (``lease_batches.py``)
     _headers: dict[str, str] = field(init=False)
 
     def __post_init__(self) -> None:
         self.http = HttpClient(self.url)
+        self.batcher = LeaseBatcher(self, self.batch_window_s)
         self._headers = bearer(self.token)
 
     async def close(self) -> None:
@@ -49,19 +63,21 @@ class BrokerClient:
         payload, headers = data or b"", self._headers
         if body is not None:
             payload, headers = orjson.dumps(body), {**self._headers, **JSON_HEADERS}
-        limit = timeout_s or self.overhead_s
-
-        async def send() -> tuple[int, Any]:
-            answer = await self._send(stage, method, path, limit, payload, headers)
-            return answer.status, parse_json(answer.body)
-
-        status, body = await held(self.outages, BROKER, InfraStage.BROKER, send)
+        status, body = await self._exchange(stage, method, path, timeout_s or self.overhead_s, payload, headers)
         if status < 300:
             return body
-        code = error_code(body, ErrorCode.INTERNAL_ERROR)
-        message = f"broker {method} {path} answered {status}: {str(body)[:300]}"
-        # a lease that ended (its sandbox reaped, the broker restarted) is retried with a new one
-        raise InfraError(stage, code, message, retryable=code.infra or code is ErrorCode.LEASE_NOT_FOUND)
+        raise refused(stage, method, path, status, body)
+
+    async def _exchange(
+        self, stage: InfraStage, method: str, path: str, limit_s: float, payload: bytes, headers: dict[str, str]
+    ) -> tuple[int, Any]:
+        """One request through the broker's breaker (held while it is unreachable): status and JSON."""
+
+        async def send() -> tuple[int, Any]:
+            answer = await self._send(stage, method, path, limit_s, payload, headers)
+            return answer.status, parse_json(answer.body)
+
+        return await held(self.outages, BROKER, InfraStage.BROKER, send)
 
     async def _send(
         self, stage: InfraStage, method: str, path: str, limit_s: float, payload: bytes, headers: dict[str, str]
@@ -81,11 +97,36 @@ class BrokerClient:
             raise InfraError(InfraStage.BROKER, ErrorCode.TRANSPORT_ERROR, f"broker connection lost: {exc!r}") from exc
 
     async def lease(self, request: LeaseRequest) -> Lease:
+        """A new lease. Leases asked for at the same moment go out as one ``POST /leases/batch``
+        (``lease_batches.py``); each is answered, or raises, as :meth:`lease_one` would."""
+        return await self.batcher.lease(request)
+
+    async def lease_one(self, request: LeaseRequest) -> Lease:
+        """A new lease on its own request (``POST /leases``)."""
         body = await self._call(
             InfraStage.SANDBOX_CREATE, "POST", "/leases", body=request.model_dump(mode="json"),
             timeout_s=request.wait_s + self.overhead_s + _setup_budget_s(request),
         )  # fmt: skip
         return Lease.model_validate(body)
+
+    async def lease_batch(self, requests: list[LeaseRequest]) -> list[Lease | InfraError] | None:
+        """Leases in one ``POST /leases/batch``: a lease or the error :meth:`lease_one` would have raised,
+        per request, in order. None: the broker has no such route (404/405: one not upgraded yet).
+        A failure of the whole request (refused, timed out, cut off) is raised."""
+        stage = InfraStage.SANDBOX_CREATE
+        limit = self.overhead_s + max(r.wait_s + _setup_budget_s(r) for r in requests)
+        payload = orjson.dumps({"leases": [r.model_dump(mode="json") for r in requests]})
+        headers = {**self._headers, **JSON_HEADERS}
+        status, body = await self._exchange(stage, "POST", BATCH_PATH, limit, payload, headers)
+        if status in (404, 405):
+            return None
+        if status >= 300:
+            raise refused(stage, "POST", BATCH_PATH, status, body)
+        results = LeaseBatchResult.model_validate(body).results
+        if len(results) != len(requests):
+            message = f"broker answered {len(results)} outcomes for {len(requests)} leases"
+            raise InfraError(stage, ErrorCode.INTERNAL_ERROR, message)
+        return [o.lease if o.lease is not None else _item_error(o.error) for o in results]
 
     async def renew(self, lease_id: str, ttl_s: float) -> None:
         await self._call(InfraStage.SANDBOX_EXEC, "POST", f"/leases/{lease_id}/renew", body={"ttl_s": ttl_s})
@@ -120,6 +161,13 @@ class BrokerClient:
 
     async def release(self, lease_id: str) -> None:
         await self._call(InfraStage.SANDBOX_EXEC, "DELETE", f"/leases/{lease_id}")
+
+    def release_later(self, lease_id: str) -> asyncio.Future[None]:
+        """Release a lease in the background (kept referenced in ``releasing``); a failure is logged."""
+        release = asyncio.ensure_future(_release(self, lease_id))
+        self.releasing.add(release)
+        release.add_done_callback(self.releasing.discard)
+        return release
 
     async def exec(
         self, lease_id: str, request: ExecRequest, stage: InfraStage = InfraStage.SANDBOX_EXEC
@@ -183,13 +231,27 @@ def _files(lease_id: str, path: str) -> str:
     return f"/leases/{lease_id}/files?{urlencode({'path': path})}"
 
 
+def refused(stage: InfraStage, method: str, path: str, status: int, body: Any) -> InfraError:
+    """The error of a call the broker answered with ``status`` >= 300."""
+    code = error_code(body, ErrorCode.INTERNAL_ERROR)
+    message = f"broker {method} {path} answered {status}: {str(body)[:300]}"
+    # a lease that ended (its sandbox reaped, the broker restarted) is retried with a new one
+    return InfraError(stage, code, message, retryable=code.infra or code is ErrorCode.LEASE_NOT_FOUND)
+
+
+def _item_error(error: ErrorDetail | None) -> InfraError:
+    """A lease of a batch refused: raised as ``POST /leases`` answering the same error would be."""
+    if error is None:
+        error = ErrorDetail(code=ErrorCode.INTERNAL_ERROR, message="neither a lease nor an error", infra=True)
+    body = {"error": error.model_dump(mode="json", exclude_none=True)}
+    return refused(InfraStage.SANDBOX_CREATE, "POST", "/leases", error.code.http_status, body)
+
+
 async def release_quietly(broker: BrokerClient, lease_id: str) -> None:
     """Release a lease even while the caller is being cancelled; a failure leaves it to the broker's TTL.
     While the broker is down the release waits for it in the background (the episode goes on), so a
     restarted broker does not keep a lease its worker already let go."""
-    release = asyncio.ensure_future(_release(broker, lease_id))
-    broker.releasing.add(release)
-    release.add_done_callback(broker.releasing.discard)
+    release = broker.release_later(lease_id)
     if broker.outages is None or broker.outages.breakers[BROKER].up.is_set():
         await asyncio.shield(release)
 

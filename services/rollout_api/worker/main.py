@@ -79,7 +79,7 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
             proxy=ProxyClient(session, settings.proxy_url.rstrip("/"), settings.llm_timeout_s, outages,
                               token=settings.client_token(), on_wait=lambda _: metrics.llm_capacity_waits.inc()),
             broker=BrokerClient(session, settings.broker_url.rstrip("/"), settings.broker_timeout_s, outages,
-                                token=settings.client_token()),
+                                token=settings.client_token(), batch_window_s=settings.lease_batch_window_s),
             tokenizer=tokenizer, settings=settings, worker_id=worker_id, metrics=metrics, pool_tokenizers=by_pool,
             redis=redis, outages=outages,
         )  # fmt: skip
