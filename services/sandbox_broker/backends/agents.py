@@ -6,6 +6,12 @@ is starting, or cannot start runs the command through a bubblewrap of its own, a
 The agent's pipes tie it to this broker process: bubblewrap's ``--die-with-parent`` ends it (and
 every process of the sandbox) with the broker, and a restarted broker starts a new one at the
 sandbox's next command.
+
+Frames, both ways: a header (payload length, kind, request id) and the payload. Broker to agent:
+``X`` a request (marshal: argv, env, cwd, stdin, timeout_s, max_output_bytes, stream, user). Agent to
+broker: ``R`` ready (once), ``S`` taken (from here on the command may have run), ``o``/``e`` output
+bytes (up to the cap, all of it when streaming), ``D`` done (JSON: exit_code, timed_out,
+stdout_truncated, stderr_truncated, duration_s).
 """
 
 from __future__ import annotations

@@ -23,11 +23,7 @@ data (written by the broker, the one party the agent trusts), answers are JSON f
 (the broker parses them as untrusted JSON), and a command is started by Popen's own core without
 importing ``subprocess`` (:func:`spawn`).
 
-Frames, both ways: a header (payload length, kind, request id) and the payload. Broker to agent:
-``X`` a request (marshal: argv, env, cwd, stdin, timeout_s, max_output_bytes, stream). Agent to broker:
-``R`` ready (once), ``S`` taken (from here on the command may have run), ``o``/``e`` output bytes (up to the cap, all
-of it when streaming), ``D`` done (JSON: exit_code, timed_out, stdout_truncated, stderr_truncated,
-duration_s).
+Its frames are described in ``agents.py`` (the broker's side).
 """
 
 from __future__ import annotations
