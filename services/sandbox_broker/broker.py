@@ -1,5 +1,6 @@
 """The broker's operations on leases, independent of HTTP: create (admission, warm pool or cold
-start), exec, files, renew, release."""
+start: the sandbox creates and the wait to record a lease live are ``starts.py``), exec, files,
+renew, release."""
 
 from __future__ import annotations
 
@@ -23,19 +24,12 @@ from services.protocol.sandboxes import (
 )
 from services.protocol.status import ErrorCode
 from services.runtime.generation import StoreGeneration
-from services.runtime.outages import STORE_ERRORS, Outage
-from services.sandbox_broker.admission import Admission, TokenBucket
+from services.sandbox_broker.admission import Admission
 from services.sandbox_broker.backends.base import (
-    LABEL_BROKER,
-    LABEL_JOB,
-    LABEL_LEASE,
-    LABEL_POOL,
-    LABEL_TEMPLATE,
     Backend,
     GatewayBinder,
     OutputSink,
     Sandbox,
-    SandboxSpec,
     TaskRouter,
     no_gateway,
 )
@@ -45,10 +39,10 @@ from services.sandbox_broker.leases import LeaseRecord, LeaseStore
 from services.sandbox_broker.metrics import BrokerMetrics
 from services.sandbox_broker.pools import PoolKey, Pools
 from services.sandbox_broker.settings import BrokerSettings
+from services.sandbox_broker.starts import SandboxStarts
 from services.sandbox_broker.templates import Templates
 
 log = logging.getLogger(__name__)
-ACTIVATE_RETRY_S = 0.2  # between tries to record a ready lease live while Redis is away
 T = TypeVar("T")
 
 
@@ -67,14 +61,13 @@ class Broker:
         self.templates = templates
         self.metrics = metrics
         self.instance = settings.instance_name()
-        self.pools = Pools(backend, metrics, self._create_pooled)
+        self.starts = SandboxStarts(settings, backend, store, templates, metrics, self.instance)
+        self.pools = Pools(backend, metrics, self.starts.pooled)
         self.admission = Admission()
-        self.bucket = TokenBucket(settings.create_rate, settings.create_burst)
         self.capabilities: dict[str, Any] = {}
         self.setups = SharedSetups(backend, settings.shared_setup_ttl_s)
         self.cache = LeaseCache(store.client)
         self.generation = StoreGeneration("broker")  # followed by the reaper (reaper.py)
-        self._activating = Outage("Redis (leases going live)", log)  # one line per outage, not per lease
         self._quiet = False
         # the labelled series of the hot paths, looked up once (``labels()`` is a locked dict lookup)
         self._exec_latency = metrics.exec_latency.labels(backend.name)
@@ -124,35 +117,16 @@ class Broker:
         except BaseException:
             await self._abandon(lease_id)
             raise
-        record = LeaseRecord(self._lease(lease_id, template, request, sandbox, warm_hit, setup, started),
-                             request.network, self.instance)  # fmt: skip
+        record = self.starts.record(lease_id, template, request, sandbox, warm_hit, setup, started)
         epoch = self.cache.epoch
         try:
-            activated = await self._activate(record)
+            activated = await self.starts.activate(record)
         finally:
             self.pools.settled(sandbox.sandbox_id)
         if not activated:
             await self.backend.destroy(sandbox.sandbox_id)
             raise PlatformError(ErrorCode.CONFLICT, f"lease {lease_id} was released while starting")
         return await self._handed_out(record, template, epoch)
-
-    async def _activate(self, record: LeaseRecord) -> bool:
-        """Record the lease live. Redis away (a restart, a failover) is waited out until the create
-        timeout: the sandbox is ready, and failing here would leave the lease reserved until its
-        create deadline and cost the caller an attempt. The script is idempotent (a reply lost after
-        it ran answers the same the second time)."""
-        deadline = time.monotonic() + self.settings.create_timeout_s
-        while True:
-            try:
-                activated = await self.store.activate(record)
-            except STORE_ERRORS as exc:
-                self._activating.failed(exc)
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(ACTIVATE_RETRY_S)
-                continue
-            self._activating.ok()
-            return activated
 
     async def _warm_lease(self, lease_id: str, template: Template, request: LeaseRequest,
                           started: float) -> Lease | None:  # fmt: skip
@@ -165,8 +139,7 @@ class Broker:
         sandbox = self.pools.take(key)
         if sandbox is None:
             return None
-        record = LeaseRecord(self._lease(lease_id, template, request, sandbox, True, None, started),
-                             request.network, self.instance)  # fmt: skip
+        record = self.starts.record(lease_id, template, request, sandbox, True, None, started)
         epoch = self.cache.epoch
         try:
             refused = await self.store.reserve_live(record, self._limits())
@@ -188,15 +161,6 @@ class Broker:
         if lease.warm:
             self.pools.hit(PoolKey.of(template.name, template.resources))
         return lease
-
-    def _lease(self, lease_id: str, template: Template, request: LeaseRequest, sandbox: Sandbox, warm: bool,
-               setup: SetUp | None, started: float) -> Lease:  # fmt: skip
-        return Lease(
-            id=lease_id, template=template.name, backend=self.backend.name, job=request.job,
-            sandbox_id=sandbox.sandbox_id, expires_at=time.time() + request.ttl_s, warm=warm,
-            start_s=time.monotonic() - started, workdir=sandbox.workdir, labels=request.labels,
-            setup_s=setup.setup_s if setup else 0.0, setup_shared=setup.shared if setup else False,
-        )  # fmt: skip
 
     def check_isolation(self, level: str | None) -> None:
         """422 ``validation_error`` naming ``isolation`` when this broker's backend cannot give that level."""
@@ -248,7 +212,7 @@ class Broker:
         async def create(clone_of: str | None) -> Sandbox:
             nonlocal warm
             if clone_of is not None:
-                return await self._cold(lease_id, template, request, clone_of)
+                return await self.starts.cold(lease_id, template, request, clone_of)
             sandbox, warm = await self._sandbox_for(lease_id, template, request)
             return sandbox
 
@@ -261,38 +225,7 @@ class Broker:
             pooled = self.pools.take(key)
             if pooled is not None:
                 return pooled, True
-        return await self._cold(lease_id, template, request), False
-
-    async def _cold(
-        self, lease_id: str, template: Template, request: LeaseRequest, clone_of: str | None = None
-    ) -> Sandbox:
-        labels = {LABEL_BROKER: self.instance, LABEL_LEASE: lease_id, LABEL_JOB: request.job,
-                  LABEL_TEMPLATE: template.name}  # fmt: skip
-        spec = SandboxSpec(template, request.resources, request.network, labels, clone_of, request.isolation)
-        deadline = time.monotonic() + request.wait_s
-        return await self.create_sandbox(spec, deadline)
-
-    async def create_sandbox(self, spec: SandboxSpec, rate_deadline: float | None = None) -> Sandbox:
-        """A backend create under the rate limit and the create timeout, failures classified."""
-        await self.bucket.acquire(rate_deadline)
-        started = time.monotonic()
-        try:
-            sandbox = await asyncio.wait_for(self.backend.create(spec), self.settings.create_timeout_s)
-        except PlatformError:
-            raise
-        except TimeoutError:
-            message = f"sandbox not ready within {self.settings.create_timeout_s:.0f}s"
-            raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, message) from None
-        except Exception as exc:
-            log.exception("sandbox create failed on %s", self.backend.name)
-            raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, f"sandbox create failed: {exc}") from exc
-        self.metrics.sandbox_create.labels(self.backend.name).observe(time.monotonic() - started)
-        return sandbox
-
-    async def _create_pooled(self, key: PoolKey) -> Sandbox:
-        template = await self.templates.get(key.template)
-        labels = {LABEL_BROKER: self.instance, LABEL_POOL: "1", LABEL_TEMPLATE: template.name}
-        return await self.create_sandbox(SandboxSpec(template, key.resources, "none", labels))
+        return await self.starts.cold(lease_id, template, request), False
 
     async def _abandon(self, lease_id: str) -> None:
         if await self.store.claim(lease_id) is not False:
