@@ -143,6 +143,7 @@ def measure(
         "direct_errors": sum(direct.errors.values()),
         "added_latency_p50_ms": _added_ms(ours, direct, 50), "added_latency_p99_ms": _added_ms(ours, direct, 99),
         "throughput_ratio_vs_direct": _ratio(ours, direct), "proxy_cpu_s": cpu["our proxy"],
+        "cpu_ms_per_call": _per_call_ms(cpu["our proxy"], ours),
     }  # fmt: skip
     if router is not None:
         theirs = pooled["sglang-router"]
@@ -151,11 +152,18 @@ def measure(
             "router_added_latency_p50_ms": _added_ms(theirs, direct, 50),
             "router_added_latency_p99_ms": _added_ms(theirs, direct, 99),
             "throughput_ratio_vs_router": _ratio(ours, theirs), "router_cpu_s": cpu["sglang-router"],
+            "router_cpu_ms_per_call": _per_call_ms(cpu["sglang-router"], theirs),
         }  # fmt: skip
     if update:
         figures["weight_update"] = update
     figures["rows"] = rows
     return figures
+
+
+def _per_call_ms(cpu_s: float, result: LoadResult) -> float | None:
+    """A router's CPU (its process tree's, over its phases) per call it was sent, answered or not."""
+    calls = len(result.latencies_s) + sum(result.errors.values())
+    return 1000 * cpu_s / calls if calls else None
 
 
 def _ratio(a: LoadResult, b: LoadResult) -> float | None:

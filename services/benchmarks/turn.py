@@ -28,8 +28,8 @@ from aiohttp import web
 from services.benchmarks.report import write_json
 from services.protocol import SamplingParams
 from services.protocol.sandboxes import ExecRequest, ExecResult
-from services.rollout_api.worker.clients import parse_generation, sampling_params
 from services.rollout_api.worker.conversation import observation, parse_action
+from services.rollout_api.worker.proxy_client import parse_generation, sampling_params
 from services.rollout_api.worker.tokenization import _BEFORE, ChatTokenizer
 from services.rollout_api.worker.tokens import TokenBuffer
 from services.runtime.http_client import HttpClient

@@ -81,8 +81,10 @@ class Membership:
         self.rejoined = 0  # times engines joined again after the store lost them
         self._failing = False
 
-    def joined(self) -> None:
-        """Just joined: remember the store generation it happened in."""
+    def joining(self) -> None:
+        """About to join: remember the store generation first. Read after the join instead, a store
+        lost in between would already show its new generation, and the engines missing from it
+        would look removed on purpose."""
         self.generation = _status(self.settings).get("store_generation")
 
     def check(self) -> set[str]:
@@ -102,10 +104,6 @@ class Membership:
 
     async def keep_joined(self) -> None:
         """``check`` every ``rejoin_check_s`` until cancelled; a proxy that does not answer is logged once."""
-        try:
-            await asyncio.to_thread(self.joined)
-        except (httpx.HTTPError, RuntimeError, ValueError) as exc:  # the next check learns the generation
-            log.warning("could not read the proxy's store generation after joining: %s", exc)
         while True:
             await asyncio.sleep(self.settings.rejoin_check_s)
             try:
@@ -133,7 +131,12 @@ def leave_pool(settings: EngineSettings) -> None:
 
 async def join_and_watch(settings: EngineSettings) -> asyncio.Task[None] | None:
     """``join_pool``, then ``Membership.keep_joined`` in the background (None without ``proxy_url``)."""
-    await asyncio.to_thread(join_pool, settings)
     if settings.proxy_url is None:
         return None
-    return asyncio.get_running_loop().create_task(Membership(settings).keep_joined(), name="membership")
+    membership = Membership(settings)
+    try:
+        await asyncio.to_thread(membership.joining)
+    except (httpx.HTTPError, RuntimeError, ValueError) as exc:  # generation None: a missing engine joins again
+        log.warning("could not read the proxy's store generation before joining: %s", exc)
+    await asyncio.to_thread(join_pool, settings)
+    return asyncio.get_running_loop().create_task(membership.keep_joined(), name="membership")

@@ -35,6 +35,7 @@ VIEW = web.AppKey("view", FleetView)
 METRICS = web.AppKey("metrics", ProxyMetrics)
 AUTH = web.AppKey("auth", ProxyAuth)
 CLIENTS = web.AppKey("clients", ClientGuard)  # the server installs it on its connections (server.py)
+FORWARDER = web.AppKey("forwarder", Forwarder)  # the server sends data-plane calls to it first (data_plane.py)
 # each serving process follows the store's generation for its /healthz; the parent says it in the log
 GENERATION = web.AppKey("generation", StoreGeneration)
 
@@ -90,7 +91,7 @@ def create_app(settings: ProxySettings, redis_url: str) -> web.Application:
         background = BackgroundTasks()
         admission = Admission(queue_limits(settings), proxy_metrics)
         proxy_metrics.limits(process_limits(settings, session))
-        forwarder = Forwarder(settings, view, store, session, proxy_metrics, background, admission)
+        app[FORWARDER] = forwarder = Forwarder(settings, view, store, session, proxy_metrics, background, admission)
         for path in ("/generate", "/v1/chat/completions", "/v1/completions"):
             app.router.add_post(path, forwarder.handle)
         gateway = Gateway(settings, forwarder, redis, view, gateway_metrics)

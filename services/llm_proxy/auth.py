@@ -60,7 +60,7 @@ class ProxyAuth:
             if request.path.startswith("/admin/"):
                 await self._admin(request)
             else:
-                await self._data_plane(request)
+                await self.data_plane(request)
         except PlatformError as exc:
             return error_response(exc)
         return await handler(request)
@@ -72,7 +72,8 @@ class ProxyAuth:
         else:
             caller.require_admin()
 
-    async def _data_plane(self, request: web.Request) -> None:
+    async def data_plane(self, request: web.Request) -> None:
+        """A data-plane call: its token checked (raises ``PlatformError``) and counted for its job."""
         header = request.headers.get("Authorization")
         if header is None and not self.require_token:
             self.metrics.tally.count(self.metrics.job("anonymous"))

@@ -61,16 +61,27 @@ class ClientGuard:
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        connection = request.protocol
-        if connection not in self._transports:  # a server this guard does not follow (in-process tests)
-            return await handler(request)
-        self._disarm(connection)  # the headers are in
-        if request.body_exists and not request.content.at_eof():
-            self._arm(connection, "body", self.limits.body_timeout_s)
-            request.content.on_eof(lambda: self._disarm(connection))
+        connection = self.headers_in(request)
         try:
             return await handler(request)
         finally:
+            self.answered(connection)
+
+    def headers_in(self, request: web.Request) -> Any:
+        """A request's headers are in: its header deadline is disarmed and its body's armed. Returns its
+        connection for :meth:`answered`, or None for a server this guard does not follow (in-process tests)."""
+        connection = request.protocol
+        if connection not in self._transports:
+            return None
+        self._disarm(connection)
+        if request.body_exists and not request.content.at_eof():
+            self._arm(connection, "body", self.limits.body_timeout_s)
+            request.content.on_eof(lambda: self._disarm(connection))
+        return connection
+
+    def answered(self, connection: Any) -> None:
+        """The answer is out: the connection's next request has its headers' deadline."""
+        if connection is not None:
             self._arm(connection, "header", self.limits.keepalive_s + self.limits.header_timeout_s)
 
     def _arm(self, connection: Any, phase: str, after_s: float) -> None:

@@ -27,15 +27,21 @@ _CODES = {
 async def error_bodies(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except web.HTTPException as exc:
+    except Exception as exc:
+        return answer_error(request, exc)
+
+
+def answer_error(request: web.Request, exc: Exception) -> web.Response:
+    """The ``ErrorBody`` answer to an exception a handler raised; an ``HTTPException`` below 400 (a
+    redirect) is raised again."""
+    if isinstance(exc, web.HTTPException):
         if exc.status < 400:
-            raise
+            raise exc
         code = _CODES.get(exc.status, ErrorCode.BAD_REQUEST if exc.status < 500 else ErrorCode.INTERNAL_ERROR)
         body = ErrorBody.of(code, exc.reason or "error")
         return json_response(body.model_dump(mode="json"), exc.status, _allow(exc))
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return json_response(ErrorBody.of(ErrorCode.INTERNAL_ERROR, "internal error").model_dump(mode="json"), 500)
+    log.error("unhandled error on %s %s", request.method, request.path, exc_info=exc)
+    return json_response(ErrorBody.of(ErrorCode.INTERNAL_ERROR, "internal error").model_dump(mode="json"), 500)
 
 
 def _allow(exc: web.HTTPException) -> dict[str, str] | None:

@@ -18,6 +18,7 @@ import redis
 from aiohttp import web
 from prometheus_client import multiprocess
 
+from services.llm_proxy import data_plane
 from services.llm_proxy.app import CLIENTS, create_app
 from services.llm_proxy.auth import authenticator
 from services.llm_proxy.limits import MAX_FIELD_BYTES, MAX_HEADERS, MAX_LINE_BYTES, listen_backlog
@@ -62,6 +63,7 @@ async def serve_worker(settings: ProxySettings, redis_url: str) -> None:
     await runner.setup()
     assert runner.server is not None
     app[CLIENTS].install(runner.server)  # slow clients cut off (client_limits.py)
+    data_plane.install(runner.server, app)  # data-plane calls ahead of the router and middlewares
     site = web.TCPSite(
         runner, settings.host, settings.port, reuse_port=True, backlog=listen_backlog(settings, warn=True)
     )

@@ -70,6 +70,7 @@ class WorkerSettings(UsesRedis, UsesServiceToken):
     cancel_poll_s: float = 0.5  # how often running rollouts are checked for cancellation
     lease_ttl_s: float = 120.0  # sandbox lease TTL; renewed every heartbeat
     lease_wait_s: float = 60.0  # how long the broker may queue a lease request for capacity
+    lease_batch_window_s: float = Field(0.002, ge=0, le=1.0)  # leases asked within this long: one broker request
     retry_backoff_s: float = 1.0  # first infra-retry backoff; doubles per attempt
     retry_backoff_max_s: float = 30.0
     llm_timeout_s: float = 600.0  # per LLM call (also sent as X-Deadline-S)

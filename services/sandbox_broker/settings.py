@@ -45,6 +45,9 @@ class BrokerSettings(UsesRedis, UsesAdminToken, UsesServiceToken, ServesHttp):
     # local sandbox without an image and every docker sandbox (docker_host_paths); None: none
     agents_dir: Path | None = None
     exec_agents: bool = True  # a resident exec agent per sandbox (backends/exec_agent.py); off: a bwrap per command
+    # the agents of namespace sandboxes without an image forked from one zygote (backends/agent_zygote.py;
+    # root brokers only); off, and for gVisor and image sandboxes: a fresh interpreter per sandbox
+    agent_zygote: bool = True
 
     # docker backend
     docker_host: str | None = None  # e.g. unix:///run/docker.sock; None: DOCKER_HOST

@@ -3,6 +3,7 @@ starts SGLang with the platform's flags (a stand-in ``sglang`` package here: SGL
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from services.engines import registration
 from services.engines.settings import EngineSettings
 from services.engines.sglang import sglang_argv
 from services.runtime.net import free_port_range
@@ -41,6 +43,40 @@ def test_sglang_command_line_carries_the_platform_flags() -> None:
     assert {"--enable-metrics", "--enable-return-routed-experts", "--disable-radix-cache"} <= set(argv)
     with pytest.raises(ValueError, match="model_path"):
         sglang_argv(EngineSettings(mode="sglang"))
+
+
+def test_the_store_generation_is_read_before_the_join(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store lost between the join and the first read of its generation must still bring the
+    engine back: the generation the engine compares against is the one from before it joined."""
+    pools: dict[str, list[dict[str, str]]] = {}
+    status = {"store_generation": "g1", "pools": pools}
+    calls: list[str] = []
+
+    def fake_status(_settings: EngineSettings) -> dict[str, object]:
+        calls.append("status")
+        return dict(status)
+
+    def fake_post(_settings: EngineSettings, path: str, body: dict[str, str]) -> None:
+        calls.append(path)
+        pools["p"] = [{"url": body["url"]}]
+        status["store_generation"] = "g2"  # the store is lost and restored right after the join
+        pools.clear()
+
+    monkeypatch.setattr(registration, "_status", fake_status)
+    monkeypatch.setattr(registration, "_post", fake_post)
+    settings = EngineSettings(port=40001, proxy_url="http://127.0.0.1:9", pool="p", rejoin_check_s=3600)
+
+    async def join() -> None:
+        task = await registration.join_and_watch(settings)
+        assert task is not None
+        task.cancel()
+
+    asyncio.run(join())
+    assert calls == ["status", "/admin/engines"]
+    membership = registration.Membership(settings)
+    membership.generation = "g1"
+    assert membership.check() == {"http://127.0.0.1:40001"}  # joined again in g2
+    assert calls[-1] == "/admin/engines"
 
 
 @pytest.mark.e2e

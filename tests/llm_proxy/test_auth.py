@@ -20,6 +20,7 @@ from tests.support.processes import start_service
 ADMIN, SERVICE = "p-admin", "p-service"
 TOKENS = {"none": None, "wrong": "nope", "job-b": "tok-b", "job-a": "tok-a", "service": SERVICE, "admin": ADMIN}
 CALL = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}
+MAX_BODY = 100_000
 
 
 def _headers(who: str, **extra: str) -> dict[str, str]:
@@ -38,7 +39,8 @@ def proxy(tmp_path_factory: pytest.TempPathFactory, redis_server: EmbeddedRedis)
     client.close()
     engines, urls = start_engines(logs, 2)
     env = {"ROLLOUT_REDIS_URL": redis_server.url, "ROLLOUT_PROXY_ADMIN_TOKEN": ADMIN,
-           "ROLLOUT_PROXY_SERVICE_TOKEN": SERVICE, "ROLLOUT_PROXY_REQUIRE_TOKEN": "true"}  # fmt: skip
+           "ROLLOUT_PROXY_SERVICE_TOKEN": SERVICE, "ROLLOUT_PROXY_REQUIRE_TOKEN": "true",
+           "ROLLOUT_PROXY_MAX_BODY_BYTES": str(MAX_BODY)}  # fmt: skip
     argv = ["-m", "services.cli", "proxy", "--port", "{port}", "--workers", "1", "--engines", urls[0],
             "--pools", f"other={urls[1]}"]  # fmt: skip
     service = start_service(argv, log_dir=logs, env=env, name="proxy")
@@ -121,6 +123,11 @@ def test_unknown_paths_and_methods_answer_an_error_body(proxy: str) -> None:
         missing = http.get("/nope", headers=_headers("admin"))
         wrong_method = http.get("/generate", headers=_headers("admin"))
         not_json = http.post("/generate", content=b"{nan", headers=_headers("admin"))
+        too_large = http.post("/generate", json={**CALL, "input_ids": [7] * MAX_BODY}, headers=_headers("admin"))
+        # ``Expect`` takes the application's route (its 100 Continue) instead of the data plane's own
+        expecting = http.post("/generate", json=CALL, headers=_headers("admin", Expect="100-continue"))
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
     assert wrong_method.status_code == 405 and wrong_method.json()["error"]["code"] == "bad_request"
     assert not_json.status_code == 400 and not_json.json()["error"]["code"] == "bad_request"
+    assert too_large.status_code == 413 and too_large.json()["error"]["code"] == "payload_too_large"
+    assert expecting.status_code == 200 and expecting.json()["meta_info"][h.META_ENGINE], expecting.text

@@ -17,7 +17,8 @@ from services.protocol.sandboxes import ExecResult
 from services.protocol.swebench import SweBenchRolloutRequest, SweInstance
 from services.rollout_api.figures import percentile, rate_per_hour, tail_share
 from services.rollout_api.swebench import HIDE_HISTORY, image_for, instance_task, patched_files, template_for
-from services.rollout_api.worker.clients import BrokerClient, InfraError, ProxyClient, parse_generation
+from services.rollout_api.worker.broker_client import BrokerClient
+from services.rollout_api.worker.clients import InfraError
 from services.rollout_api.worker.conversation import (
     SUBMIT_COMMAND,
     format_error,
@@ -26,6 +27,7 @@ from services.rollout_api.worker.conversation import (
     render,
     truncate_middle,
 )
+from services.rollout_api.worker.proxy_client import ProxyClient, parse_generation
 from services.rollout_api.worker.reward import parse_reward, score
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.tokens import TokenBuffer

@@ -17,8 +17,9 @@ from services.protocol.api import JobQuotas
 from services.rollout_api.records import JobRecord
 from services.rollout_api.settings import WorkerSettings
 from services.rollout_api.worker.agent import AgentDeps
-from services.rollout_api.worker.clients import BrokerClient, ProxyClient
+from services.rollout_api.worker.broker_client import BrokerClient
 from services.rollout_api.worker.metrics import WorkerMetrics
+from services.rollout_api.worker.proxy_client import ProxyClient
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.worker import Worker
 from services.runtime.tokenizer import write_tokenizer_dir

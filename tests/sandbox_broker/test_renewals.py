@@ -18,8 +18,10 @@ from services.protocol.sandboxes import Lease, LeaseRequest
 from services.protocol.status import ErrorCode
 from services.rollout_api.settings import WorkerSettings
 from services.rollout_api.worker.agent import AgentDeps
-from services.rollout_api.worker.clients import BrokerClient, InfraError, ProxyClient
+from services.rollout_api.worker.broker_client import BrokerClient
+from services.rollout_api.worker.clients import InfraError
 from services.rollout_api.worker.metrics import WorkerMetrics
+from services.rollout_api.worker.proxy_client import ProxyClient
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.worker import Worker
 from services.runtime.net import free_port

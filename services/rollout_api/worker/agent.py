@@ -29,15 +29,8 @@ from services.protocol.sandboxes import ExecRequest, ExecResult, Lease, LeaseReq
 from services.rollout_api.publishing import trajectory_shell
 from services.rollout_api.settings import WorkerSettings
 from services.rollout_api.worker import grading
-from services.rollout_api.worker.clients import (
-    BrokerClient,
-    ContextExceeded,
-    Generation,
-    InfraError,
-    ProxyClient,
-    release_quietly,
-    sampling_params,
-)
+from services.rollout_api.worker.broker_client import BrokerClient, release_quietly
+from services.rollout_api.worker.clients import InfraError
 from services.rollout_api.worker.conversation import (
     format_error,
     observation,
@@ -49,6 +42,7 @@ from services.rollout_api.worker.conversation import (
 from services.rollout_api.worker.gateway_agents import run_gateway_agent
 from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.outages import Outages
+from services.rollout_api.worker.proxy_client import ContextExceeded, Generation, ProxyClient, sampling_params
 from services.rollout_api.worker.restore import Snapshot, snapshot
 from services.rollout_api.worker.reward import score
 from services.rollout_api.worker.tokenization import ChatTokenizer

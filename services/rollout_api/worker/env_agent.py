@@ -20,7 +20,8 @@ from services.protocol import Cap, ErrorCode, InfraStage
 from services.protocol.agents import EnvAgent
 from services.protocol.environments import ENV_ADAPTERS, ENV_REWARD_FILE, EnvStep, SteppedEnvironment
 from services.protocol.trajectory import AgentRun
-from services.rollout_api.worker.clients import BrokerClient, InfraError
+from services.rollout_api.worker.broker_client import BrokerClient
+from services.rollout_api.worker.clients import InfraError
 from services.rollout_api.worker.tools_agent import gateway_chat
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,8 @@ from fnmatch import fnmatch
 
 from services.protocol import ErrorCode, InfraStage, RewardDetails, RewardSpec
 from services.protocol.sandboxes import ExecRequest, ExecResult
-from services.rollout_api.worker.clients import BrokerClient, InfraError
+from services.rollout_api.worker.broker_client import BrokerClient
+from services.rollout_api.worker.clients import InfraError
 
 GIT = "git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c safe.directory='*' -c core.quotePath=true"
 DIFF_OPTIONS = "--cached --binary --full-index --no-renames --no-ext-diff --no-textconv --no-color"

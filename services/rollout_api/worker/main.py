@@ -16,9 +16,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from services.rollout_api.settings import WorkerSettings
 from services.rollout_api.worker import grading
 from services.rollout_api.worker.agent import AgentDeps
-from services.rollout_api.worker.clients import BrokerClient, ProxyClient, new_session
+from services.rollout_api.worker.broker_client import BrokerClient
+from services.rollout_api.worker.clients import new_session
 from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.outages import BROKER, PROXY, Breaker, Outages
+from services.rollout_api.worker.proxy_client import ProxyClient
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.worker import Worker
 from services.runtime.http_client import HttpClient
@@ -77,7 +79,7 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
             proxy=ProxyClient(session, settings.proxy_url.rstrip("/"), settings.llm_timeout_s, outages,
                               token=settings.client_token(), on_wait=lambda _: metrics.llm_capacity_waits.inc()),
             broker=BrokerClient(session, settings.broker_url.rstrip("/"), settings.broker_timeout_s, outages,
-                                token=settings.client_token()),
+                                token=settings.client_token(), batch_window_s=settings.lease_batch_window_s),
             tokenizer=tokenizer, settings=settings, worker_id=worker_id, metrics=metrics, pool_tokenizers=by_pool,
             redis=redis, outages=outages,
         )  # fmt: skip

@@ -19,7 +19,7 @@ from services.protocol.agents import CommandAgent
 from services.protocol.gateway import SESSION_GRACE_S
 from services.protocol.sandboxes import Lease, LeaseRequest
 from services.protocol.trajectory import AgentRun
-from services.rollout_api.worker.clients import release_quietly
+from services.rollout_api.worker.broker_client import release_quietly
 from services.rollout_api.worker.sandbox_agent import run_in_sandbox
 from services.runtime.auth import mint_lease_token, revoke_lease_token
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from services.protocol import ErrorCode, InfraStage
 from services.protocol.sandboxes import ExecRequest
-from services.rollout_api.worker.clients import BrokerClient, InfraError
+from services.rollout_api.worker.broker_client import BrokerClient
+from services.rollout_api.worker.clients import InfraError
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,8 @@ from pathlib import Path
 from services.protocol import ErrorCode, InfraStage, RewardDetails, RewardSpec
 from services.protocol.sandboxes import ExecRequest, ExecResult
 from services.rollout_api.worker import outcomes, swebench_parsers
-from services.rollout_api.worker.clients import BrokerClient, InfraError
+from services.rollout_api.worker.broker_client import BrokerClient
+from services.rollout_api.worker.clients import InfraError
 from services.rollout_api.worker.conversation import truncate_middle
 from services.rollout_api.worker.restore import Snapshot, restore
 

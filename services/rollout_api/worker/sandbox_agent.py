@@ -21,7 +21,8 @@ from services.protocol import ErrorCode, InfraStage
 from services.protocol.agents import AGENTS_DIR, BUNDLE_MANIFEST, AgentBundle, CommandAgent
 from services.protocol.sandboxes import ExecChunk, ExecRequest, ExecResult
 from services.protocol.trajectory import AgentRun
-from services.rollout_api.worker.clients import BrokerClient, InfraError
+from services.rollout_api.worker.broker_client import BrokerClient
+from services.rollout_api.worker.clients import InfraError
 
 
 async def run_in_sandbox(

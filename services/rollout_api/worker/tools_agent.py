@@ -24,7 +24,8 @@ from services.protocol import Cap, ErrorCode, InfraStage
 from services.protocol.agents import ToolsAgent
 from services.protocol.sandboxes import ExecRequest
 from services.protocol.trajectory import AgentRun
-from services.rollout_api.worker.clients import BrokerClient, InfraError
+from services.rollout_api.worker.broker_client import BrokerClient
+from services.rollout_api.worker.clients import InfraError
 from services.rollout_api.worker.conversation import render, truncate_middle
 
 _STR = {"type": "string"}

@@ -6,14 +6,22 @@ is starting, or cannot start runs the command through a bubblewrap of its own, a
 The agent's pipes tie it to this broker process: bubblewrap's ``--die-with-parent`` ends it (and
 every process of the sandbox) with the broker, and a restarted broker starts a new one at the
 sandbox's next command.
+
+Frames, both ways: a header (payload length, kind, request id) and the payload. Broker to agent:
+``X`` a request (marshal: argv, env, cwd, stdin, timeout_s, max_output_bytes, stream, user). Agent to
+broker: ``R`` ready (once), ``S`` taken (from here on the command may have run), ``o``/``e`` output
+bytes (up to the cap, all of it when streaming), ``D`` done (JSON: exit_code, timed_out,
+stdout_truncated, stderr_truncated, duration_s).
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import logging
 import marshal
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -24,7 +32,7 @@ import orjson
 
 from services.protocol.sandboxes import ExecResult
 from services.runtime.tasks import cancel_and_wait
-from services.sandbox_broker.backends import exec_agent
+from services.sandbox_broker.backends import agent_zygote, exec_agent
 from services.sandbox_broker.backends.base import OutputBuffer, OutputSink
 
 log = logging.getLogger(__name__)
@@ -33,11 +41,25 @@ BOOTSTRAP = "import sys;n=int(sys.stdin.buffer.readline());exec(compile(sys.stdi
 START_TIMEOUT_S = 30.0
 GRACE_S = 10.0  # past a command's timeout, how long the broker waits for the agent before killing it
 KILLED_EXIT_CODE = 137  # the command killed the agent (and so its own namespace): as if SIGKILLed
+# the zygote's interpreter runs exec_agent.py's source, then agent_zygote.py's, in one namespace (sent
+# on its control socket: its command line, which the sandboxes' ps shows, names no host path)
+ZYGOTE_MAIN = (
+    "import socket;s=socket.socket(fileno=0);g={'__name__':'zygote'}\n"
+    "for n in 'ab':exec(compile(s.recv(1<<20),'zygote','exec'),g)\ng['main'](s)"
+)
+# a zygote-forked agent's sandbox: bubblewrap's command, pid 1 of its namespace, says when it is set up
+# (until the broker closes its stdin)
+STUB = ["--as-pid-1", "/bin/sh", "-c", "echo; exec cat >/dev/null"]
 
 
 @cache
 def _source() -> bytes:
     return Path(exec_agent.__file__).read_bytes()
+
+
+@cache
+def _zygote_sources() -> tuple[bytes, bytes]:
+    return _source(), Path(agent_zygote.__file__).read_bytes()
 
 
 def agent_command(python: str) -> list[str]:
@@ -62,6 +84,58 @@ class AgentRequest:
         return exec_agent.HEADER.pack(len(payload), b"X", rid) + payload
 
 
+def _only_child(pid: int) -> int:
+    """Bubblewrap's one child, its sandbox's pid 1 (the stub), as the host sees it."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    if len(children) != 1:
+        raise OSError(f"bubblewrap {pid} has {len(children)} children, not its sandbox's one")
+    return int(children[0])
+
+
+class AgentZygote:
+    """The zygote (agent_zygote.py) that forks the exec agents: started at its first use, and again
+    at the next one after it ended; it ends when the broker closes its control socket."""
+
+    def __init__(self, python: str, env: dict[str, str]) -> None:
+        self.argv = [python, "-I", "-S", "-c", ZYGOTE_MAIN]
+        self.env = env
+        self.proc: asyncio.subprocess.Process | None = None
+        self.control: socket.socket | None = None
+        self.lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        async with self.lock:
+            if self.proc is not None and self.proc.returncode is None:
+                return
+            await self.close()
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            with theirs:
+                self.proc = await asyncio.create_subprocess_exec(*self.argv, stdin=theirs.fileno(), env=self.env,
+                                                                 start_new_session=True)  # fmt: skip
+            for source in _zygote_sources():
+                ours.send(source)
+            self.control = ours
+
+    def fork(self, request: dict[str, object], channel: int, log: int) -> None:
+        """Ask for an agent (``request``: agent_zygote.Zygote.enter) on ``channel``, writing to ``log``."""
+        if self.control is None:
+            raise OSError("the exec agents' zygote is not running")
+        fds = array.array("i", [channel, log])
+        self.control.sendmsg([marshal.dumps(request)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+
+    async def close(self) -> None:
+        if self.control is not None:
+            self.control.close()  # the zygote's end of input: it exits
+            self.control = None
+        if self.proc is not None:
+            try:
+                await asyncio.wait_for(self.proc.wait(), 5)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+            self.proc = None
+
+
 class NotStarted(Exception):
     """The agent ended before it started the command: the command can run elsewhere."""
 
@@ -69,11 +143,16 @@ class NotStarted(Exception):
 class ExecAgent:
     """One running agent: its bubblewrap process and pipes."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, log_path: Path) -> None:
-        self.proc = proc
+    def __init__(self, proc: asyncio.subprocess.Process, log_path: Path, reader: asyncio.StreamReader | None = None,
+                 writer: asyncio.StreamWriter | None = None) -> None:  # fmt: skip
+        self.proc = proc  # bubblewrap: the agent, or (forked by the zygote) the sandbox's stub
         self.log_path = log_path
         self.busy = False
         self.next_id = 1
+        reader, writer = reader or proc.stdout, writer or proc.stdin
+        assert reader is not None and writer is not None
+        self.reader: asyncio.StreamReader = reader
+        self.writer: asyncio.StreamWriter = writer
 
     @classmethod
     async def start(cls, argv: list[str], env: dict[str, str], log_path: Path) -> ExecAgent:
@@ -84,15 +163,47 @@ class ExecAgent:
             )  # fmt: skip
         agent = cls(proc, log_path)
         try:
-            assert proc.stdin is not None
-            proc.stdin.write(b"%d\n" % len(_source()) + _source())
-            frame = await asyncio.wait_for(agent._frame(), START_TIMEOUT_S)
-            if frame is None or frame[0] != b"R":
-                raise OSError(f"the exec agent did not start (see {log_path})")
+            agent.writer.write(b"%d\n" % len(_source()) + _source())
+            await agent._ready()
         except BaseException:
             await agent.stop()
             raise
         return agent
+
+    @classmethod
+    async def fork(cls, zygote: AgentZygote, argv: list[str], env: dict[str, str], log_path: Path,
+                   request: dict[str, object]) -> ExecAgent:  # fmt: skip
+        """An agent forked by the zygote into the namespaces of bubblewrap's ``argv`` (ending in ``STUB``)."""
+        with log_path.open("ab") as stderr:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr, env=env,
+                start_new_session=True,
+            )  # fmt: skip
+            try:
+                assert proc.stdout is not None
+                if await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S) != b"\n":
+                    raise OSError(f"the sandbox's namespaces were not made (see {log_path})")
+                ours, theirs = socket.socketpair()
+                with theirs:
+                    zygote.fork({**request, "stub": _only_child(proc.pid)}, theirs.fileno(), stderr.fileno())
+                reader, writer = await asyncio.open_unix_connection(sock=ours, limit=2**20)
+            except BaseException:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+                raise
+        agent = cls(proc, log_path, reader, writer)
+        try:
+            await agent._ready()
+        except BaseException:
+            await agent.stop()
+            raise
+        return agent
+
+    async def _ready(self) -> None:
+        frame = await asyncio.wait_for(self._frame(), START_TIMEOUT_S)
+        if frame is None or frame[0] != b"R":
+            raise OSError(f"the exec agent did not start (see {self.log_path})")
 
     @property
     def alive(self) -> bool:
@@ -103,9 +214,8 @@ class ExecAgent:
         rid, self.next_id = self.next_id, self.next_id + 1
         out, err = OutputBuffer(request.max_output_bytes), OutputBuffer(request.max_output_bytes)
         started = time.monotonic()
-        assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write(request.frame(rid, sink is not None))
+            self.writer.write(request.frame(rid, sink is not None))
             async with asyncio.timeout(request.timeout_s + GRACE_S):  # no task of its own, as wait_for has
                 done = await self._collect(out, err, sink)
         except TimeoutError:
@@ -143,19 +253,17 @@ class ExecAgent:
         return {"exit_code": KILLED_EXIT_CODE, "timed_out": False}  # the command killed the agent
 
     async def _frame(self) -> tuple[bytes, int, bytes] | None:
-        assert self.proc.stdout is not None
         try:
-            head = await self.proc.stdout.readexactly(exec_agent.HEADER.size)
+            head = await self.reader.readexactly(exec_agent.HEADER.size)
             size, kind, rid = exec_agent.HEADER.unpack(head)
-            return kind, rid, await self.proc.stdout.readexactly(size)
+            return kind, rid, await self.reader.readexactly(size)
         except asyncio.IncompleteReadError:
             return None
 
     async def stop(self) -> None:
         with contextlib.suppress(ProcessLookupError):
-            self.proc.kill()
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
+            self.proc.kill()  # a forked agent's stub: the end of its namespace ends the agent
+        self.writer.close()
         await self.proc.wait()
         with contextlib.suppress(OSError):
             if said := self.log_path.read_bytes()[-2000:]:
@@ -166,26 +274,33 @@ class ExecAgent:
 class ExecAgents:
     """The agents of this broker's local sandboxes, by sandbox id."""
 
-    def __init__(self) -> None:
+    def __init__(self, zygote: AgentZygote | None = None) -> None:
         self.agents: dict[str, ExecAgent] = {}
         self.starting: dict[str, asyncio.Task[None]] = {}
+        self.zygote = zygote  # None: every agent is a fresh interpreter
 
     async def ensure(self, sandbox_id: str, argv: list[str], env: dict[str, str], log_path: Path,
-                     wait: bool = True) -> None:  # fmt: skip
+                     wait: bool = True, forked: dict[str, object] | None = None) -> None:  # fmt: skip
         """Start the sandbox's agent unless it runs or is starting (``wait``: until it is up); a
-        failure is logged (its commands run without it)."""
+        failure is logged (its commands run without it). ``forked``: the zygote forks it into the
+        namespaces of ``argv`` (which ends in ``STUB``), as ``forked`` asks (agent_zygote.py)."""
         if sandbox_id in self.agents and self.agents[sandbox_id].alive:
             return
         task = self.starting.get(sandbox_id)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._start(sandbox_id, argv, env, log_path))
+            task = asyncio.get_running_loop().create_task(self._start(sandbox_id, argv, env, log_path, forked))
             self.starting[sandbox_id] = task
         if wait:
             await asyncio.shield(task)
 
-    async def _start(self, sandbox_id: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+    async def _start(self, sandbox_id: str, argv: list[str], env: dict[str, str], log_path: Path,
+                     forked: dict[str, object] | None) -> None:  # fmt: skip
         try:
-            self.agents[sandbox_id] = await ExecAgent.start(argv, env, log_path)
+            if forked is not None and self.zygote is not None:
+                await self.zygote.start()
+                self.agents[sandbox_id] = await ExecAgent.fork(self.zygote, argv, env, log_path, forked)
+            else:
+                self.agents[sandbox_id] = await ExecAgent.start(argv, env, log_path)
         except OSError as exc:  # TimeoutError included: a host this loaded is better off without
             log.warning("no exec agent in %s (%r): its commands start a bubblewrap each", sandbox_id, exc)
         finally:
@@ -219,3 +334,5 @@ class ExecAgents:
     async def close(self) -> None:
         for sandbox_id in {*self.agents, *self.starting}:
             await self.stop(sandbox_id)
+        if self.zygote is not None:
+            await self.zygote.close()

@@ -23,11 +23,7 @@ data (written by the broker, the one party the agent trusts), answers are JSON f
 (the broker parses them as untrusted JSON), and a command is started by Popen's own core without
 importing ``subprocess`` (:func:`spawn`).
 
-Frames, both ways: a header (payload length, kind, request id) and the payload. Broker to agent:
-``X`` a request (marshal: argv, env, cwd, stdin, timeout_s, max_output_bytes, stream). Agent to broker:
-``R`` ready (once), ``S`` taken (from here on the command may have run), ``o``/``e`` output bytes (up to the cap, all
-of it when streaming), ``D`` done (JSON: exit_code, timed_out, stdout_truncated, stderr_truncated,
-duration_s).
+Its frames are described in ``agents.py`` (the broker's side).
 """
 
 from __future__ import annotations
@@ -60,6 +56,7 @@ MARSHAL_VERSION = 4  # the broker's and the sandbox's interpreters may differ: o
 EXIT = -1  # the role in ``pump`` of the command's pidfd
 FEED = -2  # and of the pipe to its stdin
 POLL_S = 0.02  # without a pidfd (gVisor), how often the command's exit is looked for
+REAPER = False  # forked by the zygote (agent_zygote.py): its commands' orphans are its to collect
 
 
 class Output:
@@ -233,7 +230,7 @@ def run(out: BinaryIO, rid: int, request: dict[str, Any]) -> None:
                Output(b"e", request["max_output_bytes"], request["stream"])]  # fmt: skip
     timed_out = pump(out, rid, child, outputs, stdin.encode() if stdin is not None else None, request["timeout_s"])
     code = child.wait()
-    if os.getpid() == 1:
+    if os.getpid() == 1 or REAPER:
         reap_orphans()
     done(out, rid, TIMEOUT_EXIT_CODE if timed_out else code if code >= 0 else 128 - code, timed_out, outputs, started)
 
@@ -318,8 +315,8 @@ def _end(fds: Pump, pidfd: int) -> bool:
 
 
 def reap_orphans() -> None:
-    """As the namespace's init (gVisor: the agent is its container's first process), collect the
-    zombies of the commands' killed descendants, which are re-parented to it."""
+    """As the namespace's init (gVisor: the agent is its container's first process) or its commands'
+    subreaper (forked by the zygote), collect the zombies of their killed descendants."""
     while True:
         try:
             if os.waitpid(-1, os.WNOHANG)[0] == 0:

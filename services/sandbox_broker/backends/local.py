@@ -14,7 +14,6 @@ import asyncio
 import json
 import logging
 import os
-import posixpath
 import secrets
 import shutil
 import time
@@ -25,8 +24,17 @@ from typing import Any, TypeVar
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import GATEWAY_SOCKET, ExecRequest, ExecResult
 from services.protocol.status import ErrorCode
-from services.sandbox_broker.backends import disk, gvisor, imageroot, leftovers, netns, overlay, snapshots
-from services.sandbox_broker.backends.agents import AgentRequest, ExecAgents, agent_command
+from services.sandbox_broker.backends import (
+    disk,
+    gvisor,
+    leftovers,
+    local_files,
+    local_prepare,
+    netns,
+    overlay,
+    snapshots,
+)
+from services.sandbox_broker.backends.agents import STUB, AgentRequest, AgentZygote, ExecAgents, agent_command
 from services.sandbox_broker.backends.base import OutputSink, Sandbox, SandboxSpec, bad_path, sandbox_gone
 from services.sandbox_broker.backends.bwrap import HostProbe, SandboxPaths, probe_bwrap
 from services.sandbox_broker.backends.cgroups import Cgroups
@@ -35,6 +43,7 @@ from services.sandbox_broker.backends.gateway_forwarder import GatewayForwarders
 from services.sandbox_broker.backends.leftovers import teardown
 from services.sandbox_broker.backends.local_commands import (
     AGENT_ENV,
+    HOST_PYTHON,
     agent_python,
     command_of,
     cwd_of,
@@ -42,9 +51,8 @@ from services.sandbox_broker.backends.local_commands import (
     gvisor_argv,
     sandbox_prefix,
 )
-from services.sandbox_broker.backends.local_files import extract_tar, pack_tar, read_host_file, write_host_file
-from services.sandbox_broker.backends.local_images import LocalImages, image_of, read_meta, workdir_of
-from services.sandbox_broker.backends.local_known import KnownSandboxes
+from services.sandbox_broker.backends.local_images import LocalImages, image_of, workdir_of
+from services.sandbox_broker.backends.local_known import KnownSandboxes, scan
 from services.sandbox_broker.backends.process import run_process, watch_children_with_pidfds
 from services.sandbox_broker.settings import BrokerSettings
 
@@ -52,7 +60,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 WORKDIR = "/workspace"
-WRITABLE = ("/workspace", "/tmp")
 
 
 class LocalBackend:
@@ -75,7 +82,8 @@ class LocalBackend:
         self.disks = disk.DiskImages(state_dir / disk.TEMPLATES)
         self.egress_problem = "not probed"  # '' when egress sandboxes get their own isolated namespace
         self._bwrap: str | None = None
-        self.agents = ExecAgents()
+        forks = settings.agent_zygote and os.geteuid() == 0  # it enters the sandboxes' namespaces: root only
+        self.agents = ExecAgents(AgentZygote(HOST_PYTHON, AGENT_ENV) if forks else None)
         self.use_agents = settings.exec_agents
         self.known = KnownSandboxes()
         self.agents_dir = str(settings.agents_dir.resolve()) if settings.agents_dir else None
@@ -96,7 +104,7 @@ class LocalBackend:
         await asyncio.to_thread(self.disks.clean_leftovers)
         self.cgroups = await asyncio.to_thread(Cgroups.probe, self.pids_max, Cgroups.scope_of(self.root))
         paths = SandboxPaths(self.root.parent / "probe")
-        self._layout(paths)
+        local_prepare.layout(paths, self.uid)
         binary, version, ok, detail = await probe_bwrap(paths, self.uid)
         await asyncio.to_thread(shutil.rmtree, paths.root, True)
         state, pid = self.root.parent, os.getpid()
@@ -191,9 +199,10 @@ class LocalBackend:
             started = time.monotonic()
             snapshots.restore(spec.clone_of, self.root.parent, paths.disk)
             meta["cloned_s"] = time.monotonic() - started
-        self._timed("layout", self._layout, paths)
+        self._timed("layout", local_prepare.layout, paths, self.uid)
         if spec.network == "egress":
-            meta["netns"] = self._timed("egress", self._network, paths, spec)
+            meta["netns"] = self._timed("egress", local_prepare.network, paths, spec, self.egress_problem,
+                                        self.allow_unisolated)  # fmt: skip
         self._timed("overlay", self.images.prepare, paths, spec.template, self.overlay, meta)
         gvisor_pids = self.pids_max * gvisor.PIDS_FACTOR if meta.get("isolation") == "gvisor" else None
         self._timed("cgroup", self.cgroups.create, paths.root.name, spec.resources, gvisor_pids)
@@ -208,32 +217,6 @@ class LocalBackend:
     def _timed(self, phase: str, step: Callable[..., T], *args: Any) -> T:
         with self.phases.phase(phase):
             return step(*args)
-
-    def _network(self, paths: SandboxPaths, spec: SandboxSpec) -> bool:
-        """Give an egress sandbox its own namespace behind NAT and rules (netns.py); whether it has one."""
-        if self.egress_problem and not self.allow_unisolated:
-            raise PlatformError(ErrorCode.BAD_REQUEST, f"egress sandboxes cannot be isolated on this broker's host "
-                                f"({self.egress_problem})", field="network")  # fmt: skip
-        if self.egress_problem:  # --allow-unisolated: the host's network (UNSAFE)
-            for name in ("resolv.conf", "hosts"):
-                shutil.copyfile(f"/etc/{name}", paths.etc / name)
-            return False
-        (paths.etc / "resolv.conf").write_text(netns.RESOLV_CONF)
-        (paths.etc / "hosts").write_text(netns.HOSTS)
-        netns.open_namespace(paths.root, netns.ruleset(spec.template.egress_allow, netns.host_networks()))
-        return True
-
-    def _layout(self, paths: SandboxPaths) -> None:
-        for d in (paths.workspace, paths.tmp, paths.etc, paths.gateway):
-            d.mkdir(parents=True, exist_ok=True)
-        paths.gateway.chmod(0o755)  # the sandbox user connects to the socket in it, writes nothing
-        paths.tmp.chmod(0o1777)
-        self._own(paths.workspace)
-        self._own(paths.tmp)
-        (paths.etc / "passwd").write_text(
-            f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{self.uid}:{self.uid}:sandbox:{WORKDIR}:/bin/bash\n"
-        )
-        (paths.etc / "group").write_text(f"root:x:0:\nsandbox:x:{self.uid}:\n")
 
     async def alive(self, sandbox_id: str) -> bool:
         paths = self._paths(sandbox_id)
@@ -252,32 +235,7 @@ class LocalBackend:
         await asyncio.to_thread(teardown, paths)
 
     async def list_sandboxes(self) -> list[Sandbox]:
-        return await asyncio.to_thread(self._scan)
-
-    def _scan(self) -> list[Sandbox]:
-        found = []
-        for meta_path in self.root.glob("*/meta.json"):
-            cached = self.known.peek(meta_path.parent.name)  # read at its create or first command here
-            try:
-                meta = cached.meta if cached is not None else json.loads(meta_path.read_text())
-            except (OSError, ValueError):
-                continue
-            found.append(Sandbox(meta_path.parent.name, meta.get("labels", {}), workdir_of(meta),
-                                 meta.get("created_at", 0.0)))  # fmt: skip
-        known = {s.sandbox_id for s in found}
-        # half-created sandboxes (no meta yet) and leftover cgroups still count as ours; their age is
-        # their directory's, so that the reaper's grace spares one that is being created right now
-        extra = {p.name for p in self.root.iterdir() if p.name.startswith("loc-")} | set(self.cgroups.list_ids())
-        found += [Sandbox(i, {}, WORKDIR, self._age_stamp(i)) for i in sorted(extra - known)]
-        return found
-
-    def _age_stamp(self, sandbox_id: str) -> float:
-        for path in (self.root / sandbox_id, *(p.parent for p in self.cgroups.procs_files(sandbox_id))):
-            try:
-                return path.stat().st_mtime
-            except OSError:
-                continue
-        return 0.0
+        return await asyncio.to_thread(scan, self.root, self.known, self.cgroups)
 
     # -- commands ------------------------------------------------------------------------------
 
@@ -350,8 +308,15 @@ class LocalBackend:
             return
         if (self._bwrap is None and not gvisor_level) or python is None or not self.use_agents:
             return
-        argv = await self._argv(sandbox_id, paths, meta, workdir_of(meta), AGENT_ENV, agent_command(python), "agent")
-        await self.agents.ensure(sandbox_id, argv, AGENT_ENV, paths.root / "agent.log", wait)
+        workdir, log_path = workdir_of(meta), paths.root / "agent.log"
+        if self.agents.zygote is not None and not gvisor_level and image_of(meta) is None:  # forked (agent_zygote.py)
+            argv = await self._argv(sandbox_id, paths, meta, workdir, AGENT_ENV, STUB, "agent")
+            procs = [str(p) for p in self.cgroups.procs_files(sandbox_id)]
+            forked = {"sandbox": sandbox_id, "procs": procs, "rlimits": meta.get("rlimits", {}), "uid": self.uid,
+                      "cwd": workdir}  # fmt: skip
+            return await self.agents.ensure(sandbox_id, argv, AGENT_ENV, log_path, wait, forked)
+        argv = await self._argv(sandbox_id, paths, meta, workdir, AGENT_ENV, agent_command(python), "agent")
+        await self.agents.ensure(sandbox_id, argv, AGENT_ENV, log_path, wait)
 
     def _kill_all(self, sandbox_id: str) -> None:
         killed = self.cgroups.kill(sandbox_id)
@@ -378,19 +343,14 @@ class LocalBackend:
         made = [p for p in host.parents if not p.exists() and p.is_relative_to(paths.root)]
         host.parent.mkdir(parents=True, exist_ok=True)
         for directory in made:
-            self._own(directory)
-        write_host_file(host, data)
-        self._own(host)
-
-    def _own(self, path: Path) -> None:
-        """Files the broker writes belong to the sandbox user (commands run as that uid)."""
-        if os.geteuid() == 0:
-            os.chown(path, self.uid, self.uid, follow_symlinks=False)
+            local_prepare.own(directory, self.uid)
+        local_files.write_host_file(host, data)
+        local_prepare.own(host, self.uid)
 
     async def read_file(self, sandbox_id: str, path: str) -> bytes:
         host = self._host_path(self._existing(sandbox_id), path)
         try:
-            return await asyncio.to_thread(read_host_file, host)
+            return await asyncio.to_thread(local_files.read_host_file, host)
         except FileNotFoundError:
             raise PlatformError(ErrorCode.NOT_FOUND, f"no file {path!r} in the sandbox") from None
         except IsADirectoryError:
@@ -398,14 +358,14 @@ class LocalBackend:
 
     async def put_archive(self, sandbox_id: str, directory: str, tar: bytes) -> None:
         host = self._host_path(self._existing(sandbox_id), directory)
-        await asyncio.to_thread(extract_tar, host, tar)
+        await asyncio.to_thread(local_files.extract_tar, host, tar)
         await asyncio.to_thread(overlay.chown_tree, host, self.uid)
 
     async def get_archive(self, sandbox_id: str, directory: str) -> bytes:
         host = self._host_path(self._existing(sandbox_id), directory)
         if not host.is_dir():
             raise PlatformError(ErrorCode.NOT_FOUND, f"no directory {directory!r} in the sandbox")
-        return await asyncio.to_thread(pack_tar, host)
+        return await asyncio.to_thread(local_files.pack_tar, host)
 
     def _existing(self, sandbox_id: str) -> SandboxPaths:
         paths = self._paths(sandbox_id)
@@ -414,20 +374,7 @@ class LocalBackend:
         return paths
 
     def _host_path(self, paths: SandboxPaths, path: str) -> Path:
-        """The host path behind a sandbox path under /workspace or /tmp (anywhere in an image root),
-        refusing links that leave it."""
-        image = image_of(read_meta(paths))
-        if image is not None:
-            return imageroot.host_path(paths, image, path)
-        inside = posixpath.normpath(posixpath.join(WORKDIR, path))
-        for top, base in zip(WRITABLE, (paths.workspace, paths.tmp), strict=True):
-            if inside == top or inside.startswith(top + "/"):
-                host = base / inside[len(top) :].lstrip("/")
-                real, real_base = os.path.realpath(host), os.path.realpath(base)
-                if real != real_base and not real.startswith(real_base + "/"):
-                    raise bad_path(path, "resolves outside the sandbox")
-                return Path(real)
-        raise bad_path(path, "only paths under /workspace and /tmp can be read or written")
+        return local_files.host_path(paths, path)
 
     def _paths(self, sandbox_id: str) -> SandboxPaths:
         if "/" in sandbox_id or sandbox_id in ("", ".", ".."):

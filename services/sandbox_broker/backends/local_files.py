@@ -1,16 +1,41 @@
-"""A local sandbox's files as the broker reads and writes them on the host: never through a link,
-a full disk quota reported as 413, tar archives in and out."""
+"""A local sandbox's files as the broker reads and writes them on the host: only under its writable
+directories (or its image root), never through a link, a full disk quota reported as 413, tar archives in and out."""
 
 from __future__ import annotations
 
 import errno
 import io
 import os
+import posixpath
 import tarfile
 from pathlib import Path
 
 from services.protocol.errors import PlatformError
 from services.protocol.status import ErrorCode
+from services.sandbox_broker.backends import imageroot
+from services.sandbox_broker.backends.base import bad_path
+from services.sandbox_broker.backends.bwrap import SandboxPaths
+from services.sandbox_broker.backends.local_images import image_of, read_meta
+
+WORKDIR = "/workspace"
+WRITABLE = ("/workspace", "/tmp")
+
+
+def host_path(paths: SandboxPaths, path: str) -> Path:
+    """The host path behind a sandbox path under /workspace or /tmp (anywhere in an image root),
+    refusing links that leave it."""
+    image = image_of(read_meta(paths))
+    if image is not None:
+        return imageroot.host_path(paths, image, path)
+    inside = posixpath.normpath(posixpath.join(WORKDIR, path))
+    for top, base in zip(WRITABLE, (paths.workspace, paths.tmp), strict=True):
+        if inside == top or inside.startswith(top + "/"):
+            host = base / inside[len(top) :].lstrip("/")
+            real, real_base = os.path.realpath(host), os.path.realpath(base)
+            if real != real_base and not real.startswith(real_base + "/"):
+                raise bad_path(path, "resolves outside the sandbox")
+            return Path(real)
+    raise bad_path(path, "only paths under /workspace and /tmp can be read or written")
 
 
 def write_host_file(host: Path, data: bytes) -> None:

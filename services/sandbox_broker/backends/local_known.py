@@ -12,10 +12,15 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from services.sandbox_broker.backends.base import sandbox_gone
+from services.sandbox_broker.backends.base import Sandbox, sandbox_gone
 from services.sandbox_broker.backends.bwrap import SandboxPaths
+from services.sandbox_broker.backends.cgroups import Cgroups
+from services.sandbox_broker.backends.local_images import workdir_of
+
+WORKDIR = "/workspace"
 
 MAX_KNOWN = 100_000  # past this the memory starts over (a sandbox's meta is read again at its next command)
 
@@ -68,3 +73,31 @@ class KnownSandboxes:
 
     def drop(self, sandbox_id: str) -> None:
         self._known.pop(sandbox_id, None)
+
+
+def scan(root: Path, known_here: KnownSandboxes, cgroups: Cgroups) -> list[Sandbox]:
+    """The sandboxes under ``root``, half-created ones and leftover cgroups included."""
+    found = []
+    for meta_path in root.glob("*/meta.json"):
+        cached = known_here.peek(meta_path.parent.name)  # read at its create or first command here
+        try:
+            meta = cached.meta if cached is not None else json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            continue
+        found.append(Sandbox(meta_path.parent.name, meta.get("labels", {}), workdir_of(meta),
+                             meta.get("created_at", 0.0)))  # fmt: skip
+    known = {s.sandbox_id for s in found}
+    # half-created sandboxes (no meta yet) and leftover cgroups still count as ours; their age is
+    # their directory's, so that the reaper's grace spares one that is being created right now
+    extra = {p.name for p in root.iterdir() if p.name.startswith("loc-")} | set(cgroups.list_ids())
+    found += [Sandbox(i, {}, WORKDIR, _age_stamp(root, cgroups, i)) for i in sorted(extra - known)]
+    return found
+
+
+def _age_stamp(root: Path, cgroups: Cgroups, sandbox_id: str) -> float:
+    for path in (root / sandbox_id, *(p.parent for p in cgroups.procs_files(sandbox_id))):
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            continue
+    return 0.0

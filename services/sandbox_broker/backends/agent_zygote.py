@@ -1,0 +1,140 @@
+"""The exec agents' zygote: one long-lived host process per broker with the exec agent's code
+already loaded (``exec_agent.py``), which forks each local sandbox's agent into the namespaces that
+bubblewrap made for it. A sandbox's agent then costs a fork, not a fresh interpreter.
+
+Bubblewrap still sets each sandbox up, from the same command line as any of its commands
+(``local_commands.sandbox_prefix``: cgroups, rlimits, the egress namespace, the uid, every
+namespace, the mounts, no capabilities, no new privileges, no further user namespaces), with
+``--as-pid-1`` and a stub as its command (``agents.STUB``): ``cat`` reading a pipe that the broker
+holds, the namespace's init (its signals are out of the sandbox's reach, and the agent's
+``kill(-1)`` spares it). The broker hands the zygote the stub's host pid and the agent's end of a
+socket pair (SCM_RIGHTS); the zygote forks, and the child, still root on the host, joins the
+sandbox's cgroups, sets its rlimits, enters the stub's cgroup, ipc, uts, net, pid and mount
+namespaces and, last, its user namespace (bubblewrap's innermost one, which may make no further user
+namespace), drops every capability (bounding, ambient, effective, permitted, inheritable), takes the
+sandbox uid and gid with no supplementary groups, sets no-new-privileges, and forks the agent, which
+is in the sandbox's pid namespace. The agent starts a session of its own, becomes the subreaper of
+its commands (the stub reaps nothing) and serves.
+
+This file runs on the host's python3 (the interpreter the agents run on) with ``exec_agent.py``'s
+source executed first in the same globals; it uses the standard library only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import marshal
+import os
+import resource
+import socket
+import sys
+
+if __name__ != "zygote":  # imported on the broker's side (names and checks); the zygote has them in its globals
+    from services.sandbox_broker.backends.exec_agent import serve
+
+# setns(2) flags, in the order the namespaces are entered: the user namespace last (from it, the
+# others, which belong to its parent, could no longer be entered)
+NAMESPACES = (("cgroup", 0x02000000), ("ipc", 0x08000000), ("uts", 0x04000000), ("net", 0x40000000),
+              ("pid", 0x20000000), ("mnt", 0x00020000), ("user", 0x10000000))  # fmt: skip
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+PR_SET_CHILD_SUBREAPER = 36
+CAPABILITY_VERSION_3 = 0x20080522
+RLIMITS = {"n": (resource.RLIMIT_NOFILE, 1), "f": (resource.RLIMIT_FSIZE, 512), "v": (resource.RLIMIT_AS, 1024)}
+MAX_REQUEST = 65_536
+
+
+class Zygote:
+    def __init__(self) -> None:
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            self.last_cap = int(f.read())
+
+    def check(self, rc: int, what: str) -> None:
+        if rc != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+
+    def enter(self, request: dict[str, object]) -> None:
+        """As the forked child, root on the host: become one of the sandbox's processes."""
+        for path in request["procs"]:  # type: ignore[attr-defined]
+            with open(path, "w") as f:
+                f.write(str(os.getpid()))
+        for flag, value in request["rlimits"].items():  # type: ignore[attr-defined]
+            kind, unit = RLIMITS[flag]
+            resource.setrlimit(kind, (value * unit, value * unit))
+        stub = request["stub"]
+        opened = [(os.open(f"/proc/{stub}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), name, flag)
+                  for name, flag in NAMESPACES]  # fmt: skip
+        os.setgroups([])  # before the user namespace: bubblewrap denies setgroups in it
+        for fd, name, flag in opened:
+            self.check(self.libc.setns(fd, flag), f"setns({name})")
+            os.close(fd)
+        for cap in range(self.last_cap + 1):
+            self.check(self.libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop the capability bounding set")
+        self.check(self.libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient capabilities")
+        uid = int(request["uid"])  # type: ignore[call-overload]
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        header, data = (ctypes.c_uint32 * 2)(CAPABILITY_VERSION_3, 0), (ctypes.c_uint32 * 6)()
+        self.check(self.libc.capset(header, data), "capset")  # none left: effective, permitted, inheritable
+        self.check(self.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        os.chdir(str(request["cwd"]))
+
+    def agent(self, channel: int, log: int) -> None:
+        """The forked agent, in the sandbox's pid namespace: serve on ``channel`` until it closes."""
+        os.setsid()
+        self.check(self.libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "subreaper")
+        os.dup2(channel, 0)
+        os.dup2(channel, 1)
+        os.dup2(log, 2)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        globals()["REAPER"] = True  # exec_agent's: it collects its commands' orphans (it is not pid 1)
+        with open(0, "rb", closefd=False) as inp, open(1, "wb", closefd=False) as out:
+            serve(inp, out)
+
+    def fork(self, request: dict[str, object], channel: int, log: int) -> None:
+        """In the forked child: enter, fork the agent, exit (the agent's parent becomes the stub)."""
+        try:
+            self.enter(request)
+            if os.fork() == 0:
+                try:
+                    self.agent(channel, log)
+                finally:
+                    os._exit(0)
+        except BaseException as exc:
+            os.write(log, f"zygote: the agent of {request.get('sandbox')} did not start: {exc!r}\n".encode())
+        finally:
+            os._exit(0)
+
+    def serve(self, control: socket.socket) -> None:
+        """One request per message: a marshal dict and two descriptors (the agent's end, its log)."""
+        fd_size = ctypes.sizeof(ctypes.c_int)
+        while True:
+            message, ancillary, _, _ = control.recvmsg(MAX_REQUEST, socket.CMSG_SPACE(2 * fd_size))
+            if not message:
+                return
+            fds = [int.from_bytes(data[i : i + fd_size], sys.byteorder) for level, kind, data in ancillary
+                   if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+                   for i in range(0, len(data) - len(data) % fd_size, fd_size)]  # fmt: skip
+            try:
+                if len(fds) == 2:
+                    pid = os.fork()
+                    if pid == 0:
+                        control.close()
+                        self.fork(marshal.loads(message), fds[0], fds[1])
+                    os.waitpid(pid, 0)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+
+def main(control: socket.socket) -> None:
+    """The zygote's entry, on its control socket (its stdin); it ends when the broker closes it. No
+    garbage collection: its forks would copy every page it touched."""
+    gc.disable()
+    gc.freeze()
+    Zygote().serve(control)
