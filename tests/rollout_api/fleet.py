@@ -21,7 +21,7 @@ from services.runtime.secrets import FleetSecrets
 from services.runtime.sync_redis import open_sync_redis
 from services.runtime.tokenizer import write_tokenizer_dir
 from services.sandbox_broker.backends.leftovers import remove_state_dir
-from tests.support.processes import ServiceProcess, start_service
+from tests.support.processes import ServiceProcess, launch_service, start_service, wait_started
 
 ADMIN = "e2e-admin"
 SECRETS = FleetSecrets(admin_token=ADMIN, service_token="e2e-service", redis_password="")  # every service authenticates
@@ -135,25 +135,38 @@ def write_script(path: Path, rules: dict[str, list[Any]]) -> Path:
     return path
 
 
-def start_engine(script: Path, model_path: Path, logs: Path, name: str) -> ServiceProcess:
+def launch_engine(script: Path, model_path: Path, logs: Path, name: str) -> ServiceProcess:
     args = [
         "-m", "services.cli", "engine", "--mode", "scripted", "--script", str(script),
         "--model-path", str(model_path), "--port", "{port}",
     ]  # fmt: skip
-    return start_service(args, log_dir=logs, health_path="/health", name=name)
+    return launch_service(args, log_dir=logs, name=name)
 
 
 def start_fleet(
     redis_url: str, script: Path, model_path: Path, logs: Path, state_dir: Path, api_env: dict[str, str] | None = None,
     broker_env: dict[str, str] | None = None, context_cap: int = 4000, backend: str = "local",
 ) -> Fleet:  # fmt: skip
+    """The engines and the broker start at once, the proxy once the engines answer and the API once
+    the broker does (each as it would be deployed: its dependencies up before it)."""
     started: list[ServiceProcess] = []
     try:
-        engines = {"default": start_engine(script, model_path, logs, "engine")}
+        engines = {"default": launch_engine(script, model_path, logs, "engine")}
         started.append(engines["default"])
-        engines["llmfail"] = start_engine(script, model_path, logs, "engine-llmfail")
+        engines["llmfail"] = launch_engine(script, model_path, logs, "engine-llmfail")
         started.append(engines["llmfail"])
-        proxy = start_service(
+        broker = launch_service(
+            [
+                "-m", "services.cli", "broker", "--port", "{port}", "--backend", backend,
+                "--redis-url", redis_url, "--state-dir", str(state_dir),
+            ],
+            log_dir=logs, name="broker",
+            env={**SECRETS.env(), "ROLLOUT_BROKER_TEMPLATE_ROOTS": tempfile.gettempdir(), **(broker_env or {})},
+        )  # fmt: skip
+        started.append(broker)
+        for engine in engines.values():
+            wait_started(engine, "/health")
+        proxy = launch_service(
             [
                 "-m", "services.cli", "proxy", "--port", "{port}", "--workers", "1",
                 "--engines", engines["default"].url, "--pools", f"llmfail={engines['llmfail'].url}",
@@ -162,23 +175,17 @@ def start_fleet(
             log_dir=logs, env={**SECRETS.env(), "ROLLOUT_REDIS_URL": redis_url}, name="proxy",
         )  # fmt: skip
         started.append(proxy)
-        broker = start_service(
-            [
-                "-m", "services.cli", "broker", "--port", "{port}", "--backend", backend,
-                "--redis-url", redis_url, "--state-dir", str(state_dir),
-            ],
-            log_dir=logs, name="broker",
-            env={**SECRETS.env(), "ROLLOUT_BROKER_TEMPLATE_ROOTS": tempfile.gettempdir(), **(broker_env or {})},
-            timeout_s=120,  # its host probe (bubblewrap) may take up to a minute on a loaded machine
-        )  # fmt: skip
-        started.append(broker)
-        api = start_service(
+        wait_started(broker, timeout_s=120)  # its host probe (bubblewrap) may take up to a minute on a loaded machine
+        api = launch_service(
             [
                 "-m", "services.cli", "api", "--port", "{port}", "--redis-url", redis_url, "--broker-url", broker.url,
                 "--proxy-url", proxy.url, "--tokenizer-path", str(model_path),
             ],
             log_dir=logs, env={**SECRETS.env(), "ROLLOUT_API_DASHBOARD_SAMPLE_S": "1", **(api_env or {})}, name="api",
         )  # fmt: skip
+        started.append(api)
+        wait_started(proxy)
+        wait_started(api)
     except BaseException:
         for service in started:
             service.stop()
