@@ -25,12 +25,14 @@ typecheck:
 	$(BIN)/mypy
 
 # The suite in PYTEST_WORKERS processes, a test file per process at a time (module-scoped fleets start
-# once; each process has its own Redis, ports and tmp dirs; the files with the longest tests first),
+# once; each process has its own Redis, ports and tmp dirs; the files with the longest tests first, as
+# tests/conftest.py orders them: without --no-loadscope-reorder xdist sends the files with the most tests
+# first, and the few-test files that take minutes each then ran last, alone),
 # then the tests on private dockerds one after another: a dockerd's container roots are host mounts
 # that vanished under concurrent sandbox churn (exec then fails with "unable to find user root").
 PYTEST_WORKERS ?= 4
 pytest:
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not docker"
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not docker"
 	$(BIN)/python -m pytest -m docker
 
 clean:

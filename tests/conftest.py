@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,18 +92,26 @@ def tarpit() -> Iterator[str]:
             sock.close()
 
 
+DURATIONS = Path(__file__).with_name("durations.json")  # measured seconds per file (its "about" says how)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with the longest tests run first: in a parallel run (``make test``) the longest files
-    then overlap the many short ones instead of finishing alone at the end. A file's weight is the
-    largest ``timeout`` mark among its ``slow`` tests (what its author allowed it, a proxy for its
-    length); files without slow tests come last, in their collection order."""
+    """Files with the longest tests run first: in a parallel run (``make test``, which keeps this order
+    with ``--no-loadscope-reorder``) the longest files then overlap the many short ones instead of
+    finishing alone at the end. A file's weight is its measured seconds in ``durations.json``; a file
+    not measured there weighs a tenth of the largest ``timeout`` mark among its ``slow`` tests (what
+    its author allowed it, a proxy for its length); the others come last, in their collection order."""
     for item in items:  # a test on a private dockerd is a docker test, marked or not (``make test`` runs them apart)
         if {"dockerd", "runsc_dockerd", "daemon"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.docker)
-    weight: dict[object, float] = {}
+    measured: dict[str, float] = json.loads(DURATIONS.read_text())["seconds"]
+    weight: dict[str, float] = {}
     for item in items:
-        if item.get_closest_marker("slow"):
+        file = item.nodeid.split("::")[0]
+        if file in measured:
+            weight[file] = measured[file]
+        elif item.get_closest_marker("slow"):
             timeout = item.get_closest_marker("timeout")
             allowed = float(timeout.args[0]) if timeout and timeout.args else 120.0
-            weight[item.path] = max(weight.get(item.path, 0.0), allowed)
-    items.sort(key=lambda item: -weight.get(item.path, 0.0))  # stable: the order within a file is kept
+            weight[file] = max(weight.get(file, 0.0), allowed / 10)
+    items.sort(key=lambda item: -weight.get(item.nodeid.split("::")[0], 0.0))  # stable: a file's order is kept

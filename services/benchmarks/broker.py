@@ -1,8 +1,10 @@
 """``rollout bench broker``: L concurrent leases, each running a few commands, then released.
 
 Phases, in one run against one broker process: cold leases (resources unlike the warm pool's),
-warm leases (taken from a pool of L, all at once: ``warm_lease_*``; beside it ``burst_floor_*``, the
-same burst against a server that does nothing: ``http_floor.py``), the exec overhead (the same
+warm leases (taken from a pool of L, all at once, asked for through the worker's own client and its
+coalescer: ``warm_lease_*``; the same burst with a request per lease over connections opened first:
+``warm_lease_single_*``; the same leases in one ``POST /leases/batch``: ``warm_lease_batch_*``; beside
+them ``burst_floor_*``, a request each to a server that does nothing: ``http_floor.py``), the exec overhead (the same
 command through the broker and directly on the bare backend, sequentially), the same L warm
 episodes started one at a time at ``--paced-rate`` per second (``warm_lease_paced_*``), on local
 the time from a lease to its agent's first gateway call with a bundle mounted (``agent_start_*``,
@@ -29,7 +31,9 @@ from services.benchmarks.broker_load import (
     leftover_sandboxes,
     run_batched,
     run_leases,
+    run_open,
     run_paced,
+    run_worker,
 )
 from services.benchmarks.broker_phases import one_at_a_time
 from services.benchmarks.broker_procs import Proc, python_proc
@@ -37,6 +41,7 @@ from services.benchmarks.cpuacct import CpuGroup
 from services.benchmarks.procstat import processes, session_cpu_s, tree_total_cpu_s
 from services.benchmarks.report import percentile, write_json
 from services.protocol.sandboxes import Resources, Template
+from services.rollout_api.settings import WorkerSettings
 from services.runtime.redis_server import redis_url_or_embedded
 from services.runtime.secrets import FleetSecrets
 from services.runtime.tables import print_table
@@ -160,9 +165,13 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
     egress, egress_cpu_ms = await _cold_burst(load, broker, egress_n, egress_body)
     created = await _creation_alone(args, load, broker, image, egress_n)
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
-    cpu_before = _own_cpu_s(broker)
-    warm = await run_leases(load, args.leases, {"template": "bench"})
+    cpu_before = _own_cpu_s(broker)  # the worker's path: its client's coalescer, batches of what is asked at once
+    warm = await run_worker(load, args.leases, {"template": "bench"}, WorkerSettings().lease_batch_window_s)
     warm_cpu_ms = (_own_cpu_s(broker) - cpu_before) * 1000 / max(len(warm.start_ms), 1)
+    await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
+    cpu_before = _own_cpu_s(broker)
+    single = await run_open(load, args.leases, {"template": "bench"})  # the same leases, one request each
+    single_cpu_ms = (_own_cpu_s(broker) - cpu_before) * 1000 / max(len(single.start_ms), 1)
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
     cpu_before = _own_cpu_s(broker)
     batched = await run_batched(load, args.leases, {"template": "bench"})  # the same leases, one request
@@ -188,7 +197,12 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
         "cold_task_cpu_ms": cold_cpu_ms - created["cold_create_cpu_ms"],  # the setup's and the episode's
         "egress_cold_task_cpu_ms": egress_cpu_ms - created["egress_cold_create_cpu_ms"],
         "cold_create_cpu_source": "cpuacct" if broker.cpu_group else "tree", **alone,
+        # L episodes asking at once through the worker's BrokerClient (its coalescer: POST /leases/batch)
         "warm_lease_p50_ms": percentile(warm.start_ms, 50), "warm_lease_p99_ms": percentile(warm.start_ms, 99),
+        "warm_lease_batches": warm.batches,
+        # the same burst with one POST /leases per lease, over connections opened before it
+        "warm_lease_single_p50_ms": percentile(single.start_ms, 50),
+        "warm_lease_single_p99_ms": percentile(single.start_ms, 99), "single_warm_hits": single.warm,
         "egress_leases": egress_n,
         "egress_cold_lease_p50_ms": percentile(egress.start_ms, 50),
         "egress_cold_lease_p99_ms": percentile(egress.start_ms, 99),
@@ -199,7 +213,8 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
         "warm_lease_batch_p99_ms": percentile(batched.start_ms, 99), "batch_warm_hits": batched.warm,
         # the broker process's own CPU per lease over each burst's episodes (leases, commands, releases and
         # the pool refills that start meanwhile)
-        "warm_episode_broker_cpu_ms": warm_cpu_ms, "batch_episode_broker_cpu_ms": batched_cpu_ms,
+        "warm_episode_broker_cpu_ms": warm_cpu_ms, "single_episode_broker_cpu_ms": single_cpu_ms,
+        "batch_episode_broker_cpu_ms": batched_cpu_ms,
         # the same warm episodes, started one at a time at --paced-rate per second instead of all at once
         "paced_rate_per_s": args.paced_rate, "paced_leases": len(paced.start_ms) + paced.errors,
         "warm_lease_paced_p50_ms": percentile(paced.start_ms, 50),
@@ -211,10 +226,10 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
         "exec_broker_p50_ms": percentile(via_broker, 50), "exec_direct_p50_ms": percentile(direct, 50),
         "exec_overhead_p50_ms": percentile([b - d for b, d in zip(via_broker, direct, strict=True)], 50),
         "broker_cpu_ms_per_exec": broker_cpu_ms,
-        "errors": cold.errors + egress.errors + created["bare_errors"] + warm.errors + batched.errors + paced.errors
-        + starts.errors + recovery["errors_after_restart"],
+        "errors": cold.errors + egress.errors + created["bare_errors"] + warm.errors + single.errors + batched.errors
+        + paced.errors + starts.errors + recovery["errors_after_restart"],
         "error_samples": cold.samples + egress.samples + created["bare_error_samples"] + warm.samples
-        + batched.samples + paced.samples + starts.samples,
+        + single.samples + batched.samples + paced.samples + starts.samples,
         **recovery,
     }  # fmt: skip
 
@@ -322,8 +337,10 @@ def _report(args: argparse.Namespace, f: dict[str, Any]) -> None:
         {"figure": "cold lease", "p50_ms": f["cold_lease_p50_ms"], "p99_ms": f["cold_lease_p99_ms"]},
         {"figure": f"cold lease, egress ({f['egress_leases']})", "p50_ms": f["egress_cold_lease_p50_ms"],
          "p99_ms": f["egress_cold_lease_p99_ms"]},
-        {"figure": f"warm lease, burst of {f['leases']}", "p50_ms": f["warm_lease_p50_ms"],
+        {"figure": f"warm lease, burst of {f['leases']} (worker client)", "p50_ms": f["warm_lease_p50_ms"],
          "p99_ms": f["warm_lease_p99_ms"]},
+        {"figure": f"warm lease, burst of {f['leases']}, a request each", "p50_ms": f["warm_lease_single_p50_ms"],
+         "p99_ms": f["warm_lease_single_p99_ms"]},
         {"figure": f"warm lease, batch of {f['leases']}", "p50_ms": f["warm_lease_batch_p50_ms"],
          "p99_ms": f["warm_lease_batch_p99_ms"]},
         {"figure": f"  floor: {f['leases']} at once, no-op server", "p50_ms": f["burst_floor_p50_ms"],

@@ -50,7 +50,12 @@ def guarded(base: type[HttpToolsProtocol], limits: ClientLimits, stats: Connecti
     """``base`` (uvicorn's httptools protocol or a subclass) with the limits above, counted in ``stats``."""
 
     class Guarded(base):  # type: ignore[valid-type,misc]
-        _deadline: asyncio.TimerHandle | None = None
+        # The phase under a limit now (None: between requests) and when it ends, in loop time. One
+        # timer per connection checks it, set again only when it fires early or a sooner end comes:
+        # a request on a kept-alive connection moves the end along without a timer of its own.
+        _phase: str | None = None
+        _due: float = 0.0
+        _timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
@@ -58,13 +63,16 @@ def guarded(base: type[HttpToolsProtocol], limits: ClientLimits, stats: Connecti
             self._arm("header", limits.header_timeout_s)
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
+            self._phase = None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             stats.open -= 1
             super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            if self._deadline is None:  # the next request of a kept-alive connection
+            if self._phase is None:  # the next request of a kept-alive connection
                 self._arm("header", limits.header_timeout_s)
 
         def on_headers_complete(self) -> None:
@@ -73,7 +81,7 @@ def guarded(base: type[HttpToolsProtocol], limits: ClientLimits, stats: Connecti
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
-            self._disarm()
+            self._phase = None
 
         def timeout_keep_alive_handler(self) -> None:
             if not self.transport.is_closing():
@@ -81,16 +89,26 @@ def guarded(base: type[HttpToolsProtocol], limits: ClientLimits, stats: Connecti
             super().timeout_keep_alive_handler()
 
         def _arm(self, phase: str, after_s: float) -> None:
-            self._disarm()
-            self._deadline = self.loop.call_later(after_s, self._cut, phase)
+            self._phase = phase
+            self._due = self.loop.time() + after_s
+            timer = self._timer
+            if timer is not None and timer.when() <= self._due:
+                return  # it fires first, and checks again
+            if timer is not None:
+                timer.cancel()
+            self._timer = self.loop.call_at(self._due, self._check)
 
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
+        def _check(self) -> None:
+            self._timer = None
+            if self._phase is None:
+                return
+            if self.loop.time() < self._due:
+                self._timer = self.loop.call_at(self._due, self._check)
+                return
+            self._cut(self._phase)
 
         def _cut(self, phase: str) -> None:
-            self._deadline = None
+            self._phase = None
             if self.transport.is_closing():
                 return
             stats.cut[phase] += 1

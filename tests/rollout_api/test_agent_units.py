@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 
 from services.protocol import ErrorBody, ErrorCode, InfraStage, RewardSpec
+from services.protocol.agents import BASH_OBSERVATION_TEMPLATE, BashAgent
 from services.protocol.llm import HEADER_JOB
 from services.protocol.sandboxes import ExecResult
 from services.protocol.swebench import SweBenchRolloutRequest, SweInstance
@@ -23,6 +24,7 @@ from services.rollout_api.worker.conversation import (
     format_error,
     observation,
     parse_action,
+    render,
     truncate_middle,
 )
 from services.rollout_api.worker.proxy_client import ProxyClient, parse_generation
@@ -93,6 +95,20 @@ def test_observation_keeps_head_and_tail() -> None:
     assert cut.startswith("HEAD") and cut.endswith("TAIL") and len(cut.encode()) <= 1000
     result = ExecResult(exit_code=2, stdout="out", stderr="err", duration_s=0.1)
     assert observation(result, 1000) == "<returncode>2</returncode>\n<output>\nout\nerr\n</output>"
+
+
+@pytest.mark.parametrize("stdout", ["", "plain", "{{ output.returncode }} {% raw %}", " \n tail \n\n", "é\u00001 <b>&"])
+def test_the_default_observation_is_the_template_rendered(stdout: str) -> None:
+    """The default observation template is written without Jinja (every turn uses it): the same text."""
+    result = ExecResult(exit_code=137, stdout=stdout, stderr="E", duration_s=0.1)
+    out = {
+        "returncode": 137,
+        "output": truncate_middle(stdout + ("\n" if stdout else "") + "E", 1000),
+        "exception_info": "",
+    }
+    assert observation(result, 1000) == render(BASH_OBSERVATION_TEMPLATE, output=out)
+    custom = BashAgent(observation_template=BASH_OBSERVATION_TEMPLATE + " ")  # through Jinja, as before
+    assert observation(result, 1000, custom) == observation(result, 1000) + " "
 
 
 def test_parse_reward() -> None:

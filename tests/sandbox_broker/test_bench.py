@@ -14,7 +14,8 @@ from tests.test_cli import rollout
 
 pytestmark = [needs_bwrap, pytest.mark.slow]
 
-KEYS = ("warm_lease_p50_ms", "warm_lease_p99_ms", "cold_lease_p50_ms", "cold_lease_p99_ms", "exec_overhead_p50_ms",
+KEYS = ("warm_lease_p50_ms", "warm_lease_p99_ms", "warm_lease_single_p50_ms", "warm_lease_single_p99_ms",
+        "cold_lease_p50_ms", "cold_lease_p99_ms", "exec_overhead_p50_ms",
         "egress_cold_lease_p50_ms", "warm_lease_paced_p50_ms", "warm_lease_paced_p99_ms", "burst_floor_p50_ms",
         "burst_floor_p99_ms", "agent_start_p50_ms", "errors", "leaked")  # fmt: skip
 
@@ -34,6 +35,8 @@ def test_broker_benchmark_writes_its_figures(isolation: str, tmp_path: Path, red
     assert all(key in figures for key in KEYS)
     assert figures["errors"] == 0 and figures["leaked"] == 0 and figures["isolation"] == isolation
     assert figures["warm_hits"] == n and figures["cold_hits"] == 0 and figures["kill9_leases"] == n
+    assert figures["warm_lease_batches"] == 1  # the worker's client: n leases asked at once, one request
+    assert figures["single_warm_hits"] == n  # the same burst, a request per lease
     assert figures["batch_warm_hits"] == n and figures["warm_lease_batch_p50_ms"] > 0  # one request, n leases
     assert figures["paced_leases"] == n and figures["paced_warm_hits"] == n  # paced: the pool was refilled first
     assert 0 < figures["burst_floor_p50_ms"] <= figures["burst_floor_p99_ms"]  # the no-op server answered them all

@@ -13,7 +13,7 @@ from typing import Any
 from jinja2 import StrictUndefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from services.protocol.agents import BASH_SYSTEM_TEMPLATE, SUBMIT_MARKER, BashAgent
+from services.protocol.agents import BASH_OBSERVATION_TEMPLATE, BASH_SYSTEM_TEMPLATE, SUBMIT_MARKER, BashAgent
 from services.protocol.sandboxes import ExecResult
 
 SUBMIT_COMMAND = f"echo {SUBMIT_MARKER}"
@@ -21,6 +21,8 @@ SYSTEM_PROMPT = BASH_SYSTEM_TEMPLATE
 DEFAULT_AGENT = BashAgent()
 
 _ENV = ImmutableSandboxedEnvironment(undefined=StrictUndefined)
+_UNAME = platform.uname()
+_PLATFORM = {"system": _UNAME.system, "release": _UNAME.release, "version": _UNAME.version, "machine": _UNAME.machine}
 
 
 @functools.lru_cache(maxsize=256)
@@ -35,9 +37,7 @@ def _regex(source: str) -> re.Pattern[str]:
 
 def render(template: str, **variables: Any) -> str:
     """Render one of the agent's templates; mini-swe-agent's platform variables are available too."""
-    uname = platform.uname()
-    base = {"system": uname.system, "release": uname.release, "version": uname.version, "machine": uname.machine}
-    return str(_compiled(template).render(**(base | variables)))
+    return str(_compiled(template).render(**(_PLATFORM | variables)))
 
 
 FORMAT_ERROR = "format error"
@@ -99,5 +99,7 @@ def truncate_middle(text: str, max_bytes: int) -> str:
 def observation(result: ExecResult, max_bytes: int, agent: BashAgent = DEFAULT_AGENT) -> str:
     output = result.stdout + (("\n" if result.stdout and result.stderr else "") + result.stderr)
     body = truncate_middle(output, agent.observation_max_bytes or max_bytes)
+    if agent.observation_template == BASH_OBSERVATION_TEMPLATE:  # the default, every turn: as Jinja renders it
+        return f"<returncode>{result.exit_code}</returncode>\n<output>\n{body}\n</output>"
     out = {"returncode": result.exit_code, "output": body, "exception_info": ""}
     return render(agent.observation_template, output=out)
