@@ -42,6 +42,8 @@ def test_broker_benchmark_writes_its_figures(isolation: str, tmp_path: Path, red
     assert 0 < figures["burst_floor_p50_ms"] <= figures["burst_floor_p99_ms"]  # the no-op server answered them all
     assert figures["agent_starts"] == n and figures["agent_start_p50_ms"] > 0  # each agent reached the upstream
     assert figures["cold_create_cpu_ms"] > 0 and figures["egress_cold_create_cpu_ms"] > 0
+    assert figures["cold_lease_cpu_ms"] > 0 and figures["egress_cold_lease_cpu_ms"] > 0  # setup and episode too
+    assert figures["bare_cold_lease_p50_ms"] > 0
     assert figures["cold_create_cpu_source"] in ("cpuacct", "tree")
     phases = figures["cold_create_phases"]  # one at a time: each phase that ran took time
     assert phases["agent"]["wall_ms"] > 0 and phases["setup"]["wall_ms"] > 0 and phases["egress"]["wall_ms"] == 0
