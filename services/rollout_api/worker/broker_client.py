@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
@@ -43,6 +44,7 @@ class BrokerClient:
     releasing: set[asyncio.Future[None]] = field(default_factory=set)  # releases in flight (kept referenced)
     token: str = ""  # the broker's service token
     batch_window_s: float = 0.0  # leases asked for within this long go out together; 0: the same loop turn
+    on_batch: Callable[[int], None] | None = None  # told the size of each POST /leases/batch sent (metrics)
     http: HttpClient = field(init=False)
     batcher: LeaseBatcher = field(init=False)  # ``lease`` goes through it (``lease_batches.py``)
     _headers: dict[str, str] = field(init=False)
