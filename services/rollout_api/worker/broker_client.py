@@ -117,7 +117,8 @@ class BrokerClient:
         A failure of the whole request (refused, timed out, cut off) is raised."""
         stage = InfraStage.SANDBOX_CREATE
         limit = self.overhead_s + max(r.wait_s + _setup_budget_s(r) for r in requests)
-        payload = orjson.dumps({"leases": [r.model_dump(mode="json") for r in requests]})
+        # each request serialized straight to JSON (a third of the cost of dumping dicts and encoding them)
+        payload = b'{"leases":[' + b",".join(r.__pydantic_serializer__.to_json(r) for r in requests) + b"]}"
         headers = {**self._headers, **JSON_HEADERS}
         status, body = await self._exchange(stage, "POST", BATCH_PATH, limit, payload, headers)
         if status in (404, 405):
