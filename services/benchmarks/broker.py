@@ -1,8 +1,10 @@
 """``rollout bench broker``: L concurrent leases, each running a few commands, then released.
 
 Phases, in one run against one broker process: cold leases (resources unlike the warm pool's),
-warm leases (taken from a pool of L, all at once: ``warm_lease_*``; beside it ``burst_floor_*``, the
-same burst against a server that does nothing: ``http_floor.py``), the exec overhead (the same
+warm leases (taken from a pool of L, all at once, asked for through the worker's own client and its
+coalescer: ``warm_lease_*``; the same burst with a request per lease over connections opened first:
+``warm_lease_single_*``; the same leases in one ``POST /leases/batch``: ``warm_lease_batch_*``; beside
+them ``burst_floor_*``, a request each to a server that does nothing: ``http_floor.py``), the exec overhead (the same
 command through the broker and directly on the bare backend, sequentially), the same L warm
 episodes started one at a time at ``--paced-rate`` per second (``warm_lease_paced_*``), on local
 the time from a lease to its agent's first gateway call with a bundle mounted (``agent_start_*``,
@@ -29,7 +31,9 @@ from services.benchmarks.broker_load import (
     leftover_sandboxes,
     run_batched,
     run_leases,
+    run_open,
     run_paced,
+    run_worker,
 )
 from services.benchmarks.broker_phases import one_at_a_time
 from services.benchmarks.broker_procs import Proc, python_proc
@@ -37,6 +41,7 @@ from services.benchmarks.cpuacct import CpuGroup
 from services.benchmarks.procstat import processes, session_cpu_s, tree_total_cpu_s
 from services.benchmarks.report import percentile, write_json
 from services.protocol.sandboxes import Resources, Template
+from services.rollout_api.settings import WorkerSettings
 from services.runtime.redis_server import redis_url_or_embedded
 from services.runtime.secrets import FleetSecrets
 from services.runtime.tables import print_table
@@ -154,17 +159,19 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
                 "isolation": args.isolation}  # fmt: skip
     pool_timeout_s = max(600.0, 4.0 * args.leases)  # refills run 4 creates at a time; a loaded machine is slow
     await load.register(template, timeout_s=pool_timeout_s)
-    cpu_before = _tree_cpu_s(broker)
-    cold = await run_leases(load, args.leases, {"template": "bench", "resources": COLD})
-    cold_cpu_ms = (_tree_cpu_s(broker) - cpu_before) * 1000 / max(len(cold.start_ms), 1)
+    cold, cold_cpu_ms = await _cold_burst(load, broker, args.leases, {"template": "bench", "resources": COLD})
     egress_n = args.leases if args.egress_leases is None else args.egress_leases
-    cpu_before = _tree_cpu_s(broker)
-    egress = await run_leases(load, egress_n, {"template": "bench", "resources": COLD, "network": "egress"})
-    egress_cpu_ms = (_tree_cpu_s(broker) - cpu_before) * 1000 / max(len(egress.start_ms), 1)
+    egress_body = {"template": "bench", "resources": COLD, "network": "egress"}
+    egress, egress_cpu_ms = await _cold_burst(load, broker, egress_n, egress_body)
+    created = await _creation_alone(args, load, broker, image, egress_n)
+    await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
+    cpu_before = _own_cpu_s(broker)  # the worker's path: its client's coalescer, batches of what is asked at once
+    warm = await run_worker(load, args.leases, {"template": "bench"}, WorkerSettings().lease_batch_window_s)
+    warm_cpu_ms = (_own_cpu_s(broker) - cpu_before) * 1000 / max(len(warm.start_ms), 1)
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
     cpu_before = _own_cpu_s(broker)
-    warm = await run_leases(load, args.leases, {"template": "bench"})
-    warm_cpu_ms = (_own_cpu_s(broker) - cpu_before) * 1000 / max(len(warm.start_ms), 1)
+    single = await run_open(load, args.leases, {"template": "bench"})  # the same leases, one request each
+    single_cpu_ms = (_own_cpu_s(broker) - cpu_before) * 1000 / max(len(single.start_ms), 1)
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
     cpu_before = _own_cpu_s(broker)
     batched = await run_batched(load, args.leases, {"template": "bench"})  # the same leases, one request
@@ -184,11 +191,18 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
         "backend": args.backend, "isolation": args.isolation or "default", "leases": args.leases,
         "commands_per_lease": args.commands,
         "cold_lease_p50_ms": percentile(cold.start_ms, 50), "cold_lease_p99_ms": percentile(cold.start_ms, 99),
-        # the broker's and its children's CPU (sandbox processes, agents, commands) per cold lease, its
-        # episode's commands and release included; then the same with egress
-        "cold_create_cpu_ms": cold_cpu_ms, "egress_cold_create_cpu_ms": egress_cpu_ms,
+        # the broker's and its children's CPU (sandbox processes, agents, commands) per cold lease: the
+        # template's setup, the episode's commands and the release included; then the same with egress
+        "cold_lease_cpu_ms": cold_cpu_ms, "egress_cold_lease_cpu_ms": egress_cpu_ms, **created,
+        "cold_task_cpu_ms": cold_cpu_ms - created["cold_create_cpu_ms"],  # the setup's and the episode's
+        "egress_cold_task_cpu_ms": egress_cpu_ms - created["egress_cold_create_cpu_ms"],
         "cold_create_cpu_source": "cpuacct" if broker.cpu_group else "tree", **alone,
+        # L episodes asking at once through the worker's BrokerClient (its coalescer: POST /leases/batch)
         "warm_lease_p50_ms": percentile(warm.start_ms, 50), "warm_lease_p99_ms": percentile(warm.start_ms, 99),
+        "warm_lease_batches": warm.batches,
+        # the same burst with one POST /leases per lease, over connections opened before it
+        "warm_lease_single_p50_ms": percentile(single.start_ms, 50),
+        "warm_lease_single_p99_ms": percentile(single.start_ms, 99), "single_warm_hits": single.warm,
         "egress_leases": egress_n,
         "egress_cold_lease_p50_ms": percentile(egress.start_ms, 50),
         "egress_cold_lease_p99_ms": percentile(egress.start_ms, 99),
@@ -199,7 +213,8 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
         "warm_lease_batch_p99_ms": percentile(batched.start_ms, 99), "batch_warm_hits": batched.warm,
         # the broker process's own CPU per lease over each burst's episodes (leases, commands, releases and
         # the pool refills that start meanwhile)
-        "warm_episode_broker_cpu_ms": warm_cpu_ms, "batch_episode_broker_cpu_ms": batched_cpu_ms,
+        "warm_episode_broker_cpu_ms": warm_cpu_ms, "single_episode_broker_cpu_ms": single_cpu_ms,
+        "batch_episode_broker_cpu_ms": batched_cpu_ms,
         # the same warm episodes, started one at a time at --paced-rate per second instead of all at once
         "paced_rate_per_s": args.paced_rate, "paced_leases": len(paced.start_ms) + paced.errors,
         "warm_lease_paced_p50_ms": percentile(paced.start_ms, 50),
@@ -211,12 +226,39 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
         "exec_broker_p50_ms": percentile(via_broker, 50), "exec_direct_p50_ms": percentile(direct, 50),
         "exec_overhead_p50_ms": percentile([b - d for b, d in zip(via_broker, direct, strict=True)], 50),
         "broker_cpu_ms_per_exec": broker_cpu_ms,
-        "errors": cold.errors + egress.errors + warm.errors + batched.errors + paced.errors + starts.errors
-        + recovery["errors_after_restart"],
-        "error_samples": cold.samples + egress.samples + warm.samples + batched.samples + paced.samples
-        + starts.samples,
+        "errors": cold.errors + egress.errors + created["bare_errors"] + warm.errors + single.errors + batched.errors
+        + paced.errors + starts.errors + recovery["errors_after_restart"],
+        "error_samples": cold.samples + egress.samples + created["bare_error_samples"] + warm.samples
+        + single.samples + batched.samples + paced.samples + starts.samples,
         **recovery,
     }  # fmt: skip
+
+
+async def _cold_burst(load: Load, broker: Proc, n: int, body: dict[str, Any]) -> tuple[Outcome, float]:
+    """``n`` cold leases at once, and the CPU of the broker and its children per lease made."""
+    cpu_before = _tree_cpu_s(broker)
+    outcome = await run_leases(load, n, body)
+    return outcome, (_tree_cpu_s(broker) - cpu_before) * 1000 / max(len(outcome.start_ms), 1)
+
+
+async def _creation_alone(args: argparse.Namespace, load: Load, broker: Proc, image: str | None,
+                          egress_n: int) -> dict[str, Any]:  # fmt: skip
+    """The cold bursts again with a template without setup, each lease released at once: a cold
+    sandbox's creation and release alone (``cold_create_cpu_ms``), the task's work left out."""
+    await load.register({"name": "bench-bare", "setup": [], "warm_pool": 0, "image": image,
+                         "isolation": args.isolation},
+                        timeout_s=60)  # fmt: skip
+    commands, load.commands = load.commands, 0
+    try:
+        bare, cpu_ms = await _cold_burst(load, broker, args.leases, {"template": "bench-bare", "resources": COLD})
+        body = {"template": "bench-bare", "resources": COLD, "network": "egress"}
+        egress, egress_cpu_ms = await _cold_burst(load, broker, egress_n, body)
+    finally:
+        load.commands = commands
+    return {"cold_create_cpu_ms": cpu_ms, "egress_cold_create_cpu_ms": egress_cpu_ms,
+            "bare_cold_lease_p50_ms": percentile(bare.start_ms, 50),
+            "bare_cold_lease_p99_ms": percentile(bare.start_ms, 99), "bare_errors": bare.errors + egress.errors,
+            "bare_error_samples": bare.samples + egress.samples}  # fmt: skip
 
 
 async def _paced(args: argparse.Namespace, load: Load) -> Outcome:
@@ -295,8 +337,10 @@ def _report(args: argparse.Namespace, f: dict[str, Any]) -> None:
         {"figure": "cold lease", "p50_ms": f["cold_lease_p50_ms"], "p99_ms": f["cold_lease_p99_ms"]},
         {"figure": f"cold lease, egress ({f['egress_leases']})", "p50_ms": f["egress_cold_lease_p50_ms"],
          "p99_ms": f["egress_cold_lease_p99_ms"]},
-        {"figure": f"warm lease, burst of {f['leases']}", "p50_ms": f["warm_lease_p50_ms"],
+        {"figure": f"warm lease, burst of {f['leases']} (worker client)", "p50_ms": f["warm_lease_p50_ms"],
          "p99_ms": f["warm_lease_p99_ms"]},
+        {"figure": f"warm lease, burst of {f['leases']}, a request each", "p50_ms": f["warm_lease_single_p50_ms"],
+         "p99_ms": f["warm_lease_single_p99_ms"]},
         {"figure": f"warm lease, batch of {f['leases']}", "p50_ms": f["warm_lease_batch_p50_ms"],
          "p99_ms": f["warm_lease_batch_p99_ms"]},
         {"figure": f"  floor: {f['leases']} at once, no-op server", "p50_ms": f["burst_floor_p50_ms"],
@@ -316,8 +360,10 @@ def _report(args: argparse.Namespace, f: dict[str, Any]) -> None:
             f"{figures['all_cpu_ms']:6.1f} ms"
         )
     print(
-        f"\ncold create CPU (broker and children) {f['cold_create_cpu_ms']:.1f} ms per lease, with egress "
-        f"{f['egress_cold_create_cpu_ms']:.1f} ms"
+        f"\ncold create CPU (broker and children; creation and release, no setup, no commands) "
+        f"{f['cold_create_cpu_ms']:.1f} ms per sandbox, with egress {f['egress_cold_create_cpu_ms']:.1f} ms; "
+        f"cold lease CPU (the template's setup and the episode included) {f['cold_lease_cpu_ms']:.1f} ms, "
+        f"with egress {f['egress_cold_lease_cpu_ms']:.1f} ms"
     )
     print(f"\ncold/warm p99 ratio {ratio:.1f}x; exec overhead p50 {f['exec_overhead_p50_ms']:.2f} ms "
           f"(broker CPU {f['broker_cpu_ms_per_exec']:.2f} ms per exec); "

@@ -10,9 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 
-from services.protocol.sandboxes import ExecRequest, Resources
+from services.protocol.sandboxes import ExecRequest, LeaseRequest, Resources
+from services.rollout_api.worker.broker_client import BrokerClient
+from services.rollout_api.worker.clients import InfraError
 from services.runtime.http_client import Answer, HttpClient
 from services.runtime.secrets import FleetSecrets
 from services.sandbox_broker.backends import make_backend
@@ -30,6 +33,7 @@ class Outcome:
     warm: int = 0
     errors: int = 0
     samples: list[str] = field(default_factory=list)  # the first few error responses
+    batches: int = 0  # POST /leases/batch requests that carried the leases (the worker's client)
 
     def error(self, what: str) -> None:
         self.errors += 1
@@ -175,6 +179,43 @@ class Load:
 async def run_leases(load: Load, n: int, body: dict[str, Any]) -> Outcome:
     outcome = Outcome()
     await asyncio.gather(*(load.episode(body, outcome) for _ in range(n)))
+    return outcome
+
+
+async def run_open(load: Load, n: int, body: dict[str, Any]) -> Outcome:
+    """:func:`run_leases` over n connections opened first (as the floor's burst is, ``http_floor.py``).
+    The client closes connections idle for 4 s, so a burst after a pause would otherwise time n
+    TCP connects as well (about 0.5 ms each here), however long the pause before it was."""
+    await asyncio.gather(*(load.send("GET", "/healthz") for _ in range(n)))
+    return await run_leases(load, n, body)
+
+
+async def run_worker(load: Load, n: int, body: dict[str, Any], window_s: float) -> Outcome:
+    """n episodes asking for their leases at once through the worker's own client
+    (``BrokerClient.lease``: its coalescer sends them as batches), each timed to its own lease."""
+    outcome = Outcome()
+    async with aiohttp.ClientSession() as session:
+        client = BrokerClient(session, load.url, TIMEOUT_S, token=load.secrets.service_token, batch_window_s=window_s)
+        request = LeaseRequest.model_validate({"wait_s": 300, "ttl_s": 600, **body})
+
+        async def episode() -> None:
+            started = time.monotonic()
+            try:
+                lease = await client.lease(request)
+            except InfraError as exc:
+                outcome.error(f"worker lease: {exc}")
+                return
+            outcome.start_ms.append((time.monotonic() - started) * 1000)
+            try:
+                await load.use(lease.model_dump(mode="json"), outcome)
+            except (ConnectionError, TimeoutError, orjson.JSONDecodeError) as exc:
+                outcome.error(f"{type(exc).__name__}: {exc}")
+
+        try:
+            await asyncio.gather(*(episode() for _ in range(n)))
+        finally:
+            outcome.batches = client.batcher.batches
+            await client.close()
     return outcome
 
 

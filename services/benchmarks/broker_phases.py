@@ -31,6 +31,9 @@ async def one_at_a_time(settings: BrokerSettings, template: Template, resources:
     await backend.start()
     clock = getattr(backend, "phases", None)
     assert isinstance(clock, PhaseClock), "the phases are the local backend's"
+    zygote = getattr(getattr(backend, "agents", None), "zygote", None)
+    if zygote is not None:  # the agents' zygote starts once per broker: not counted in one sandbox's phases
+        await zygote.start()
     spec = SandboxSpec(template, resources, "none", {LABEL_LEASE: lease_id})
     group = CpuGroup.make("phases")
     before, cpu_before = clock.snapshot(), _cpu_s()

@@ -110,7 +110,8 @@ class Broker:
         warm = await self._warm_lease(lease_id, template, request, started)
         if warm is not None:
             return warm
-        await self._admit(lease_id, request)
+        with self.pools.queued(self._pool_key(template, request)):  # its pool refills for it meanwhile
+            await self._admit(lease_id, request)
         self.metrics.lease_wait.observe(time.monotonic() - started)
         try:
             sandbox, warm_hit, setup = await self._set_up_sandbox(lease_id, template, request)

@@ -4,7 +4,9 @@ background refill, cold start when a pool is empty.
 Handing out a warm sandbox is a pop from a deque: no process, no I/O. Liveness is checked in the
 background (every ``LIVENESS_S``), and the refill target follows demand: at least the template's
 ``warm_pool``, more when the observed lease rate times the observed create time says the pool
-would run dry before a refill lands (up to ``MAX_GROWTH`` x the target)."""
+would run dry before a refill lands, or when lease requests that it would serve wait in the
+admission queue (one more each: the queue's head finds a warm sandbox when it is admitted), up to
+``MAX_GROWTH`` x the target."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 from services.protocol.sandboxes import Resources, Template
@@ -68,14 +70,16 @@ class Pool:
     task: asyncio.Task[None] | None = None
     taken_at: deque[float] = field(default_factory=deque)  # monotonic times of recent takes
     create_s: float = 1.0  # moving average of one create
+    queued: int = 0  # lease requests of this pool waiting in the admission queue
 
     def demand(self, now: float) -> int:
-        """The size to keep: the configured target, or what the observed lease rate needs while a
-        refill is on its way (twice the lease rate times the create time), whichever is larger."""
+        """The size to keep: the configured target, what the observed lease rate needs while a refill
+        is on its way (twice the lease rate times the create time), or the target plus the queued
+        requests, whichever is larger (at most ``MAX_GROWTH`` x the target)."""
         while self.taken_at and now - self.taken_at[0] > RATE_WINDOW_S:
             self.taken_at.popleft()
         rate = len(self.taken_at) / RATE_WINDOW_S
-        needed = math.ceil(2 * rate * self.create_s)
+        needed = max(math.ceil(2 * rate * self.create_s), self.target + self.queued)
         return max(self.target, min(needed, MAX_GROWTH * self.target))
 
 
@@ -116,6 +120,20 @@ class Pools:
         self._lent.add(sandbox.sandbox_id)
         self._observe(pool)
         return sandbox
+
+    @contextlib.contextmanager
+    def queued(self, key: PoolKey | None) -> Iterator[None]:
+        """A lease request this pool would serve waits in the admission queue for the block."""
+        pool = self._pools.get(key) if key is not None else None
+        if pool is None:
+            yield
+            return
+        pool.queued += 1
+        pool.wake.set()
+        try:
+            yield
+        finally:
+            pool.queued -= 1
 
     def hit(self, key: PoolKey) -> None:
         """A lease was recorded with a sandbox of this pool."""

@@ -60,6 +60,14 @@ def test_forked_agents_commands_are_isolated_as_a_bubblewraps(state_dir: Path) -
                 assert (await sh(f"readlink /proc/self/ns/{name}")).strip() != host
             assert (await sh("echo $PPID")).strip() not in ("0", "1")  # the agent, not the stub
             assert (await asyncio.gather(sh("sleep 1"), sh("echo $PPID")))[1] == "1\n"  # bubblewrap's init
+
+            # a zygote that died is started again at the next sandbox's agent
+            zygote = backend.agents.zygote.proc
+            zygote.kill()
+            await zygote.wait()
+            again = (await backend.create(SandboxSpec(default_template(settings), Resources()))).sandbox_id
+            assert again in backend.agents.agents and backend.agents.zygote.proc is not zygote
+            assert (await backend.exec(again, ExecRequest(shell="echo $PPID", timeout_s=20))).stdout != "1\n"
         finally:
             await backend.close()
         assert backend.agents.zygote is None or backend.agents.zygote.proc is None

@@ -14,7 +14,8 @@ from tests.test_cli import rollout
 
 pytestmark = [needs_bwrap, pytest.mark.slow]
 
-KEYS = ("warm_lease_p50_ms", "warm_lease_p99_ms", "cold_lease_p50_ms", "cold_lease_p99_ms", "exec_overhead_p50_ms",
+KEYS = ("warm_lease_p50_ms", "warm_lease_p99_ms", "warm_lease_single_p50_ms", "warm_lease_single_p99_ms",
+        "cold_lease_p50_ms", "cold_lease_p99_ms", "exec_overhead_p50_ms",
         "egress_cold_lease_p50_ms", "warm_lease_paced_p50_ms", "warm_lease_paced_p99_ms", "burst_floor_p50_ms",
         "burst_floor_p99_ms", "agent_start_p50_ms", "errors", "leaked")  # fmt: skip
 
@@ -34,11 +35,15 @@ def test_broker_benchmark_writes_its_figures(isolation: str, tmp_path: Path, red
     assert all(key in figures for key in KEYS)
     assert figures["errors"] == 0 and figures["leaked"] == 0 and figures["isolation"] == isolation
     assert figures["warm_hits"] == n and figures["cold_hits"] == 0 and figures["kill9_leases"] == n
+    assert figures["warm_lease_batches"] == 1  # the worker's client: n leases asked at once, one request
+    assert figures["single_warm_hits"] == n  # the same burst, a request per lease
     assert figures["batch_warm_hits"] == n and figures["warm_lease_batch_p50_ms"] > 0  # one request, n leases
     assert figures["paced_leases"] == n and figures["paced_warm_hits"] == n  # paced: the pool was refilled first
     assert 0 < figures["burst_floor_p50_ms"] <= figures["burst_floor_p99_ms"]  # the no-op server answered them all
     assert figures["agent_starts"] == n and figures["agent_start_p50_ms"] > 0  # each agent reached the upstream
     assert figures["cold_create_cpu_ms"] > 0 and figures["egress_cold_create_cpu_ms"] > 0
+    assert figures["cold_lease_cpu_ms"] > 0 and figures["egress_cold_lease_cpu_ms"] > 0  # setup and episode too
+    assert figures["bare_cold_lease_p50_ms"] > 0
     assert figures["cold_create_cpu_source"] in ("cpuacct", "tree")
     phases = figures["cold_create_phases"]  # one at a time: each phase that ran took time
     assert phases["agent"]["wall_ms"] > 0 and phases["setup"]["wall_ms"] > 0 and phases["egress"]["wall_ms"] == 0

@@ -43,14 +43,15 @@ async def test_leases_asked_together_are_one_batch_and_each_caller_gets_its_own_
 ) -> None:
     url = start_broker().url
     async with aiohttp.ClientSession() as session:
-        client = BrokerClient(session, url, 60.0)
+        sizes: list[int] = []
+        client = BrokerClient(session, url, 60.0, on_batch=sizes.append)
         bad = LeaseRequest(template="no-such-template", job="b1")
         with pytest.raises(InfraError) as alone:
             await client.lease_one(bad)
         assert client.batcher.batches == 0
         asked = [LeaseRequest(ttl_s=60, job="b1"), bad, LeaseRequest(ttl_s=60, job="b1")]
         got = await asyncio.gather(*(client.lease(r) for r in asked), return_exceptions=True)
-        assert client.batcher.batches == 1  # one request for the three
+        assert client.batcher.batches == 1 and sizes == [3]  # one request for the three
         first, refused, last = got
         assert isinstance(first, Lease) and isinstance(last, Lease) and first.id != last.id
         assert _same_error(refused, alone.value).stage is InfraStage.SANDBOX_CREATE

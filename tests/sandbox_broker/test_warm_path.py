@@ -75,6 +75,18 @@ def test_the_refill_target_follows_the_lease_rate() -> None:
     assert pool.demand(now + 100) == 4  # the window has passed
 
 
+def test_queued_requests_raise_the_refill_target() -> None:
+    backend = CountingBackend()
+    pools, pool = pools_with(backend, ["a", "b"])
+    now = time.monotonic()
+    target = pool.target
+    with pools.queued(KEY), pools.queued(KEY):
+        assert pool.demand(now) == target + 2 and pool.wake.is_set()  # one more ready for each waiting request
+        with pools.queued(None):  # a request no pool serves
+            assert pool.demand(now) == target + 2
+    assert pool.demand(now) == target and pool.queued == 0
+
+
 async def test_the_liveness_check_lets_leases_in_and_spares_what_they_took() -> None:
     backend = CountingBackend()
     pools, pool = pools_with(backend, ["a", "b"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
@@ -43,6 +44,7 @@ class BrokerClient:
     releasing: set[asyncio.Future[None]] = field(default_factory=set)  # releases in flight (kept referenced)
     token: str = ""  # the broker's service token
     batch_window_s: float = 0.0  # leases asked for within this long go out together; 0: the same loop turn
+    on_batch: Callable[[int], None] | None = None  # told the size of each POST /leases/batch sent (metrics)
     http: HttpClient = field(init=False)
     batcher: LeaseBatcher = field(init=False)  # ``lease`` goes through it (``lease_batches.py``)
     _headers: dict[str, str] = field(init=False)
@@ -115,7 +117,8 @@ class BrokerClient:
         A failure of the whole request (refused, timed out, cut off) is raised."""
         stage = InfraStage.SANDBOX_CREATE
         limit = self.overhead_s + max(r.wait_s + _setup_budget_s(r) for r in requests)
-        payload = orjson.dumps({"leases": [r.model_dump(mode="json") for r in requests]})
+        # each request serialized straight to JSON (a third of the cost of dumping dicts and encoding them)
+        payload = b'{"leases":[' + b",".join(r.__pydantic_serializer__.to_json(r) for r in requests) + b"]}"
         headers = {**self._headers, **JSON_HEADERS}
         status, body = await self._exchange(stage, "POST", BATCH_PATH, limit, payload, headers)
         if status in (404, 405):

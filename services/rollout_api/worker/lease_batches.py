@@ -105,6 +105,8 @@ class LeaseBatcher:
     async def _outcomes(self, requests: list[LeaseRequest]) -> list[Lease | Exception]:
         if len(requests) > 1:
             self.batches += 1
+            if self.client.on_batch is not None:
+                self.client.on_batch(len(requests))
             outcomes = await self.client.lease_batch(requests)
             if outcomes is not None:
                 return list(outcomes)

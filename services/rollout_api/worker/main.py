@@ -79,7 +79,8 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
             proxy=ProxyClient(session, settings.proxy_url.rstrip("/"), settings.llm_timeout_s, outages,
                               token=settings.client_token(), on_wait=lambda _: metrics.llm_capacity_waits.inc()),
             broker=BrokerClient(session, settings.broker_url.rstrip("/"), settings.broker_timeout_s, outages,
-                                token=settings.client_token(), batch_window_s=settings.lease_batch_window_s),
+                                token=settings.client_token(), batch_window_s=settings.lease_batch_window_s,
+                                on_batch=functools.partial(_batched, metrics)),
             tokenizer=tokenizer, settings=settings, worker_id=worker_id, metrics=metrics, pool_tokenizers=by_pool,
             redis=redis, outages=outages,
         )  # fmt: skip
@@ -103,6 +104,11 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
             await runner.cleanup()
             await redis.aclose()
     log.info("worker %s stopped", worker_id)
+
+
+def _batched(metrics: WorkerMetrics, leases: int) -> None:
+    metrics.lease_batches.inc()
+    metrics.batched_leases.inc(leases)
 
 
 def _connections(client: HttpClient) -> float:

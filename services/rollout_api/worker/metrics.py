@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from services.protocol.sandboxes import MAX_LEASE_BATCH
+
 
 class WorkerMetrics:
     def __init__(self, concurrency: int) -> None:
@@ -63,6 +65,17 @@ class WorkerMetrics:
             "rollout_worker_grade_dropped_paths_total", "paths of agents' diffs not applied (tests, test infra)",
             registry=r,
         )  # fmt: skip
+        self.lease_batches = Counter(
+            "rollout_worker_lease_batches_total", "POST /leases/batch requests sent (leases asked for together)",
+            registry=r,
+        )  # fmt: skip
+        self.batched_leases = Counter(
+            "rollout_worker_batched_leases_total", "leases asked for in POST /leases/batch requests", registry=r
+        )
+        self.lease_batch_max = Gauge(
+            "rollout_worker_lease_batch_max", "leases one POST /leases/batch carries at most", registry=r
+        )
+        self.lease_batch_max.set(MAX_LEASE_BATCH)
         self.http_connections = Gauge(
             "rollout_worker_http_connections", "open keep-alive connections (in use + idle; no cap), by service",
             ["service"], registry=r,

@@ -30,6 +30,10 @@ import resource
 import socket
 import sys
 
+TYPE_CHECKING = False  # not ``typing``'s: the zygote loads no more than it needs (its forks copy it)
+if TYPE_CHECKING:
+    from typing import Any
+
 if __name__ != "zygote":  # imported on the broker's side (names and checks); the zygote has them in its globals
     from services.sandbox_broker.backends.exec_agent import serve
 
@@ -58,12 +62,12 @@ class Zygote:
             err = ctypes.get_errno()
             raise OSError(err, f"{what}: {os.strerror(err)}")
 
-    def enter(self, request: dict[str, object]) -> None:
+    def enter(self, request: dict[str, Any]) -> None:
         """As the forked child, root on the host: become one of the sandbox's processes."""
-        for path in request["procs"]:  # type: ignore[attr-defined]
+        for path in request["procs"]:
             with open(path, "w") as f:
                 f.write(str(os.getpid()))
-        for flag, value in request["rlimits"].items():  # type: ignore[attr-defined]
+        for flag, value in request["rlimits"].items():
             kind, unit = RLIMITS[flag]
             resource.setrlimit(kind, (value * unit, value * unit))
         stub = request["stub"]
@@ -76,7 +80,7 @@ class Zygote:
         for cap in range(self.last_cap + 1):
             self.check(self.libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop the capability bounding set")
         self.check(self.libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient capabilities")
-        uid = int(request["uid"])  # type: ignore[call-overload]
+        uid = int(request["uid"])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
         header, data = (ctypes.c_uint32 * 2)(CAPABILITY_VERSION_3, 0), (ctypes.c_uint32 * 6)()
@@ -96,7 +100,7 @@ class Zygote:
         with open(0, "rb", closefd=False) as inp, open(1, "wb", closefd=False) as out:
             serve(inp, out)
 
-    def fork(self, request: dict[str, object], channel: int, log: int) -> None:
+    def fork(self, request: dict[str, Any], channel: int, log: int) -> None:
         """In the forked child: enter, fork the agent, exit (the agent's parent becomes the stub)."""
         try:
             self.enter(request)
