@@ -36,7 +36,7 @@ from typing import Any
 
 import redis
 
-from services.benchmarks.chaos_fleet import ORPHAN_AGE_S, REAP_MARGIN_S, ChaosFleet, start_chaos_fleet, wait_until
+from services.benchmarks.chaos_fleet import CREATE_TIMEOUT_S, REAP_MARGIN_S, ChaosFleet, start_chaos_fleet, wait_until
 from services.benchmarks.chaos_scenarios import NAMES, Run, scenario
 from services.benchmarks.report import write_json
 from services.protocol import Status, keys
@@ -45,7 +45,10 @@ from services.runtime.processes import stop_group
 from services.runtime.tables import print_table
 from services.sandbox_broker.backends.leftovers import remove_state_dir
 
-SHORT = {"tasks": 3, "group_size": 2, "outage_s": 3.0, "redis_down_s": 1.0, "scenario_timeout_s": 120.0}
+# CI size; its broker's create timeout (25 s) is ample for a dozen creates at once and brings the
+# reaping of the reservations that a broker's kill cuts short (create deadline, orphan age) forward
+SHORT = {"tasks": 3, "group_size": 2, "outage_s": 3.0, "redis_down_s": 1.0, "scenario_timeout_s": 120.0,
+         "create_timeout_s": 25.0}  # fmt: skip
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -58,7 +61,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--scenario-timeout-s", type=float, default=600.0, help="the most a scenario's rollout may take")
     p.add_argument("--latency-s", type=float, default=0.3, help="the scripted engines' latency per turn")
     p.add_argument("--concurrency", type=int, default=24, help="episodes per worker (2 workers)")
-    p.add_argument("--short", action="store_true", help="CI size: 3 tasks x 2, 3 s outages, 120 s bound")
+    p.add_argument(
+        "--create-timeout-s",
+        type=float,
+        default=CREATE_TIMEOUT_S,
+        help="the broker's create timeout (what a lease cut short by a fault is reaped after)",
+    )
+    p.add_argument(
+        "--short", action="store_true", help="CI size: 3 tasks x 2, 3 s outages, 120 s bound, 25 s create timeout"
+    )
     p.add_argument("--json", type=Path, default=None)
     p.set_defaults(handler=run)
 
@@ -74,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     results: dict[str, dict[str, Any]] = {}
     try:
-        fleet = start_chaos_fleet(root, latency_s=args.latency_s, worker_concurrency=args.concurrency)
+        fleet = start_chaos_fleet(root, latency_s=args.latency_s, worker_concurrency=args.concurrency,
+                                  create_timeout_s=args.create_timeout_s)  # fmt: skip
         try:
             runs = [run_one(fleet, args, name, results) for name in names]
             leftovers = wait_settled(fleet, runs, results)
@@ -207,7 +219,7 @@ def wait_settled(fleet: ChaosFleet, runs: list[Run], results: dict[str, dict[str
                         waiting = True
                     leased.add(str(client.hget(keys.lease(str(lease)), "sandbox_id") or ""))
             unleased = {s: age for s, age in fleet.sandboxes().items() if s not in leased}
-            orphans = sorted(s for s, age in unleased.items() if age > ORPHAN_AGE_S)
+            orphans = sorted(s for s, age in unleased.items() if age > fleet.orphan_age_s)
             return not waiting and len(orphans) == len(unleased)
 
         try:

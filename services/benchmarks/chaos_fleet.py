@@ -28,8 +28,9 @@ SUBMIT = "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"
 PROMPT = "CHAOS-TASK"
 REWARD = 'test "$(cat answer.txt 2>/dev/null)" = 42'  # 1.0 when the episode really ran
 
-# Fast liveness settings so that reclaim, cancellation and retries happen within seconds.
-WORKER_ENV = {
+# Fast liveness settings so that reclaim, cancellation and retries happen within seconds (the
+# end-to-end tests' fleet, tests/rollout_api/fleet.py, runs its workers with them too).
+FAST_LIVENESS_ENV = {
     "ROLLOUT_WORKER_HEARTBEAT_S": "0.5",
     "ROLLOUT_WORKER_RECLAIM_IDLE_S": "3",
     "ROLLOUT_WORKER_RECLAIM_INTERVAL_S": "0.5",
@@ -39,18 +40,13 @@ WORKER_ENV = {
     "ROLLOUT_WORKER_JOBS_REFRESH_S": "0.3",
     "ROLLOUT_WORKER_POLL_INTERVAL_S": "0.05",
     "ROLLOUT_WORKER_SHUTDOWN_GRACE_S": "2",
-    "ROLLOUT_WORKER_LEASE_WAIT_S": "15",
 }
+WORKER_ENV = {**FAST_LIVENESS_ENV, "ROLLOUT_WORKER_LEASE_WAIT_S": "15"}
 # A lease whose creation was cut short (its broker killed, Redis away) stays reserved until its
-# create deadline (the worker's wait + this); shorter than the default 120 s so that the bench sees
-# it reaped within a scenario or two.
+# create deadline (the worker's wait + the broker's create timeout); the timeout is shorter than the
+# default 120 s so that the bench sees it reaped within a scenario or two (``--create-timeout-s``).
 CREATE_TIMEOUT_S, ORPHAN_INTERVAL_S = 45.0, 5.0
-BROKER_ENV = {"ROLLOUT_BROKER_CREATE_TIMEOUT_S": f"{CREATE_TIMEOUT_S:g}",
-              "ROLLOUT_BROKER_ORPHAN_INTERVAL_S": f"{ORPHAN_INTERVAL_S:g}"}  # fmt: skip
 REAP_MARGIN_S = 12.0  # the broker's reap interval (2 s) and then some: a lease this far past its deadline leaked
-# A sandbox no lease accounts for is the orphan sweep's once it is older than the create timeout and
-# the sweep's grace, at the next sweep: one older than that on the host leaked.
-ORPHAN_AGE_S = CREATE_TIMEOUT_S + ORPHAN_GRACE_S + ORPHAN_INTERVAL_S + REAP_MARGIN_S
 
 
 def script(latency_s: float) -> dict[str, Any]:
@@ -73,6 +69,7 @@ class ChaosFleet:
     redis: EmbeddedRedis
     secrets: FleetSecrets
     worker_concurrency: int
+    create_timeout_s: float = CREATE_TIMEOUT_S
     services: dict[str, ServiceProcess] = field(default_factory=dict)  # api, proxy, broker, engine-0, engine-1
     workers: list[ServiceProcess] = field(default_factory=list)
 
@@ -85,6 +82,12 @@ class ChaosFleet:
         return self.root / "sandboxes"
 
     @property
+    def orphan_age_s(self) -> float:
+        """A sandbox no lease accounts for is the orphan sweep's once it is older than the create
+        timeout and the sweep's grace, at the next sweep: one older than this on the host leaked."""
+        return self.create_timeout_s + ORPHAN_GRACE_S + ORPHAN_INTERVAL_S + REAP_MARGIN_S
+
+    @property
     def api_url(self) -> str:
         return self.services["api"].url
 
@@ -94,7 +97,8 @@ class ChaosFleet:
             env.pop("ROLLOUT_ADMIN_TOKEN", None)  # as deployed: a worker has none
             env.update(WORKER_ENV)
         if role == "broker":
-            env.update(BROKER_ENV)
+            env.update(ROLLOUT_BROKER_CREATE_TIMEOUT_S=f"{self.create_timeout_s:g}",
+                       ROLLOUT_BROKER_ORPHAN_INTERVAL_S=f"{ORPHAN_INTERVAL_S:g}")  # fmt: skip
         return env
 
     def start(self, role: str, args: list[str], *, health: str = "/healthz") -> ServiceProcess:
@@ -170,7 +174,9 @@ class ChaosFleet:
         return {"Authorization": f"Bearer {self.secrets.admin_token}"}
 
 
-def start_chaos_fleet(root: Path, *, latency_s: float, worker_concurrency: int) -> ChaosFleet:
+def start_chaos_fleet(
+    root: Path, *, latency_s: float, worker_concurrency: int, create_timeout_s: float = CREATE_TIMEOUT_S
+) -> ChaosFleet:
     """Redis with AOF and every service; stopped again if any of them fails to start."""
     root.chmod(0o755)  # the sandbox user must reach the sandboxes' directories
     (root / "logs").mkdir()
@@ -180,7 +186,7 @@ def start_chaos_fleet(root: Path, *, latency_s: float, worker_concurrency: int) 
     script_path.write_text(json.dumps(script(latency_s)))
     redis = EmbeddedRedis(appendonly=True, data_dir=root / "redis")
     redis.start()
-    fleet = ChaosFleet(root, redis, FleetSecrets.generate(), worker_concurrency)
+    fleet = ChaosFleet(root, redis, FleetSecrets.generate(), worker_concurrency, create_timeout_s)
     try:
         fleet.start_all(model, script_path)
     except BaseException:

@@ -100,6 +100,22 @@ def start_service(
 
     The child gets its own process group so that ``stop()`` also ends what it spawned.
     """
+    service = launch_service(args, log_dir=log_dir, port=port, env=env, name=name)
+    wait_started(service, health_path, timeout_s)
+    return service
+
+
+def launch_service(
+    args: Sequence[str],
+    *,
+    log_dir: Path,
+    port: int | None = None,
+    env: Mapping[str, str] | None = None,
+    name: str | None = None,
+) -> ServiceProcess:
+    """``start_service`` without the wait: the process runs, its port is chosen (so its URL can be
+    handed to the next services), and ``wait_started`` waits for it. Several services then start
+    at once instead of one after another."""
     port = port or free_port()
     argv = [sys.executable, *(a.replace("{port}", str(port)) for a in args)]
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -109,13 +125,19 @@ def start_service(
             argv, stdout=log_file, stderr=subprocess.STDOUT, env=python_env(env), cwd=REPO_ROOT,
             start_new_session=True,
         )  # fmt: skip
-    service = ServiceProcess(argv=argv, port=port, proc=proc, log_path=log_path)
+    return ServiceProcess(argv=argv, port=port, proc=proc, log_path=log_path)
+
+
+def wait_started(service: ServiceProcess, health_path: str = "/healthz", timeout_s: float = 30.0) -> None:
+    """Wait until a launched service's ``health_path`` answers 200 (stopped again if it never does)."""
     try:
-        wait_healthy(proc, service.url + health_path, timeout_s, str(argv), lambda: ":\n" + service.log()[-3000:])
+        wait_healthy(
+            service.proc, service.url + health_path, timeout_s, str(service.argv),
+            lambda: ":\n" + service.log()[-3000:],
+        )  # fmt: skip
     except TimeoutError:
         service.stop()
         raise
-    return service
 
 
 def wait_healthy(

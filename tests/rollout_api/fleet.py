@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from services.benchmarks import chaos_fleet
 from services.protocol import Trajectory, trajectory_from_json
 from services.rollout_api.dump import stream_entries
 from services.runtime.redis_server import EmbeddedRedis
@@ -21,24 +22,12 @@ from services.runtime.secrets import FleetSecrets
 from services.runtime.sync_redis import open_sync_redis
 from services.runtime.tokenizer import write_tokenizer_dir
 from services.sandbox_broker.backends.leftovers import remove_state_dir
-from tests.support.processes import ServiceProcess, start_service
+from tests.support.processes import ServiceProcess, launch_service, start_service, wait_started
 
 ADMIN = "e2e-admin"
 SECRETS = FleetSecrets(admin_token=ADMIN, service_token="e2e-service", redis_password="")  # every service authenticates
-SUBMIT = "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"
-
-# Fast liveness settings so that reclaim, cancellation and retries happen within seconds.
-WORKER_ENV = {
-    "ROLLOUT_WORKER_HEARTBEAT_S": "0.5",
-    "ROLLOUT_WORKER_RECLAIM_IDLE_S": "3",
-    "ROLLOUT_WORKER_RECLAIM_INTERVAL_S": "0.5",
-    "ROLLOUT_WORKER_RETRY_BACKOFF_S": "0.2",
-    "ROLLOUT_WORKER_LEASE_TTL_S": "30",
-    "ROLLOUT_WORKER_CANCEL_POLL_S": "0.2",
-    "ROLLOUT_WORKER_JOBS_REFRESH_S": "0.3",
-    "ROLLOUT_WORKER_POLL_INTERVAL_S": "0.05",
-    "ROLLOUT_WORKER_SHUTDOWN_GRACE_S": "2",
-}
+SUBMIT = chaos_fleet.SUBMIT  # a scripted reply that ends the episode
+WORKER_ENV = chaos_fleet.FAST_LIVENESS_ENV  # reclaim, cancellation and retries within seconds (the chaos bench's too)
 
 
 @dataclass
@@ -135,25 +124,38 @@ def write_script(path: Path, rules: dict[str, list[Any]]) -> Path:
     return path
 
 
-def start_engine(script: Path, model_path: Path, logs: Path, name: str) -> ServiceProcess:
+def launch_engine(script: Path, model_path: Path, logs: Path, name: str) -> ServiceProcess:
     args = [
         "-m", "services.cli", "engine", "--mode", "scripted", "--script", str(script),
         "--model-path", str(model_path), "--port", "{port}",
     ]  # fmt: skip
-    return start_service(args, log_dir=logs, health_path="/health", name=name)
+    return launch_service(args, log_dir=logs, name=name)
 
 
 def start_fleet(
     redis_url: str, script: Path, model_path: Path, logs: Path, state_dir: Path, api_env: dict[str, str] | None = None,
     broker_env: dict[str, str] | None = None, context_cap: int = 4000, backend: str = "local",
 ) -> Fleet:  # fmt: skip
+    """The engines and the broker start at once, the proxy once the engines answer and the API once
+    the broker does (each as it would be deployed: its dependencies up before it)."""
     started: list[ServiceProcess] = []
     try:
-        engines = {"default": start_engine(script, model_path, logs, "engine")}
+        engines = {"default": launch_engine(script, model_path, logs, "engine")}
         started.append(engines["default"])
-        engines["llmfail"] = start_engine(script, model_path, logs, "engine-llmfail")
+        engines["llmfail"] = launch_engine(script, model_path, logs, "engine-llmfail")
         started.append(engines["llmfail"])
-        proxy = start_service(
+        broker = launch_service(
+            [
+                "-m", "services.cli", "broker", "--port", "{port}", "--backend", backend,
+                "--redis-url", redis_url, "--state-dir", str(state_dir),
+            ],
+            log_dir=logs, name="broker",
+            env={**SECRETS.env(), "ROLLOUT_BROKER_TEMPLATE_ROOTS": tempfile.gettempdir(), **(broker_env or {})},
+        )  # fmt: skip
+        started.append(broker)
+        for engine in engines.values():
+            wait_started(engine, "/health")
+        proxy = launch_service(
             [
                 "-m", "services.cli", "proxy", "--port", "{port}", "--workers", "1",
                 "--engines", engines["default"].url, "--pools", f"llmfail={engines['llmfail'].url}",
@@ -162,23 +164,17 @@ def start_fleet(
             log_dir=logs, env={**SECRETS.env(), "ROLLOUT_REDIS_URL": redis_url}, name="proxy",
         )  # fmt: skip
         started.append(proxy)
-        broker = start_service(
-            [
-                "-m", "services.cli", "broker", "--port", "{port}", "--backend", backend,
-                "--redis-url", redis_url, "--state-dir", str(state_dir),
-            ],
-            log_dir=logs, name="broker",
-            env={**SECRETS.env(), "ROLLOUT_BROKER_TEMPLATE_ROOTS": tempfile.gettempdir(), **(broker_env or {})},
-            timeout_s=120,  # its host probe (bubblewrap) may take up to a minute on a loaded machine
-        )  # fmt: skip
-        started.append(broker)
-        api = start_service(
+        wait_started(broker, timeout_s=120)  # its host probe (bubblewrap) may take up to a minute on a loaded machine
+        api = launch_service(
             [
                 "-m", "services.cli", "api", "--port", "{port}", "--redis-url", redis_url, "--broker-url", broker.url,
                 "--proxy-url", proxy.url, "--tokenizer-path", str(model_path),
             ],
             log_dir=logs, env={**SECRETS.env(), "ROLLOUT_API_DASHBOARD_SAMPLE_S": "1", **(api_env or {})}, name="api",
         )  # fmt: skip
+        started.append(api)
+        wait_started(proxy)
+        wait_started(api)
     except BaseException:
         for service in started:
             service.stop()
