@@ -28,8 +28,9 @@ SUBMIT = "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"
 PROMPT = "CHAOS-TASK"
 REWARD = 'test "$(cat answer.txt 2>/dev/null)" = 42'  # 1.0 when the episode really ran
 
-# Fast liveness settings so that reclaim, cancellation and retries happen within seconds.
-WORKER_ENV = {
+# Fast liveness settings so that reclaim, cancellation and retries happen within seconds (the
+# end-to-end tests' fleet, tests/rollout_api/fleet.py, runs its workers with them too).
+FAST_LIVENESS_ENV = {
     "ROLLOUT_WORKER_HEARTBEAT_S": "0.5",
     "ROLLOUT_WORKER_RECLAIM_IDLE_S": "3",
     "ROLLOUT_WORKER_RECLAIM_INTERVAL_S": "0.5",
@@ -39,8 +40,8 @@ WORKER_ENV = {
     "ROLLOUT_WORKER_JOBS_REFRESH_S": "0.3",
     "ROLLOUT_WORKER_POLL_INTERVAL_S": "0.05",
     "ROLLOUT_WORKER_SHUTDOWN_GRACE_S": "2",
-    "ROLLOUT_WORKER_LEASE_WAIT_S": "15",
 }
+WORKER_ENV = {**FAST_LIVENESS_ENV, "ROLLOUT_WORKER_LEASE_WAIT_S": "15"}
 # A lease whose creation was cut short (its broker killed, Redis away) stays reserved until its
 # create deadline (the worker's wait + the broker's create timeout); the timeout is shorter than the
 # default 120 s so that the bench sees it reaped within a scenario or two (``--create-timeout-s``).

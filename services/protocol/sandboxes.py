@@ -148,6 +148,9 @@ class LeaseBatch(_Model):
     by a worker, read by the broker."""
 
     leases: list[LeaseRequest] = Field(min_length=1, max_length=MAX_LEASE_BATCH)
+    # each lease only from a warm pool: one with no warm sandbox ready now is answered ``warm_miss`` at
+    # once (nothing made or reserved), so no lease of the batch waits for another's create
+    warm_only: bool = False
 
 
 class LeaseOutcome(_Model):

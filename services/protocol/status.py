@@ -70,6 +70,7 @@ class ErrorCode(StrEnum):
     UNKNOWN_POOL = "unknown_pool"
     UNKNOWN_JOB = "unknown_job"
     LEASE_NOT_FOUND = "lease_not_found"
+    WARM_MISS = "warm_miss"  # a warm-only lease of a batch found no warm sandbox ready: ask ``POST /leases``
     # infrastructure failures (5xx, or 429/503 from an overloaded backend)
     NO_HEALTHY_ENGINE = "no_healthy_engine"
     ENGINE_ERROR = "engine_error"
@@ -129,6 +130,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.UNKNOWN_POOL: 404,
     ErrorCode.UNKNOWN_JOB: 404,
     ErrorCode.LEASE_NOT_FOUND: 404,
+    ErrorCode.WARM_MISS: 409,
     ErrorCode.NO_HEALTHY_ENGINE: 503,
     ErrorCode.ENGINE_ERROR: 502,
     ErrorCode.ENGINE_UNAVAILABLE: 503,

@@ -129,6 +129,18 @@ class Broker:
             raise PlatformError(ErrorCode.CONFLICT, f"lease {lease_id} was released while starting")
         return await self._handed_out(record, template, epoch)
 
+    async def warm_lease(self, request: LeaseRequest) -> Lease | None:
+        """A lease from a warm pool only, made as :meth:`create_lease`'s warm path makes it. None, with
+        nothing taken or reserved, where that path would not serve it now (no warm sandbox ready, others
+        waiting for capacity, the limits full): ``POST /leases`` then makes it, queued as any other."""
+        started = time.monotonic()
+        template = await self.templates.get(request.template)
+        self.check_isolation(request.isolation or template.isolation)
+        key = self._pool_key(template, request)
+        if key is None or not self.pools.ready(key):  # no take: the pool's miss is counted by POST /leases
+            return None
+        return await self._warm_lease("lse-" + secrets.token_hex(12), template, request, started)
+
     async def _warm_lease(self, lease_id: str, template: Template, request: LeaseRequest,
                           started: float) -> Lease | None:  # fmt: skip
         """The warm path: a pooled sandbox, admitted and recorded in one Redis round trip. None (the

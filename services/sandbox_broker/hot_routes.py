@@ -53,6 +53,7 @@ M = TypeVar("M", bound=BaseModel)
 JSON = "application/json"
 log = logging.getLogger(__name__)
 JSON_HEADERS = [(b"content-type", JSON.encode())]
+WARM_MISS = "no warm sandbox ready for this lease now: ask POST /leases for it"
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,16 +112,22 @@ async def create_lease(call: Call) -> Answer:
 async def create_leases(call: Call) -> Answer:
     """``POST /leases/batch``: each lease as ``POST /leases`` makes it (the same records, tokens, TTLs,
     limits and reaping), all at once; one outcome each. A lease the caller may not ask for refuses
-    the whole batch (403) before any is made."""
+    the whole batch (403) before any is made. With ``warm_only``, each lease only from a warm pool: one
+    the warm path cannot serve now is answered ``warm_miss`` at once, so none waits for a create."""
     caller = await caller_from(call.state, call.authorization)
-    requests = [own_request(caller, request) for request in (await json_body(call, LeaseBatch)).leases]
-    outcomes = await asyncio.gather(*(_one_lease(call.broker, request) for request in requests))
+    batch = await json_body(call, LeaseBatch)
+    requests = [own_request(caller, request) for request in batch.leases]
+    outcomes = await asyncio.gather(*(_one_lease(call.broker, request, batch.warm_only) for request in requests))
     return Answer(200, _json(LeaseBatchResult(results=outcomes)))
 
 
-async def _one_lease(broker: Broker, request: LeaseRequest) -> LeaseOutcome:
+async def _one_lease(broker: Broker, request: LeaseRequest, warm_only: bool) -> LeaseOutcome:
     try:
-        return LeaseOutcome(lease=await broker.create_lease(request))
+        lease = await broker.warm_lease(request) if warm_only else await broker.create_lease(request)
+        if lease is not None:
+            return LeaseOutcome(lease=lease)
+        broker.metrics.warm_misses.inc()  # not an error: the caller asks POST /leases for it
+        return LeaseOutcome(error=PlatformError(ErrorCode.WARM_MISS, WARM_MISS).body().error)
     except PlatformError as exc:
         error = exc.body().error
     except Exception as exc:  # the others' leases are made: answer them, and this one as a 500 would

@@ -39,6 +39,8 @@ class BrokerMetrics:
         self.reaped = Counter(
             "rollout_broker_sandboxes_reaped", "sandboxes removed by the reaper", ["reason"], registry=r
         )
+        self.warm_misses = Counter("rollout_broker_warm_misses", "leases of a warm-only batch answered warm_miss "
+                                   "(not counted in rollout_broker_errors)", registry=r)  # fmt: skip
         self.errors = Counter("rollout_broker_errors", "error responses", ["code"], registry=r)
         self.leases = Gauge("rollout_broker_leases", "current leases (all replicas)", registry=r)
         self.job_leases = Gauge(

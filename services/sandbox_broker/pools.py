@@ -121,6 +121,11 @@ class Pools:
         self._observe(pool)
         return sandbox
 
+    def ready(self, key: PoolKey) -> int:
+        """Sandboxes of the pool ready to hand out now."""
+        pool = self._pools.get(key)
+        return len(pool.ready) if pool is not None else 0
+
     @contextlib.contextmanager
     def queued(self, key: PoolKey | None) -> Iterator[None]:
         """A lease request this pool would serve waits in the admission queue for the block."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from services.benchmarks import chaos_fleet
 from services.protocol import Trajectory, trajectory_from_json
 from services.rollout_api.dump import stream_entries
 from services.runtime.redis_server import EmbeddedRedis
@@ -25,20 +26,8 @@ from tests.support.processes import ServiceProcess, launch_service, start_servic
 
 ADMIN = "e2e-admin"
 SECRETS = FleetSecrets(admin_token=ADMIN, service_token="e2e-service", redis_password="")  # every service authenticates
-SUBMIT = "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"
-
-# Fast liveness settings so that reclaim, cancellation and retries happen within seconds.
-WORKER_ENV = {
-    "ROLLOUT_WORKER_HEARTBEAT_S": "0.5",
-    "ROLLOUT_WORKER_RECLAIM_IDLE_S": "3",
-    "ROLLOUT_WORKER_RECLAIM_INTERVAL_S": "0.5",
-    "ROLLOUT_WORKER_RETRY_BACKOFF_S": "0.2",
-    "ROLLOUT_WORKER_LEASE_TTL_S": "30",
-    "ROLLOUT_WORKER_CANCEL_POLL_S": "0.2",
-    "ROLLOUT_WORKER_JOBS_REFRESH_S": "0.3",
-    "ROLLOUT_WORKER_POLL_INTERVAL_S": "0.05",
-    "ROLLOUT_WORKER_SHUTDOWN_GRACE_S": "2",
-}
+SUBMIT = chaos_fleet.SUBMIT  # a scripted reply that ends the episode
+WORKER_ENV = chaos_fleet.FAST_LIVENESS_ENV  # reclaim, cancellation and retries within seconds (the chaos bench's too)
 
 
 @dataclass

@@ -44,7 +44,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         template = {"name": "pycalc", "image": str(image), "host_usr": True}
         made = httpx.post(f"{fleet.broker.url}/templates", json=template, headers=bearer(ADMIN))
         assert made.status_code == 201, made.text
-        fleet.start_worker(concurrency=8, ROLLOUT_WORKER_RETRY_BACKOFF_S="0.1")
+        fleet.start_worker(concurrency=20, ROLLOUT_WORKER_RETRY_BACKOFF_S="0.1")  # a route's 20 episodes at once
         yield fleet
 
 

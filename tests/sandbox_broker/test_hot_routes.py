@@ -43,6 +43,10 @@ class RecordingBroker:
         self.leases[lease.id] = lease
         return lease
 
+    async def warm_lease(self, request: LeaseRequest) -> Lease | None:
+        """As ``create_lease``, but None (no warm sandbox ready) for the template "cold"."""
+        return None if request.template == "cold" else await self.create_lease(request)
+
     @property
     def metrics(self) -> BrokerMetrics:
         return self._metrics
@@ -221,6 +225,24 @@ async def test_a_batch_answers_one_outcome_per_lease_in_order(http: tuple[httpx.
     assert results[2].error is not None and results[2].error.code == ErrorCode.INTERNAL_ERROR
     assert broker.metrics.errors.labels("unknown_template")._value.get() == 1
     assert len(broker.leases) == 2  # each made lease is a live one, answered
+
+
+async def test_a_warm_only_batch_answers_warm_miss_for_a_lease_with_no_warm_sandbox(
+    http: tuple[httpx.AsyncClient, Any],
+) -> None:
+    client, broker = http
+    asked = [{"job": "j"}, {"template": "cold"}, {"template": "missing"}]
+    answer = await client.post("/leases/batch", json={"leases": asked, "warm_only": True}, headers=_as(SERVICE))
+    assert answer.status_code == 200, answer.text
+    hit, miss, missing = LeaseBatchResult.model_validate_json(answer.content).results
+    assert hit.lease is not None and miss.lease is None and missing.error is not None
+    assert miss.error is not None and miss.error.code == ErrorCode.WARM_MISS and not miss.error.infra
+    assert missing.error.code == ErrorCode.UNKNOWN_TEMPLATE  # a refusal is still its own error
+    assert broker.metrics.warm_misses._value.get() == 1  # counted apart from the errors
+    assert broker.metrics.errors.labels("warm_miss")._value.get() == 0
+    assert [c[1].template for c in broker.calls if c[0] == "create"] == ["default", "missing"]
+    invalid = await client.post("/leases/batch", json={"leases": asked, "warm_only": "x"}, headers=_as(SERVICE))
+    assert invalid.status_code == 422
 
 
 async def test_a_batch_is_refused_whole_for_a_bad_caller_or_body(http: tuple[httpx.AsyncClient, Any]) -> None:

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from services.protocol import InfraStage
-from services.protocol.sandboxes import ExecRequest, Lease, LeaseRequest, SandboxSetup
+from services.protocol.sandboxes import ExecRequest, Lease, LeaseRequest, Resources, SandboxSetup
 from services.protocol.status import ErrorCode
 from services.rollout_api.worker.broker_client import BrokerClient
 from services.rollout_api.worker.clients import InfraError
@@ -100,6 +100,89 @@ async def test_a_cancelled_caller_never_costs_another_its_lease_and_its_own_is_r
         await other.close()
 
 
+async def _pool_ready(session: aiohttp.ClientSession, url: str) -> None:
+    """Until the broker's warm pool has a sandbox ready (its refill runs in the background)."""
+    while True:
+        async with session.get(f"{url}/healthz") as answer:
+            if sum((await answer.json())["pools"].values()) >= 1:
+                return
+        await asyncio.sleep(0.05)
+
+
+@needs_bwrap
+@pytest.mark.timeout(120)
+async def test_a_warm_lease_never_waits_for_a_miss_of_its_batch(
+    start_broker: BrokerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = start_broker("--warm-pool", "1").url
+    async with aiohttp.ClientSession() as session:
+        client = BrokerClient(session, url, 60.0)
+        cold = LeaseRequest(ttl_s=60, job="w", resources=Resources(cpus=0.5))  # no pool has its resources
+        # the route: the hit is leased from the pool, the miss answered warm_miss at once with nothing made
+        await _pool_ready(session, url)
+        hit, miss = await client.lease_batch([LeaseRequest(ttl_s=60, job="w"), cold], warm_only=True) or []
+        assert isinstance(hit, Lease) and hit.warm
+        assert isinstance(miss, InfraError) and miss.code is ErrorCode.WARM_MISS and miss.retryable
+        assert await _live(session, url, "w") == {hit.id}
+        await client.release(hit.id)
+
+        # the coalescer: the hit's caller is answered before the miss is asked again on POST /leases
+        asked_again: list[LeaseRequest] = []
+        gate = asyncio.Event()
+        lease_one = client.lease_one
+
+        async def held_back(request: LeaseRequest) -> Lease:
+            asked_again.append(request)
+            await gate.wait()
+            return await lease_one(request)
+
+        monkeypatch.setattr(client, "lease_one", held_back)
+        await _pool_ready(session, url)
+        warm_caller = asyncio.create_task(client.lease(LeaseRequest(ttl_s=60, job="w")))
+        cold_caller = asyncio.create_task(client.lease(cold))
+        warm = await warm_caller  # never answered (the test times out) if it waited for the miss's lease
+        assert warm.warm and not cold_caller.done() and asked_again == [cold]
+        gate.set()
+        made = await cold_caller
+        assert not made.warm and client.batcher.batches == 1
+        assert await _live(session, url, "w") == {warm.id, made.id}
+        async with session.get(f"{url}/metrics") as answer:
+            metrics = await answer.text()
+        assert "rollout_broker_warm_misses_total 2.0" in metrics  # its own counter, not an error
+        assert 'code="warm_miss"' not in metrics
+        for lease in (warm, made):
+            await client.release(lease.id)
+        await client.close()
+
+
+@needs_bwrap
+async def test_a_warm_only_batch_keeps_the_job_quota(start_broker: BrokerFactory) -> None:
+    url = start_broker("--warm-pool", "1", env={"ROLLOUT_BROKER_JOB_QUOTA": "1"}).url
+    async with aiohttp.ClientSession() as session:
+        client = BrokerClient(session, url, 60.0)
+        held = await client.lease_one(LeaseRequest(ttl_s=60, job="q"))
+        await _pool_ready(session, url)
+        over = LeaseRequest(ttl_s=60, job="q", wait_s=0)  # over the job's quota of 1
+        got = await client.lease_batch([over, over], warm_only=True) or []
+        assert [o.code if isinstance(o, InfraError) else o for o in got] == [ErrorCode.WARM_MISS] * 2
+        assert await _live(session, url, "q") == {held.id}  # nothing made; the pooled sandbox went back
+        # through the coalescer each miss asks POST /leases, which queues for the quota as a lone lease does
+        refused = await asyncio.gather(client.lease(over), client.lease(over), return_exceptions=True)
+        assert client.batcher.batches == 1
+        codes = [error.code if isinstance(error, InfraError) else error for error in refused]
+        # as two lone POST /leases at once: the first refused by the quota; the second, queued behind it
+        # with wait_s 0, is refused before the queue tried it (admission.py names that capacity)
+        assert ErrorCode.QUOTA_EXCEEDED in codes and set(codes) <= {
+            ErrorCode.QUOTA_EXCEEDED,
+            ErrorCode.CAPACITY_EXHAUSTED,
+        }
+        assert await _live(session, url, "q") == {held.id}
+        async with session.get(f"{url}/healthz") as answer:
+            assert sum((await answer.json())["pools"].values()) == 1
+        await client.release(held.id)
+        await client.close()
+
+
 class OldBroker:
     """A real HTTP server answering as a broker of the previous version (``POST /leases/batch``:
     405), or with ``batch_status`` for the batch route."""
@@ -158,6 +241,13 @@ async def test_a_broker_without_the_batch_route_gets_one_request_per_lease() -> 
         await asyncio.gather(client.lease(LeaseRequest(job="o")))
         await asyncio.gather(client.lease(setup), client.lease(setup))
         assert old.batches == 1 and len(old.singles) == 7
+        await client.close()
+
+    older = OldBroker(batch_status=422, batch_code="validation_error")  # a batch route without warm_only
+    async with _serving(older) as url, aiohttp.ClientSession() as session:
+        client = BrokerClient(session, url, 10.0)
+        leases = await asyncio.gather(*(client.lease(LeaseRequest(job="o")) for _ in range(2)))
+        assert older.batches == 1 and len(older.singles) == 2 and len({lease.id for lease in leases}) == 2
         await client.close()
 
 

@@ -111,17 +111,21 @@ class BrokerClient:
         )  # fmt: skip
         return Lease.model_validate(body)
 
-    async def lease_batch(self, requests: list[LeaseRequest]) -> list[Lease | InfraError] | None:
+    async def lease_batch(
+        self, requests: list[LeaseRequest], warm_only: bool = False
+    ) -> list[Lease | InfraError] | None:
         """Leases in one ``POST /leases/batch``: a lease or the error :meth:`lease_one` would have raised,
-        per request, in order. None: the broker has no such route (404/405: one not upgraded yet).
-        A failure of the whole request (refused, timed out, cut off) is raised."""
+        per request, in order (with ``warm_only``: ``warm_miss`` for each one no warm sandbox was ready
+        for). None: the broker has no such route (404/405: one not upgraded yet), or, with ``warm_only``,
+        refuses the field (422: one older than it). A failure of the whole request is raised."""
         stage = InfraStage.SANDBOX_CREATE
         limit = self.overhead_s + max(r.wait_s + _setup_budget_s(r) for r in requests)
         # each request serialized straight to JSON (a third of the cost of dumping dicts and encoding them)
-        payload = b'{"leases":[' + b",".join(r.__pydantic_serializer__.to_json(r) for r in requests) + b"]}"
+        leases = b",".join(r.__pydantic_serializer__.to_json(r) for r in requests)
+        payload = b'{"leases":[' + leases + (b'],"warm_only":true}' if warm_only else b"]}")
         headers = {**self._headers, **JSON_HEADERS}
         status, body = await self._exchange(stage, "POST", BATCH_PATH, limit, payload, headers)
-        if status in (404, 405):
+        if status in (404, 405) or (warm_only and status == 422):
             return None
         if status >= 300:
             raise refused(stage, "POST", BATCH_PATH, status, body)
@@ -238,8 +242,10 @@ def refused(stage: InfraStage, method: str, path: str, status: int, body: Any) -
     """The error of a call the broker answered with ``status`` >= 300."""
     code = error_code(body, ErrorCode.INTERNAL_ERROR)
     message = f"broker {method} {path} answered {status}: {str(body)[:300]}"
-    # a lease that ended (its sandbox reaped, the broker restarted) is retried with a new one
-    return InfraError(stage, code, message, retryable=code.infra or code is ErrorCode.LEASE_NOT_FOUND)
+    # a lease that ended (its sandbox reaped, the broker restarted) is retried with a new one; a warm
+    # miss is asked again on POST /leases
+    retryable = code.infra or code in (ErrorCode.LEASE_NOT_FOUND, ErrorCode.WARM_MISS)
+    return InfraError(stage, code, message, retryable=retryable)
 
 
 def _item_error(error: ErrorDetail | None) -> InfraError:

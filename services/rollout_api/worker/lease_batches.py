@@ -3,9 +3,12 @@
 Episodes that start together (a worker's burst, a GRPO group) each ask for a lease. Each request
 joins the batch being gathered; the batch goes out when the moment ends (the same event-loop turn,
 or ``window_s`` after its first request) or when it holds ``max_batch`` requests, as ONE
-``POST /leases/batch``. The broker makes each lease as ``POST /leases`` would and answers one
-lease or one error per request. A batch of one keeps ``POST /leases``, and a broker without the
-batch route (404/405: one not upgraded yet) gets one ``POST /leases`` per request.
+``POST /leases/batch`` with ``warm_only``: the broker makes each lease a warm sandbox is ready for
+and answers ``warm_miss`` at once for the others, so no lease of the batch waits for another's
+create. Each caller with a lease is answered then; each miss is asked again on its own ``POST
+/leases`` (all at once: a cold create, or a wait in the admission queue, as a lone lease would). A
+batch of one keeps ``POST /leases``, and a broker without the batch route (404/405: one not upgraded
+yet) or without ``warm_only`` (422) gets one ``POST /leases`` per request.
 
 What each caller sees is what its own ``POST /leases`` would have given it: its lease, or the
 same ``InfraError`` (stage, code, ``retryable``) for its own refusal; a failure of the whole batch
@@ -14,10 +17,8 @@ its callers, and while the broker is unreachable the batch is held and sent agai
 A caller cancelled while it waits takes its request out of a batch not yet sent; a lease made for it
 anyway is released in the background, and no other caller's lease is touched.
 
-Requests with a ``setup`` never take a warm sandbox (the broker creates one for them), so they keep
-``POST /leases``: in a batch they would wait for the slowest create of the batch. A batch answers when
-its last lease is made, so a warm lease asked for with leases that miss the pool waits for their
-creates too (one batch per moment keeps that to the leases of one burst).
+Requests with a ``setup`` or with network never take a warm sandbox (the broker creates one for them),
+so they keep ``POST /leases``: in a batch they could only miss.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from services.protocol.sandboxes import MAX_LEASE_BATCH, Lease, LeaseRequest
+from services.protocol.status import ErrorCode
 from services.rollout_api.worker.clients import InfraError
 
 if TYPE_CHECKING:
@@ -49,7 +51,7 @@ class LeaseBatcher:
         self._due: asyncio.Handle | None = None  # when the batch being gathered goes out
 
     async def lease(self, request: LeaseRequest) -> Lease:
-        if request.setup is not None:
+        if request.setup is not None or request.network != "none":  # never warm: no batch to wait in
             return await self.client.lease_one(request)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Lease] = loop.create_future()
@@ -82,8 +84,17 @@ class LeaseBatcher:
         requests = [request for request, _ in batch]
         try:
             outcomes = await self._outcomes(requests)
+            again = []
+            for waiter, outcome in zip(batch, outcomes, strict=True):
+                if isinstance(outcome, InfraError) and outcome.code is ErrorCode.WARM_MISS:
+                    again.append(waiter)
+                else:
+                    self._settle(waiter, outcome)  # answered now: never after the misses' creates
+            if again:  # each miss on its own POST /leases (a create, or a wait in the admission queue)
+                await asyncio.gather(*(self._ask_again(waiter) for waiter in again))
         except InfraError as exc:  # the whole request failed: each caller gets it, as its own call would
-            outcomes = [InfraError(exc.stage, exc.code, exc.message, retryable=exc.retryable) for _ in batch]
+            for waiter in batch:
+                self._settle(waiter, InfraError(exc.stage, exc.code, exc.message, retryable=exc.retryable))
         except BaseException as exc:  # not answered (the client closed): no caller is left waiting
             for _, future in batch:
                 if future.done():
@@ -93,21 +104,27 @@ class LeaseBatcher:
                 else:
                     future.cancel()
             raise
-        for (_, future), outcome in zip(batch, outcomes, strict=True):
-            if future.done():  # its caller was cancelled while the batch was out
-                if isinstance(outcome, Lease):
-                    self._release(outcome)
-            elif isinstance(outcome, Lease):
-                future.set_result(outcome)
-            else:
-                future.set_exception(outcome)
+
+    def _settle(self, waiter: Waiter, outcome: Lease | Exception) -> None:
+        future = waiter[1]
+        if future.done():  # its caller was cancelled while the batch was out
+            if isinstance(outcome, Lease):
+                self._release(outcome)
+        elif isinstance(outcome, Lease):
+            future.set_result(outcome)
+        else:
+            future.set_exception(outcome)
+
+    async def _ask_again(self, waiter: Waiter) -> None:
+        if not waiter[1].done():  # a caller cancelled meanwhile is not asked for
+            self._settle(waiter, await self._one(waiter[0]))
 
     async def _outcomes(self, requests: list[LeaseRequest]) -> list[Lease | Exception]:
         if len(requests) > 1:
             self.batches += 1
             if self.client.on_batch is not None:
                 self.client.on_batch(len(requests))
-            outcomes = await self.client.lease_batch(requests)
+            outcomes = await self.client.lease_batch(requests, warm_only=True)
             if outcomes is not None:
                 return list(outcomes)
         return list(await asyncio.gather(*(self._one(request) for request in requests)))
