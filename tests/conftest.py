@@ -95,23 +95,36 @@ def tarpit() -> Iterator[str]:
 DURATIONS = Path(__file__).with_name("durations.json")  # measured seconds per file (its "about" says how)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files with the longest tests run first: in a parallel run (``make test``, which keeps this order
     with ``--no-loadscope-reorder``) the longest files then overlap the many short ones instead of
     finishing alone at the end. A file's weight is its measured seconds in ``durations.json``; a file
     not measured there weighs a tenth of the largest ``timeout`` mark among its ``slow`` tests (what
-    its author allowed it, a proxy for its length); the others come last, in their collection order."""
+    its author allowed it, a proxy for its length); the others come last, in their collection order.
+
+    xdist hands each of its N processes two files at the start, the second to run after the first:
+    so that no long file waits behind the longest ones, files N+1 to 2N are N short ones."""
     for item in items:  # a test on a private dockerd is a docker test, marked or not (``make test`` runs them apart)
         if {"dockerd", "runsc_dockerd", "daemon"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.docker)
     measured: dict[str, float] = json.loads(DURATIONS.read_text())["seconds"]
     weight: dict[str, float] = {}
+    docker: set[str] = set()
     for item in items:
         file = item.nodeid.split("::")[0]
+        if item.get_closest_marker("docker"):
+            docker.add(file)
         if file in measured:
             weight[file] = measured[file]
         elif item.get_closest_marker("slow"):
             timeout = item.get_closest_marker("timeout")
             allowed = float(timeout.args[0]) if timeout and timeout.args else 120.0
             weight[file] = max(weight.get(file, 0.0), allowed / 10)
-    items.sort(key=lambda item: -weight.get(item.nodeid.split("::")[0], 0.0))  # stable: a file's order is kept
+    files = sorted(dict.fromkeys(item.nodeid.split("::")[0] for item in items), key=lambda f: -weight.get(f, 0.0))
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    if workers > 1:  # the parallel phase (docker files are deselected there: they take no place)
+        parallel = [f for f in files if f not in docker]
+        short = [f for f in reversed(parallel[workers:]) if not weight.get(f)][:workers]
+        files = parallel[:workers] + short + [f for f in files if f not in short and f not in parallel[:workers]]
+    rank = {file: i for i, file in enumerate(files)}
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])  # stable: a file's order is kept
