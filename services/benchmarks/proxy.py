@@ -10,6 +10,7 @@ deployment, with a concurrency ramp (``--ramp``) that reports where errors or la
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import threading
 import time
@@ -118,6 +119,8 @@ def measure(
 ) -> dict[str, Any]:
     """Warm up, then ``--rounds`` rounds of direct / proxy / router, the order rotated every round so
     that load from other work on the host falls on every target alike; calls are pooled per target."""
+    load_avg_1m = os.getloadavg()[0]
+    idle = _idle_cpu_ms_per_s([proxy] if router is None else [proxy, router])
     run_in_process(_spec(args, urls, args.concurrency, args.concurrency))  # warm-up, not measured
     targets: list[tuple[str, list[str], Launched | None]] = [("direct", urls, None), ("our proxy", [proxy.url], proxy)]
     if router is not None:
@@ -143,7 +146,8 @@ def measure(
         "direct_errors": sum(direct.errors.values()),
         "added_latency_p50_ms": _added_ms(ours, direct, 50), "added_latency_p99_ms": _added_ms(ours, direct, 99),
         "throughput_ratio_vs_direct": _ratio(ours, direct), "proxy_cpu_s": cpu["our proxy"],
-        "cpu_ms_per_call": _per_call_ms(cpu["our proxy"], ours),
+        "cpu_ms_per_call": _per_call_ms(cpu["our proxy"], ours), "proxy_idle_cpu_ms_per_s": idle[0],
+        "load_avg_1m_at_start": load_avg_1m,
     }  # fmt: skip
     if router is not None:
         theirs = pooled["sglang-router"]
@@ -152,12 +156,21 @@ def measure(
             "router_added_latency_p50_ms": _added_ms(theirs, direct, 50),
             "router_added_latency_p99_ms": _added_ms(theirs, direct, 99),
             "throughput_ratio_vs_router": _ratio(ours, theirs), "router_cpu_s": cpu["sglang-router"],
-            "router_cpu_ms_per_call": _per_call_ms(cpu["sglang-router"], theirs),
+            "router_cpu_ms_per_call": _per_call_ms(cpu["sglang-router"], theirs), "router_idle_cpu_ms_per_s": idle[1],
         }  # fmt: skip
     if update:
         figures["weight_update"] = update
     figures["rows"] = rows
     return figures
+
+
+def _idle_cpu_ms_per_s(processes: list[Launched], seconds: float = 3.0) -> list[float]:
+    """Each router's background CPU (health probes, membership sync, metrics) in ms per second, with
+    no calls: a phase's CPU includes it for its whole wall time, so at low call rates (long calls,
+    few in flight) it is a large share of ``cpu_ms_per_call``."""
+    before = [p.cpu_s() for p in processes]
+    time.sleep(seconds)
+    return [1000 * (p.cpu_s() - b) / seconds for p, b in zip(processes, before, strict=True)]
 
 
 def _per_call_ms(cpu_s: float, result: LoadResult) -> float | None:
