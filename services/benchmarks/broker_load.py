@@ -192,11 +192,21 @@ async def run_open(load: Load, n: int, body: dict[str, Any]) -> Outcome:
 
 async def run_worker(load: Load, n: int, body: dict[str, Any], window_s: float) -> Outcome:
     """n episodes asking for their leases at once through the worker's own client
-    (``BrokerClient.lease``: its coalescer sends them as batches), each timed to its own lease."""
+    (``BrokerClient.lease``: its coalescer sends them as batches), each timed to the moment it holds
+    its lease. The episodes' commands start once every lease is in, as :func:`run_batched`'s do:
+    one client process runs all n episodes here, and the execs of the first episodes served would
+    otherwise delay the next ones' resumption in its event loop, which is the bench client's queue,
+    not the lease's latency (a worker process holds a fraction of a fleet's episodes)."""
     outcome = Outcome()
+    settled, all_in = [0], asyncio.Event()
     async with aiohttp.ClientSession() as session:
         client = BrokerClient(session, load.url, TIMEOUT_S, token=load.secrets.service_token, batch_window_s=window_s)
         request = LeaseRequest.model_validate({"wait_s": 300, "ttl_s": 600, **body})
+
+        def one_in() -> None:
+            settled[0] += 1
+            if settled[0] == n:
+                all_in.set()
 
         async def episode() -> None:
             started = time.monotonic()
@@ -204,8 +214,11 @@ async def run_worker(load: Load, n: int, body: dict[str, Any], window_s: float) 
                 lease = await client.lease(request)
             except InfraError as exc:
                 outcome.error(f"worker lease: {exc}")
+                one_in()
                 return
             outcome.start_ms.append((time.monotonic() - started) * 1000)
+            one_in()
+            await all_in.wait()
             try:
                 await load.use(lease.model_dump(mode="json"), outcome)
             except (ConnectionError, TimeoutError, orjson.JSONDecodeError) as exc:
