@@ -344,7 +344,7 @@ class Broker:
         if request.argv is not None and not request.argv:
             raise PlatformError(ErrorCode.VALIDATION_ERROR, "argv is empty", field="argv")
         if request.gateway_port is not None and not isinstance(self.backend, GatewayBinder):
-            raise self._no_gateway()
+            raise no_gateway(self.backend.name)
         record = await self.live(lease_id)
         result = await self._backend_call(self.backend.exec(record.lease.sandbox_id, request, sink))
         result.broker_s = time.monotonic() - started
@@ -354,13 +354,13 @@ class Broker:
     async def bind_gateway(self, lease_id: str, binding: GatewayBinding) -> None:
         """Forward the lease's gateway session into its sandbox (its agent runs there)."""
         if not isinstance(self.backend, GatewayBinder):
-            raise self._no_gateway()
+            raise no_gateway(self.backend.name)
         record = await self.live(lease_id)
         sandbox_id = record.lease.sandbox_id
         if binding.task_lease is not None:
             await self._check_task(record.lease.job, binding.task_lease)
-        await self._backend_call(self.backend.bind_gateway(sandbox_id, binding.session, binding.upstream,
-                                                           binding.ttl_s))  # fmt: skip
+        bind = self.backend.bind_gateway(sandbox_id, binding.session, binding.upstream, binding.ttl_s)
+        await self._backend_call(bind)
         if binding.task_lease is not None and binding.broker is not None:
             assert isinstance(self.backend, TaskRouter)
             self.backend.route_task(sandbox_id, binding.task_lease, binding.broker)
@@ -373,9 +373,6 @@ class Broker:
         task = await self.live(task_lease)
         if task.lease.job != job:
             raise PlatformError(ErrorCode.BAD_REQUEST, "the task lease is of another job", field="task_lease")
-
-    def _no_gateway(self) -> PlatformError:
-        return no_gateway(self.backend.name)
 
     async def write_file(self, lease_id: str, path: str, data: bytes) -> None:
         record = await self.live(lease_id)
