@@ -7,13 +7,10 @@ import socket
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago, below the ephemeral range (see :func:`free_port_range`).
-
-    Not ``bind(0)``: the kernel answers that from the ephemeral range, where any outgoing
-    connection on the host may take the port as its source port before the service binds it (a
-    test proxy failed to start that way, "address already in use", among four test processes).
-    """
-    return free_port_range(1, host)
+    """A TCP port that was free a moment ago (bind to 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def free_port_range(count: int, host: str = "127.0.0.1", attempts: int = 200) -> int:
