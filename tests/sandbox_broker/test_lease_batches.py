@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -22,6 +21,7 @@ from services.rollout_api.worker.broker_client import BrokerClient
 from services.rollout_api.worker.clients import InfraError
 from services.runtime.net import free_port
 from tests.sandbox_broker.conftest import BrokerFactory, needs_bwrap
+from tests.support.http import serving
 
 
 def _same_error(batched: object, alone: InfraError) -> InfraError:
@@ -208,19 +208,8 @@ class OldBroker:
         return web.json_response({"error": error}, status=self.batch_status)
 
 
-@contextlib.asynccontextmanager
-async def _serving(broker: OldBroker) -> AsyncIterator[str]:
-    app = web.Application()
-    app.router.add_post("/leases", broker.lease)
-    app.router.add_post("/leases/batch", broker.batch)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+def _serving(broker: OldBroker) -> contextlib.AbstractAsyncContextManager[str]:
+    return serving(web.post("/leases", broker.lease), web.post("/leases/batch", broker.batch))
 
 
 async def test_a_broker_without_the_batch_route_gets_one_request_per_lease() -> None:
