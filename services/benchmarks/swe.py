@@ -27,9 +27,11 @@ from typing import Any
 import httpx
 import redis
 
+from services.benchmarks import swe_formats
 from services.benchmarks.attacks import EXHAUSTION, attack_scripts
 from services.benchmarks.fleet_stack import Stack
 from services.benchmarks.report import write_json
+from services.environments.swe_built_rows import FORMATS
 from services.protocol import Trajectory
 from services.rollout_api.dump import stream_entries
 from services.rollout_api.swebench import patched_files, template_for
@@ -65,6 +67,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--docker-host", default=None, help="a Docker engine (default: start a private dockerd)")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     p.add_argument("--attacks", action="store_true", help="also every known attack on the grader (each must score 0)")
+    p.add_argument("--formats", type=swe_formats.parse, default=[],
+                   help="also the tasks as instance files of these SWE formats (comma-separated, or all: "
+                        f"{', '.join(FORMATS)}), gold and no-op on the SWE route")  # fmt: skip
     p.set_defaults(handler=run)
 
 
@@ -96,7 +101,9 @@ def _prefix(backend: str, backends: list[str]) -> str:
 def _as_expected(figures: dict[str, Any], prefix: str, attacks: bool) -> bool:
     rewards = [figures.get(f"{prefix}{route}{mode}_reward_mean") for route in ("", "plain_") for mode in MODES]
     attacked = not attacks or figures.get(f"{prefix}attack_reward_max") == 0.0
-    return rewards == [1.0, 0.0, 0.0] * 2 and figures.get(f"{prefix}infra_errors") == 0 and attacked
+    formats = figures.get(f"{prefix}formats", {})
+    every_format = sorted(figures.get(f"{prefix}formats_ok", [])) == sorted(formats)
+    return rewards == [1.0, 0.0, 0.0] * 2 and figures.get(f"{prefix}infra_errors") == 0 and attacked and every_format
 
 
 def run_backend(args: argparse.Namespace, instances: list[dict[str, Any]], backend: str) -> dict[str, Any]:
@@ -167,7 +174,9 @@ def measure(
     model = write_tokenizer_dir(root / "model")
     (root / "logs").mkdir()
     (root / "state").mkdir(mode=0o755)
+    derived = swe_formats.prepare(instances, args.formats, marker) if args.formats else None
     images = sorted({str(Path(i["image_path"]).resolve().parent) for i in instances})
+    images += sorted({str(path.parent) for path in derived.images.values()}) if derived else []
     roots = {"ROLLOUT_BROKER_TEMPLATE_ROOTS": ":".join(images)}
     slow_first = {"ROLLOUT_BROKER_CREATE_TIMEOUT_S": "900"}  # a first lease unpacks (or loads) its image
     env = {**_env(), **SECRETS.env(), **backend_env, "ROLLOUT_REDIS_URL": redis_url, **roots, **slow_first}
@@ -184,10 +193,12 @@ def measure(
                                    "--broker-url", broker, "--model-path", str(model)])  # fmt: skip
         prepare = register_templates(broker, instances)
         modes = (*MODES, *ATTACKS) if args.attacks else MODES
-        results = run_modes(api, redis_url, instances, modes)
+        if derived:
+            swe_formats.register(broker, ADMIN, derived)
+        results, by_format = run_modes(api, redis_url, instances, modes, derived)
     finally:
         stack.stop()
-    return summary(results, prepare)
+    return {**summary(results, prepare), **(swe_formats.summary(derived, by_format) if derived else {})}
 
 
 def register_templates(broker: str, instances: list[dict[str, Any]]) -> list[float]:
@@ -207,10 +218,21 @@ def register_templates(broker: str, instances: list[dict[str, Any]]) -> list[flo
 
 
 def run_modes(
-    api: str, redis_url: str, instances: list[dict[str, Any]], modes: tuple[str, ...]
-) -> dict[str, dict[str, list[Trajectory]]]:
-    """Every mode on both routes, all submitted at once: route -> mode -> its trajectories."""
+    api: str,
+    redis_url: str,
+    instances: list[dict[str, Any]],
+    modes: tuple[str, ...],
+    derived: swe_formats.Prepared | None = None,
+) -> tuple[dict[str, dict[str, list[Trajectory]]], dict[str, list[Trajectory]]]:
+    """Every mode on both routes, and each format's file (``derived``), all submitted at once:
+    route -> mode -> its trajectories, and format -> its trajectories."""
     submitted = {(route, mode): submit(api, instances, route, mode) for route in ROUTES for mode in modes}
+    files = derived.files if derived else {}
+    for fmt, path in files.items():
+        headers = create_job(api, f"swe-format-{fmt}")
+        test_command = instances[0]["test_command"]
+        for rollout in swe_formats.submit(api, headers, f"swe-format-{fmt}", path, fmt, test_command):
+            submitted[("format", f"{fmt} {rollout}")] = headers, rollout
     with httpx.Client(base_url=api, timeout=60) as http:
         for headers, rollout in submitted.values():
             while True:
@@ -222,18 +244,26 @@ def run_modes(
     try:
         found: dict[str, dict[str, list[Trajectory]]] = {route: {} for route in ROUTES}
         for route, mode in submitted:
-            found[route][mode] = [traj for _, traj in stream_entries(client, f"swe-{route}-{mode}")]
-        return found
+            if route in ROUTES:
+                found[route][mode] = [traj for _, traj in stream_entries(client, f"swe-{route}-{mode}")]
+        by_format = {fmt: [traj for _, traj in stream_entries(client, f"swe-format-{fmt}")] for fmt in files}
+        return found, by_format
     finally:
         client.close()
 
 
-def submit(api: str, instances: list[dict[str, Any]], route: str, mode: str) -> tuple[dict[str, str], str]:
-    job = f"swe-{route}-{mode}"
+def create_job(api: str, job: str) -> dict[str, str]:
+    """The job, created with the admin token; its own token's header."""
     with httpx.Client(base_url=api, timeout=60) as http:
         created = http.post("/jobs", json={"job": job}, headers={"Authorization": f"Bearer {ADMIN}"})
         created.raise_for_status()
-        headers = {"Authorization": f"Bearer {created.json()['token']}"}
+        return {"Authorization": f"Bearer {created.json()['token']}"}
+
+
+def submit(api: str, instances: list[dict[str, Any]], route: str, mode: str) -> tuple[dict[str, str], str]:
+    job = f"swe-{route}-{mode}"
+    headers = create_job(api, job)
+    with httpx.Client(base_url=api, timeout=60) as http:
         limits = {"max_turns": 5, "command_timeout_s": 300}
         if route == "swe":
             rows = [{**i, "problem_statement": f"{i['problem_statement']}\n\n{marker(i, mode)}"} for i in instances]

@@ -72,7 +72,7 @@ def _build_one(recipe: TaskRecipe, out: Path, cache: Path, work: Path, lower: li
     pass_to_pass = sorted(t for t, s in gold.items() if s == PASSED and bug.get(t) == PASSED)[:MAX_PASS_TO_PASS]
     if not fail_to_pass:
         raise ValueError(f"{recipe.task_id}: the injected bug makes no test fail")
-    commit = _git_commit(repo)
+    commit = git_commit(repo)
     image = out / "images" / recipe.task_id
     shutil.rmtree(image, ignore_errors=True)
     env = [f"PATH={DEFAULT_PATH}"] + ([f"PYTHONPATH=/testbed/{recipe.pythonpath}"] if recipe.pythonpath else [])
@@ -117,7 +117,7 @@ def _run_tests(repo: Path, recipe: TaskRecipe) -> dict[str, str]:
     return {t: s for t, s in statuses.items() if "::" in t and " " not in t}
 
 
-def _git_commit(repo: Path) -> str:
+def git_commit(repo: Path) -> str:
     env = {**os.environ, **GIT_ENV}
     for argv in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "base"]):
         subprocess.run(["git", "-C", str(repo), *argv], env=env, check=True, capture_output=True)
