@@ -15,7 +15,10 @@ $(STAMP): pyproject.toml scripts/setup.sh
 run: setup
 	$(BIN)/rollout demo --work-dir runs/demo --json runs/demo/summary.json
 
-test: setup lint typecheck pytest
+# lint and typecheck (about a minute of one core, mostly mypy) run beside the tests, their output
+# line by line among pytest's; any of the three failing fails `make test` once the others end
+test: setup
+	@$(MAKE) --no-print-directory -j3 -Oline lint typecheck pytest
 
 lint:
 	$(BIN)/ruff check .
