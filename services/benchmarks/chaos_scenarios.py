@@ -77,8 +77,15 @@ class Run:
             status: dict[str, Any] = answer.json()
             return status
 
-    def wait_running(self, timeout_s: float = 120.0) -> None:
-        wait_until("episodes to run", lambda: self.status()["in_flight"], timeout_s)
+    def wait_running(self, timeout_s: float = 120.0, *, or_ran: bool = False) -> None:
+        """Until episodes run; with ``or_ran``, also once some have finished (after a fault, the
+        rollout may have run to its end before the first look)."""
+
+        def running() -> bool:
+            status = self.status()
+            return bool(status["in_flight"] or (or_ran and status["finished"]))
+
+        wait_until("episodes to run", running, timeout_s)
 
     def faulted(self) -> None:
         self.fault_at = time.time()
@@ -170,7 +177,7 @@ def api_mid_post(run: Run) -> None:
     run.back()
     run.notes["first_post_status"] = answered[0] if answered else 0
     run.submit()
-    run.wait_running()
+    run.wait_running(or_ran=True)  # the first POST may have got in, and its episodes run while the API restarted
 
 
 def trainer(run: Run) -> None:
