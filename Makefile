@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup run test lint typecheck pytest clean
+.PHONY: setup run test checks lint typecheck pytest clean
 
 setup: $(STAMP)
 
@@ -15,10 +15,14 @@ $(STAMP): pyproject.toml scripts/setup.sh
 run: setup
 	$(BIN)/rollout demo --work-dir runs/demo --json runs/demo/summary.json
 
-# lint and typecheck (about a minute of one core, mostly mypy) run beside the tests, their output
-# line by line among pytest's; any of the three failing fails `make test` once the others end
+# lint and typecheck (about a minute of one core, mostly mypy) run beside the tests; their output is
+# printed in one piece when they end, pytest's as it comes; either failing fails `make test` once the
+# other ends
 test: setup
-	@$(MAKE) --no-print-directory -j3 -Oline lint typecheck pytest
+	@$(MAKE) --no-print-directory -j2 checks pytest
+
+checks:
+	@$(MAKE) --no-print-directory lint typecheck > $(VENV)/checks.log 2>&1; rc=$$?; cat $(VENV)/checks.log; exit $$rc
 
 lint:
 	$(BIN)/ruff check .
