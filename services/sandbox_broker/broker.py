@@ -203,10 +203,8 @@ class Broker:
         deadline = time.time() + request.wait_s + self.settings.create_timeout_s
 
         async def reserve() -> int:
-            return await self.store.reserve(
-                lease_id, job=request.job, backend=self.backend.name, owner=self.instance, deadline=deadline,
-                limits=self._limits(),
-            )  # fmt: skip
+            return await self.store.reserve(lease_id, job=request.job, backend=self.backend.name, owner=self.instance,
+                                            deadline=deadline, limits=self._limits())  # fmt: skip
 
         self.metrics.queue.set(self.admission.waiting)
         try:
