@@ -12,16 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from services.environments.swe_built_rows import FORMATS, expected_tests, row
+from services.benchmarks import swe_formats
+from services.environments.swe_built_rows import FORMATS, expected_tests
 from services.environments.swe_files import import_files
 from services.protocol import Status
-from services.rollout_api.swebench import template_for
 from services.taskbuild.builder import TEST_COMMAND, build
-from tests.environments.swe_rows import write_jsonl
-from tests.rollout_api.fleet import ADMIN, SUBMIT, Fleet, bearer, create_job, running_fleet, trajectories, wait_finished
+from tests.rollout_api.fleet import ADMIN, SUBMIT, Fleet, create_job, running_fleet, trajectories, wait_finished
 from tests.sandbox_broker.conftest import needs_bwrap
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, needs_bwrap, pytest.mark.timeout(600)]  # builds from PyPI first
@@ -53,29 +51,17 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, built: list[dict[str, Any]])
 
 
 def test_every_format_over_built_tasks_scores_gold_1_and_noop_0(fleet: Fleet, built: list[dict[str, Any]]) -> None:
-    out = fleet.state_dir / "derived"  # under the broker's template root
-    out.mkdir()
-    blobs = Path(built[0]["image_path"]).parents[1] / "blobs"
-    by_id = {i["instance_id"]: i for i in built}
-    images: dict[str, Path] = {}
+    # rows and derived images beside the built tasks (under the broker's template root, /tmp)
+    prepared = swe_formats.prepare(built, list(FORMATS), lambda instance, mode: marker(instance["instance_id"], mode))
+    by_id = prepared.instances
     bodies = []
-    for fmt in FORMATS:
-        rows = []
-        for instance in built:
-            for mode in ("gold", "noop"):
-                problem = f"{instance['problem_statement']}\n\n{marker(instance['instance_id'], mode)}"
-                made, image, path = row(instance, fmt, out, blobs, problem)
-                rows.append({**made, "instance_id": f"{made['instance_id']}.{mode}"})
-                images[template_for(image)] = path
-        imported = import_files([write_jsonl(out / f"{fmt}.jsonl", rows)], fmt, job=JOB, group_size=1,
-                                test_command=TEST_COMMAND, limits={"max_turns": 4})  # fmt: skip
+    for fmt, path in prepared.files.items():
+        imported = import_files([path], fmt, job=JOB, group_size=1, test_command=TEST_COMMAND,
+                                limits={"max_turns": 4})  # fmt: skip
         assert imported.notes == []
         bodies += [request.model_dump(mode="json") for request in imported.requests]
-    assert len(images) == 2 + 2 + 2  # the tasks' own, one SWE-smith snapshot per library, one R2E-Gym each
-    for name, path in images.items():
-        posted = httpx.post(f"{fleet.broker.url}/templates", json={"name": name, "image": str(path)},
-                          headers=bearer(ADMIN), timeout=120)  # fmt: skip
-        assert posted.status_code == 201, posted.text
+    assert len(prepared.images) == 2 + 2 + 2  # the tasks' own, one SWE-smith snapshot per library, one R2E-Gym each
+    swe_formats.register(fleet.broker.url, ADMIN, prepared)  # each template's POST must succeed
     with fleet.client() as client:
         headers = create_job(client, JOB)
         accepted = [client.post("/rollouts/swebench", json=body, headers=headers) for body in bodies]
