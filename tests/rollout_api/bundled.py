@@ -81,7 +81,7 @@ class Harnesses:
                     "tasks": [task(task_id, f"{task_id}: write 42 into answer.txt", **extra)]}  # fmt: skip
             rollout = submit(client, self.headers, body)
             wait_finished(client, self.headers, rollout, timeout_s=400)
-        (traj,) = [t for t in trajectories(self.fleet.redis_url, JOB) if t.task_id == task_id]
+        (traj,) = [t for t in trajectories(self.fleet.redis_url, JOB) if t.rollout_id == rollout]  # not a rerun's
         return traj
 
     def calls(self, sid: str) -> list[GatewayCall]:
@@ -91,9 +91,9 @@ class Harnesses:
 
     def token_exact(self, traj: Trajectory, segments: int = 1) -> dict[str, Any]:
         """Assert the trajectory is ``segments`` token-exact segments, each the calls the gateway
-        recorded for it, its loss mask on exactly the tokens the engine generated in them; the last
-        one's ids are the chat template rendered over the conversation the harness sent last (plus
-        its reply). The conversation (``messages``, ``reply``, ``tools``)."""
+        recorded for it, its loss mask on exactly the tokens the engine generated in them; the ids of
+        the one that holds the call recorded last are the chat template rendered over the
+        conversation the harness sent last (plus its reply). The conversation (``messages``, ``reply``, ``tools``)."""
         assert traj.agent is not None and traj.agent.retokenization_mismatches == 0
         held = [Segment(prompt_ids=traj.prompt_ids, response_ids=traj.response_ids, loss_mask=traj.loss_mask),
                 *traj.segments]  # fmt: skip
@@ -110,7 +110,8 @@ class Harnesses:
             context: dict[str, Any] = orjson.loads(store.get(keys.gateway_context(traj.agent.session)) or b"{}")
         chat = ChatTemplate.from_dir(self.fleet.model_path)
         rendered = chat.encode(chat.render([*context["messages"], context["reply"]], False, context["tools"]))
-        last = [*held[-1].prompt_ids, *held[-1].response_ids]
+        (latest,) = [s for s in recorded if max(calls) in s.calls]  # the call recorded last's segment
+        last = [*latest.prompt_ids, *latest.response_ids]
         assert rendered[: len(last)] == last and rendered[len(last) :] == chat.encode("\n")
         return context
 

@@ -105,8 +105,10 @@ def test_opencode_from_its_bundle_finishes_a_task_in_the_sandbox_token_exact(fle
     traj = run(fleet, "opencode", OPENCODE, "OPENCODE-INSIDE")
     assert "Done." in traj.agent.last_output, traj.agent.last_output[-2000:]
     calls = fleet.calls(traj.agent.session)
-    assert [c.route for c in calls] == ["chat"] * 3 and [c.tool_calls for c in calls] == [0, 1, 0]
-    assert [(c.segment, c.merged) for c in calls] == [(0, False), (1, False), (1, True)]
+    assert [c.route for c in calls] == ["chat"] * 3, calls
+    # opencode forks the title call beside its loop, so either may reach the gateway first
+    segments = {c.segment: [(k.tool_calls, k.merged) for k in calls if k.segment == c.segment] for c in calls}
+    assert sorted(segments.values(), key=len) == [[(0, False)], [(1, False), (0, True)]], segments
     context = fleet.token_exact(traj, segments=2)
     (call,) = [m for m in context["messages"] if m.get("tool_calls")]
     assert call["tool_calls"][0]["function"]["name"] == "bash"
