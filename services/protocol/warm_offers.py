@@ -38,25 +38,23 @@ CLAIM = """
 local owners = redis.call('SMEMBERS', KEYS[3])
 local out = {}
 local wanted = #KEYS - 3
-local o = 1
-while #out < wanted and o <= #owners do
-  local owner = owners[o]
+local held = redis.call('ZCARD', KEYS[1])
+local of_job = redis.call('SCARD', KEYS[2])
+local on_backend = {}
+for _, owner in ipairs(owners) do
+  if #out == wanted then break end
   if redis.call('EXISTS', ARGV[3] .. owner) == 0 then
     redis.call('SREM', KEYS[3], owner)
-    o = o + 1
-  elseif redis.call('EXISTS', ARGV[5] .. owner) == 1 then
-    o = o + 1
-  else
+  elseif redis.call('EXISTS', ARGV[5] .. owner) == 0 then
     local list = ARGV[2] .. owner
-    local offer = redis.call('RPOP', list)
-    if not offer then
-      o = o + 1
-    else
+    while #out < wanted do
+      local offer = redis.call('RPOP', list)
+      if not offer then break end
       local g, b, j, grace, sid, backend, tail = string.match(offer,
         '^(%d+)\\n(%d+)\\n(%d+)\\n(%d+)\\n([^\\n]*)\\n([^\\n]*)\\n(.*)$')
       local bset = ARGV[4] .. backend
-      if redis.call('ZCARD', KEYS[1]) >= tonumber(g) or redis.call('SCARD', bset) >= tonumber(b)
-          or redis.call('SCARD', KEYS[2]) >= tonumber(j) then
+      if not on_backend[backend] then on_backend[backend] = redis.call('SCARD', bset) end
+      if held >= tonumber(g) or on_backend[backend] >= tonumber(b) or of_job >= tonumber(j) then
         redis.call('RPUSH', list, offer)
         return out
       end
@@ -70,6 +68,7 @@ while #out < wanted and o <= #owners do
       redis.call('HSET', record, 'job', ARGV[1], 'backend', backend, 'owner', owner, 'state', 'live',
                  'lease', doc, 'sandbox_id', sid, 'network', 'none')
       redis.call('PEXPIRE', record, tonumber(ARGV[at + 4]) + tonumber(grace))
+      held, of_job, on_backend[backend] = held + 1, of_job + 1, on_backend[backend] + 1
       out[i] = doc
     end
   end

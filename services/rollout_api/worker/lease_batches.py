@@ -19,7 +19,9 @@ anyway is released in the background, and no other caller's lease is touched.
 
 Where the client has Redis (``warm_claims.py``), the batch's requests a warm sandbox can serve are
 first claimed straight from the pools' offers in Redis, with no broker request; only what is left
-goes to the broker as above.
+goes to the broker as above. A batch then goes out as soon as it holds one claim script's worth
+(``CHUNK``) rather than at the end of the window: the first episodes of a burst are claimed while
+the next ones still ask.
 
 Requests with a ``setup`` or with network never take a warm sandbox (the broker creates one for them),
 so they keep ``POST /leases``: in a batch they could only miss.
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING
 from services.protocol.sandboxes import MAX_LEASE_BATCH, Lease, LeaseRequest
 from services.protocol.status import ErrorCode
 from services.rollout_api.worker.clients import InfraError
+from services.rollout_api.worker.warm_claims import CHUNK
 
 if TYPE_CHECKING:
     from services.rollout_api.worker.broker_client import BrokerClient
@@ -60,7 +63,7 @@ class LeaseBatcher:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Lease] = loop.create_future()
         self._gathering.append((request, future))
-        if len(self._gathering) >= self.max_batch:
+        if len(self._gathering) >= (CHUNK if self.client.claims is not None else self.max_batch):
             self.flush()
         elif self._due is None:
             self._due = loop.call_later(self.window_s, self.flush) if self.window_s > 0 else loop.call_soon(self.flush)

@@ -11,6 +11,8 @@ lease is the broker's like any other: exec, renew, release and reaping go throug
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import secrets
 import time
@@ -43,21 +45,29 @@ class WarmClaims:
 
     async def claim(self, requests: list[LeaseRequest], got: Callable[[int, Lease], None]) -> None:
         """Claim warm sandboxes for those of ``requests`` one can serve; ``got(i, lease)`` for each
-        request ``i`` that has its lease, as soon as its chunk is claimed. The rest are not told."""
+        request ``i`` that has its lease, as soon as its chunk is claimed. The rest are not told.
+        Every chunk's script is sent at once (Redis runs the next while this process reads the
+        last one's leases); a chunk that finds the pool empty or a limit full claims nothing."""
         if time.monotonic() < self._resting_until:
             return
         wanted = sorted((i for i, r in enumerate(requests) if claimable(r)), key=lambda i: _pool(requests[i]))
+        sent = []
         for _, group in groupby(wanted, key=lambda i: _pool(requests[i])):
             indices = list(group)
             for start in range(0, len(indices), CHUNK):
                 chunk = indices[start : start + CHUNK]
-                leases = await self._claim([requests[i] for i in chunk])
-                for i, lease in zip(chunk, leases, strict=False):
+                sent.append((chunk, asyncio.ensure_future(self._send([requests[i] for i in chunk]))))
+        done = 0
+        try:
+            for chunk, reply in sent:
+                for i, lease in zip(chunk, await reply, strict=False):
                     got(i, lease)
-                if len(leases) < len(chunk):  # the pool is empty or a limit is full: the broker has the rest
-                    break
+                done += 1
+        finally:  # stopped early (cancelled): the leases still coming are handed over as they come
+            for chunk, reply in sent[done:]:
+                reply.add_done_callback(functools.partial(_hand_over, chunk, got))
 
-    async def _claim(self, chunk: list[LeaseRequest]) -> list[Lease]:
+    async def _send(self, chunk: list[LeaseRequest]) -> list[Lease]:
         first = chunk[0]
         now, started = time.time(), time.monotonic()
         ids = ["lse-" + secrets.token_hex(12) for _ in chunk]
@@ -68,9 +78,10 @@ class WarmClaims:
         try:
             docs = await self._run(claim_keys(first, ids), args)
         except redis.RedisError as exc:
+            if time.monotonic() >= self._resting_until:
+                log.warning("claiming warm sandboxes from Redis failed (%s); the broker serves leases alone for "
+                            "%.0fs", exc, RETRY_S)  # fmt: skip
             self._resting_until = time.monotonic() + RETRY_S
-            log.warning("claiming warm sandboxes from Redis failed (%s); the broker serves leases alone for %.0fs",
-                        exc, RETRY_S)  # fmt: skip
             return []
         leases = claimed(docs)
         spent = time.monotonic() - started
@@ -80,6 +91,12 @@ class WarmClaims:
         if self.on_claims is not None:
             self.on_claims(len(leases), len(chunk))
         return leases
+
+
+def _hand_over(chunk: list[int], got: Callable[[int, Lease], None], reply: asyncio.Future[list[Lease]]) -> None:
+    if not reply.cancelled() and reply.exception() is None:
+        for i, lease in zip(chunk, reply.result(), strict=False):
+            got(i, lease)
 
 
 def _pool(request: LeaseRequest) -> tuple[str, float, int, int, str]:
