@@ -166,7 +166,9 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
     created = await _creation_alone(args, load, broker, image, egress_n)
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
     cpu_before = _own_cpu_s(broker)  # the worker's path: its client's coalescer, batches of what is asked at once
-    warm = await run_worker(load, args.leases, {"template": "bench"}, WorkerSettings().lease_batch_window_s)
+    warm = await run_worker(
+        load, args.leases, {"template": "bench"}, WorkerSettings().lease_batch_window_s, settings.redis_url
+    )  # as a worker does: claimed from Redis, the rest in batches
     warm_cpu_ms = (_own_cpu_s(broker) - cpu_before) * 1000 / max(len(warm.start_ms), 1)
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
     cpu_before = _own_cpu_s(broker)
@@ -197,9 +199,10 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
         "cold_task_cpu_ms": cold_cpu_ms - created["cold_create_cpu_ms"],  # the setup's and the episode's
         "egress_cold_task_cpu_ms": egress_cpu_ms - created["egress_cold_create_cpu_ms"],
         "cold_create_cpu_source": "cpuacct" if broker.cpu_group else "tree", **alone,
-        # L episodes asking at once through the worker's BrokerClient (its coalescer: POST /leases/batch)
+        # L episodes asking at once through the worker's BrokerClient (claims straight from Redis, then its
+        # coalescer: POST /leases/batch), and how many it claimed with no broker request
         "warm_lease_p50_ms": percentile(warm.start_ms, 50), "warm_lease_p99_ms": percentile(warm.start_ms, 99),
-        "warm_lease_batches": warm.batches,
+        "warm_lease_batches": warm.batches, "warm_lease_claimed": warm.claimed,
         # the same burst with one POST /leases per lease, over connections opened before it
         "warm_lease_single_p50_ms": percentile(single.start_ms, 50),
         "warm_lease_single_p99_ms": percentile(single.start_ms, 99), "single_warm_hits": single.warm,

@@ -16,7 +16,9 @@ import orjson
 from services.protocol.sandboxes import ExecRequest, LeaseRequest, Resources
 from services.rollout_api.worker.broker_client import BrokerClient
 from services.rollout_api.worker.clients import InfraError
+from services.rollout_api.worker.warm_claims import WarmClaims
 from services.runtime.http_client import Answer, HttpClient
+from services.runtime.redis_pool import open_redis
 from services.runtime.secrets import FleetSecrets
 from services.sandbox_broker.backends import make_backend
 from services.sandbox_broker.backends.base import LABEL_LEASE, SandboxSpec
@@ -34,6 +36,7 @@ class Outcome:
     errors: int = 0
     samples: list[str] = field(default_factory=list)  # the first few error responses
     batches: int = 0  # POST /leases/batch requests that carried the leases (the worker's client)
+    claimed: int = 0  # leases the worker's client claimed straight from Redis (no broker request)
 
     def error(self, what: str) -> None:
         self.errors += 1
@@ -190,17 +193,20 @@ async def run_open(load: Load, n: int, body: dict[str, Any]) -> Outcome:
     return await run_leases(load, n, body)
 
 
-async def run_worker(load: Load, n: int, body: dict[str, Any], window_s: float) -> Outcome:
+async def run_worker(load: Load, n: int, body: dict[str, Any], window_s: float, redis_url: str | None) -> Outcome:
     """n episodes asking for their leases at once through the worker's own client
-    (``BrokerClient.lease``: its coalescer sends them as batches), each timed to the moment it holds
-    its lease. The episodes' commands start once every lease is in, as :func:`run_batched`'s do:
-    one client process runs all n episodes here, and the execs of the first episodes served would
-    otherwise delay the next ones' resumption in its event loop, which is the bench client's queue,
+    (``BrokerClient.lease``: with ``redis_url``, warm sandboxes claimed straight from Redis first, as a
+    worker does by default; then its coalescer's batches), each timed to the moment it holds its lease.
+    The episodes' commands start once every lease is in, as :func:`run_batched`'s do: one client
+    process runs all n episodes here, and the execs of the first episodes served would otherwise
+    delay the next ones' resumption in its event loop, which is the bench client's queue,
     not the lease's latency (a worker process holds a fraction of a fleet's episodes)."""
     outcome = Outcome()
     settled, all_in = [0], asyncio.Event()
+    store = open_redis(redis_url) if redis_url else None
     async with aiohttp.ClientSession() as session:
-        client = BrokerClient(session, load.url, TIMEOUT_S, token=load.secrets.service_token, batch_window_s=window_s)
+        client = BrokerClient(session, load.url, TIMEOUT_S, token=load.secrets.service_token, batch_window_s=window_s,
+                              claims=WarmClaims(store) if store is not None else None)  # fmt: skip
         request = LeaseRequest.model_validate({"wait_s": 300, "ttl_s": 600, **body})
 
         def one_in() -> None:
@@ -228,7 +234,10 @@ async def run_worker(load: Load, n: int, body: dict[str, Any], window_s: float) 
             await asyncio.gather(*(episode() for _ in range(n)))
         finally:
             outcome.batches = client.batcher.batches
+            outcome.claimed = client.claims.claimed if client.claims is not None else 0
             await client.close()
+            if store is not None:
+                await store.aclose(close_connection_pool=True)
     return outcome
 
 

@@ -197,6 +197,23 @@ def broker_instance(instance: str) -> str:
     return f"{PREFIX}:broker:{{leases}}:instance:{instance}"
 
 
+def pool_offers(label: str, instance: str) -> str:
+    """List: the warm sandboxes of one pool that one broker replica offers to workers, each claimed
+    straight from Redis (``protocol/warm_offers.py``)."""
+    return f"{PREFIX}:broker:{{leases}}:offers:{label}:{instance}"
+
+
+def pool_offerers(label: str) -> str:
+    """Set: the broker replicas with an offer list for the pool ``label``."""
+    return f"{PREFIX}:broker:{{leases}}:offerers:{label}"
+
+
+def broker_waiting(instance: str) -> str:
+    """String with a short TTL: lease requests wait in the replica's admission queue (they come before
+    a worker's claim of its warm sandboxes)."""
+    return f"{PREFIX}:broker:{{leases}}:waiting:{instance}"
+
+
 def sandbox_reap_lock(sandbox_id: str) -> str:
     """String lock: one replica removes an orphaned sandbox."""
     return f"{PREFIX}:broker:{{leases}}:reap:{sandbox_id}"

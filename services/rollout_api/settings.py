@@ -71,6 +71,9 @@ class WorkerSettings(UsesRedis, UsesServiceToken):
     lease_ttl_s: float = 120.0  # sandbox lease TTL; renewed every heartbeat
     lease_wait_s: float = 60.0  # how long the broker may queue a lease request for capacity
     lease_batch_window_s: float = Field(0.002, ge=0, le=1.0)  # leases asked within this long: one broker request
+    # warm sandboxes claimed straight from the broker's Redis first (the worker's Redis must be the
+    # broker's: otherwise there is no offer to claim and every lease goes to the broker, as when off)
+    warm_claims: bool = True
     retry_backoff_s: float = 1.0  # first infra-retry backoff; doubles per attempt
     retry_backoff_max_s: float = 30.0
     llm_timeout_s: float = 600.0  # per LLM call (also sent as X-Deadline-S)

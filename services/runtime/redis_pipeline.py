@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Awaitable, Sequence
+import hashlib
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
 import hiredis
@@ -200,3 +201,16 @@ def pipelined(client: Redis) -> PipelinedRedis | None:
         timeout_s=float(kwargs.get("socket_timeout") or 60.0),
         connect_timeout_s=float(kwargs.get("socket_connect_timeout") or 5.0),
     )  # fmt: skip
+
+
+ScriptRun = Callable[[Sequence[Any], Sequence[Any]], Awaitable[Any]]
+
+
+def script_runner(client: Redis, link: PipelinedRedis | None, source: str) -> ScriptRun:
+    """``run(keys, args)``: the Lua script over the pipelined ``link`` where there is one (loaded
+    again after a NOSCRIPT), else over the redis-py ``client``."""
+    if link is None:
+        script = client.register_script(source)
+        return lambda keys_, args: script(keys=list(keys_), args=list(args))
+    sha = hashlib.sha1(source.encode()).hexdigest()
+    return lambda keys_, args: link.evalsha(sha, source, [len(keys_), *keys_, *args])

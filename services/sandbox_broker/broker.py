@@ -37,6 +37,7 @@ from services.sandbox_broker.forks import SetUp, SharedSetups
 from services.sandbox_broker.lease_cache import LeaseCache
 from services.sandbox_broker.leases import LeaseRecord, LeaseStore
 from services.sandbox_broker.metrics import BrokerMetrics
+from services.sandbox_broker.offers import Offers
 from services.sandbox_broker.pools import PoolKey, Pools
 from services.sandbox_broker.settings import BrokerSettings
 from services.sandbox_broker.starts import SandboxStarts
@@ -62,8 +63,8 @@ class Broker:
         self.metrics = metrics
         self.instance = settings.instance_name()
         self.starts = SandboxStarts(settings, backend, store, templates, metrics, self.instance)
-        self.pools = Pools(backend, metrics, self.starts.pooled)
-        self.admission = Admission()
+        self.admission = Admission()  # the pools offer sandboxes to workers too (claimed straight from Redis)
+        self.pools = Pools(backend, metrics, self.starts.pooled, self._offers(), lambda: self.admission.waiting)
         self.capabilities: dict[str, Any] = {}
         self.setups = SharedSetups(backend, settings.shared_setup_ttl_s)
         self.cache = LeaseCache(store.client)
@@ -110,7 +111,7 @@ class Broker:
         warm = await self._warm_lease(lease_id, template, request, started)
         if warm is not None:
             return warm
-        with self.pools.queued(self._pool_key(template, request)):  # its pool refills for it meanwhile
+        with self.pools.queued(PoolKey.serving(template, request)):  # its pool refills for it meanwhile
             await self._admit(lease_id, request)
         self.metrics.lease_wait.observe(time.monotonic() - started)
         try:
@@ -136,7 +137,7 @@ class Broker:
         started = time.monotonic()
         template = await self.templates.get(request.template)
         self.check_isolation(request.isolation or template.isolation)
-        key = self._pool_key(template, request)
+        key = PoolKey.serving(template, request)
         if key is None or not self.pools.ready(key):  # no take: the pool's miss is counted by POST /leases
             return None
         return await self._warm_lease("lse-" + secrets.token_hex(12), template, request, started)
@@ -146,25 +147,27 @@ class Broker:
         """The warm path: a pooled sandbox, admitted and recorded in one Redis round trip. None (the
         request takes the queue and the cold path) when others wait for capacity, the pool is empty, or
         the limits refuse it (the sandbox goes back to its pool)."""
-        key = self._pool_key(template, request)
+        key = PoolKey.serving(template, request)
         if key is None or request.setup is not None or self.admission.waiting:
             return None
-        sandbox = self.pools.take(key)
-        if sandbox is None:
-            return None
-        record = self.starts.record(lease_id, template, request, sandbox, True, None, started)
-        epoch = self.cache.epoch
-        try:
-            refused = await self.store.reserve_live(record, self._limits())
-        except BaseException:
-            self.pools.settled(sandbox.sandbox_id)  # the script may have run: never pooled again (the reaper's)
-            raise
-        if refused:
-            self.pools.give_back(key, sandbox)
-            return None
-        self.pools.settled(sandbox.sandbox_id)
-        self.metrics.lease_wait.observe(time.monotonic() - started)
-        return await self._handed_out(record, template, epoch)
+        while (sandbox := self.pools.take(key)) is not None:
+            record = self.starts.record(lease_id, template, request, sandbox, True, None, started)
+            epoch = self.cache.epoch
+            try:
+                refused = await self.store.reserve_live(record, self._limits(), self.pools.offer(key, sandbox))
+            except BaseException:
+                self.pools.settled(sandbox.sandbox_id)  # the script may have run: never pooled again (the reaper's)
+                raise
+            if refused == 4:  # a worker claimed it from Redis first (the sandbox is that lease's): the next one
+                self.pools.claimed(key, sandbox)
+                continue
+            if refused:
+                self.pools.give_back(key, sandbox)
+                return None
+            self.pools.settled(sandbox.sandbox_id)
+            self.metrics.lease_wait.observe(time.monotonic() - started)
+            return await self._handed_out(record, template, epoch)
+        return None
 
     async def _handed_out(self, record: LeaseRecord, template: Template, epoch: int) -> Lease:
         lease = record.lease
@@ -191,13 +194,9 @@ class Broker:
     def _limits(self) -> tuple[int, int, int]:
         return self.settings.max_leases, self.settings.max_backend_leases, self.settings.job_quota
 
-    @staticmethod
-    def _pool_key(template: Template, request: LeaseRequest) -> PoolKey | None:
-        """The warm pool a request can be served from (its template's own resources, no network)."""
-        same = request.resources == template.resources and request.isolation in (None, template.isolation)
-        if request.network == "none" and same:
-            return PoolKey.of(template.name, template.resources)
-        return None
+    def _offers(self) -> Offers | None:
+        settings = self.settings
+        return Offers(self.store, self.instance, self._limits(), self.backend.name) if settings.warm_offers else None
 
     async def _admit(self, lease_id: str, request: LeaseRequest) -> None:
         deadline = time.time() + request.wait_s + self.settings.create_timeout_s
@@ -231,11 +230,10 @@ class Broker:
         return setup.sandbox, warm, setup
 
     async def _sandbox_for(self, lease_id: str, template: Template, request: LeaseRequest) -> tuple[Sandbox, bool]:
-        key = self._pool_key(template, request)
-        if key is not None:
-            pooled = self.pools.take(key)
-            if pooled is not None:
-                return pooled, True
+        key = PoolKey.serving(template, request)
+        pooled = await self.pools.take_unclaimed(key) if key is not None else None
+        if pooled is not None:
+            return pooled, True
         return await self.starts.cold(lease_id, template, request), False
 
     async def _abandon(self, lease_id: str) -> None:

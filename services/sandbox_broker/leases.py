@@ -10,29 +10,30 @@ deadline while reserved, the expiry once live); ``job_leases(job)`` and ``backen
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from hashlib import sha1
 from typing import Any
 
 import redis.asyncio as aioredis
 
 from services.protocol import keys
 from services.protocol.sandboxes import Lease
-from services.runtime.redis_pipeline import pipelined
+from services.runtime.redis_pipeline import ScriptRun, pipelined, script_runner
 
-# KEYS: index, job set, backend set, record. ARGV: id, deadline, max global, max backend, max job,
-# job, backend, owner, record ttl ms, then field/value pairs of a lease that goes live at once (a warm
-# sandbox in hand: one round trip). Returns 0 admitted, 1 global full, 2 backend full, 3 job full.
+# KEYS: index, job set, backend set, record, and for a warm sandbox that is on offer to workers
+# (``protocol/warm_offers.py``) its offer list. ARGV: id, deadline, max global, max backend, max job,
+# job, backend, owner, record ttl ms, the offer ("" for none), then field/value pairs of a lease that
+# goes live at once (a warm sandbox in hand: one round trip). Returns 0 admitted, 1 global full,
+# 2 backend full, 3 job full, 4 the offer was gone (a worker claimed the sandbox: nothing written).
 _ADMIT = """
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 1 end
 if redis.call('SCARD', KEYS[3]) >= tonumber(ARGV[4]) then return 2 end
 if redis.call('SCARD', KEYS[2]) >= tonumber(ARGV[5]) then return 3 end
+if ARGV[10] ~= '' and redis.call('LREM', KEYS[5], 1, ARGV[10]) == 0 then return 4 end
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('SADD', KEYS[2], ARGV[1])
 redis.call('SADD', KEYS[3], ARGV[1])
 redis.call('HSET', KEYS[4], 'job', ARGV[6], 'backend', ARGV[7], 'owner', ARGV[8], 'state', 'reserved')
-for i = 10, #ARGV, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
+for i = 11, #ARGV, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
 redis.call('PEXPIRE', KEYS[4], ARGV[9])
 return 0
 """
@@ -116,14 +117,8 @@ class LeaseStore:
         backend_prefix = keys.backend_leases("")
         self._prefixes = (job_prefix, backend_prefix, keys.leases_ended())
 
-    def _script(self, source: str) -> Callable[[list[str], list[Any]], Awaitable[Any]]:
-        """``run(keys, args)``: the script over the pipelined connection, else over redis-py."""
-        link = self.link
-        if link is None:
-            script = self.client.register_script(source)
-            return lambda keys_, args: script(keys=keys_, args=args)
-        sha = sha1(source.encode()).hexdigest()
-        return lambda keys_, args: link.evalsha(sha, source, [len(keys_), *keys_, *args])
+    def _script(self, source: str) -> ScriptRun:
+        return script_runner(self.client, self.link, source)
 
     async def _hgetall(self, key: str) -> dict[Any, Any]:
         if self.link is None:
@@ -141,18 +136,25 @@ class LeaseStore:
         """Count a lease against the limits before its sandbox exists; 0 when admitted (see ``_ADMIT``)."""
         return await self._reserve(lease_id, job, backend, owner, deadline, limits, {})
 
-    async def reserve_live(self, record: LeaseRecord, limits: tuple[int, int, int]) -> int:
-        """Admit and store a lease whose sandbox is already in hand, in one round trip; 0 when admitted."""
+    async def reserve_live(self, record: LeaseRecord, limits: tuple[int, int, int],
+                           offer: tuple[str, str] | None = None) -> int:  # fmt: skip
+        """Admit and store a lease whose sandbox is already in hand, in one round trip; 0 when admitted.
+        ``offer`` (list key, offer) is withdrawn from the workers in the same script: 4 where a worker
+        claimed it first (nothing written)."""
         lease = record.lease
         return await self._reserve(lease.id, lease.job, lease.backend, record.owner, lease.expires_at, limits,
-                                   _live_fields(record))  # fmt: skip
+                                   _live_fields(record), offer)  # fmt: skip
 
     async def _reserve(self, lease_id: str, job: str, backend: str, owner: str, deadline: float,
-                       limits: tuple[int, int, int], fields: dict[str, str]) -> int:  # fmt: skip
+                       limits: tuple[int, int, int], fields: dict[str, str],
+                       offer: tuple[str, str] | None = None) -> int:  # fmt: skip
         ttl_ms = int((deadline - time.time() + self.grace_s) * 1000)
         flat = [x for pair in fields.items() for x in pair]
-        args: list[str | int | float] = [lease_id, deadline, *limits, job, backend, owner, max(ttl_ms, 1000), *flat]
+        args: list[str | int | float] = [lease_id, deadline, *limits, job, backend, owner, max(ttl_ms, 1000),
+                                         offer[1] if offer else "", *flat]  # fmt: skip
         keys_ = [keys.leases_index(), keys.job_leases(job), keys.backend_leases(backend), keys.lease(lease_id)]
+        if offer:
+            keys_.append(offer[0])
         return int(await self._admit(keys_, args))
 
     async def activate(self, record: LeaseRecord) -> bool:

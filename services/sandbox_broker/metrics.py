@@ -34,6 +34,8 @@ class BrokerMetrics:
         self.pool_refills = Counter(
             "rollout_broker_pool_refills", "sandboxes added to a warm pool", ["pool"], registry=r
         )
+        self.pool_claims = Counter("rollout_broker_pool_claims", "warm sandboxes workers claimed straight from Redis "
+                                   "(no broker request; counted in pool_hits too)", ["pool"], registry=r)  # fmt: skip
         self.pool_dead = Counter("rollout_broker_pool_dead", "pooled sandboxes that failed the liveness check",
                                  ["pool"], registry=r)  # fmt: skip
         self.reaped = Counter(

@@ -6,7 +6,12 @@ background (every ``LIVENESS_S``), and the refill target follows demand: at leas
 ``warm_pool``, more when the observed lease rate times the observed create time says the pool
 would run dry before a refill lands, or when lease requests that it would serve wait in the
 admission queue (one more each: the queue's head finds a warm sandbox when it is admitted), up to
-``MAX_GROWTH`` x the target."""
+``MAX_GROWTH`` x the target.
+
+Each ready sandbox is also on offer to workers, who claim it straight from Redis (``offers.py``,
+``protocol/warm_offers.py``). The pool withdraws a sandbox's offer before it hands it out or
+destroys it (a withdrawal that finds the offer gone means a worker claimed it: it is that lease's
+now), and reads its offer list every ``SYNC_S`` to drop the claimed ones and refill for them."""
 
 from __future__ import annotations
 
@@ -19,10 +24,14 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
-from services.protocol.sandboxes import Resources, Template
+import redis
+
+from services.protocol.sandboxes import LeaseRequest, Resources, Template
+from services.protocol.warm_offers import pool_label
 from services.runtime.tasks import cancel_and_wait
 from services.sandbox_broker.backends.base import Backend, Sandbox
 from services.sandbox_broker.metrics import BrokerMetrics
+from services.sandbox_broker.offers import Offers
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +42,8 @@ LIVENESS_S = 5.0  # how often pooled sandboxes are checked in the background
 POOL_TTL_S = 300.0
 RATE_WINDOW_S = 30.0  # lease rate observed over this window
 MAX_GROWTH = 4  # the demand-driven target is at most this many times the configured one
+SYNC_S = 0.1  # how often a pool reads its offer list for sandboxes workers claimed
+KEEP_S = 5.0  # how often a pool renews its place among the offerers
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,13 +58,21 @@ class PoolKey:
     def of(cls, template: str, resources: Resources, network: str = "none") -> PoolKey:
         return cls(template, resources.cpus, resources.memory_mb, resources.disk_mb, network)
 
+    @classmethod
+    def serving(cls, template: Template, request: LeaseRequest) -> PoolKey | None:
+        """The warm pool a request can be served from (its template's own resources, no network)."""
+        same = request.resources == template.resources and request.isolation in (None, template.isolation)
+        if request.network == "none" and same:
+            return cls.of(template.name, template.resources)
+        return None
+
     @property
     def resources(self) -> Resources:
         return Resources(cpus=self.cpus, memory_mb=self.memory_mb, disk_mb=self.disk_mb)
 
     @property
     def label(self) -> str:
-        return f"{self.template}/{self.cpus:g}cpu/{self.memory_mb}mb/{self.disk_mb}mb/{self.network}"
+        return pool_label(self.template, self.resources, self.network)
 
 
 # creates one pooled sandbox for a pool key
@@ -71,6 +90,9 @@ class Pool:
     taken_at: deque[float] = field(default_factory=deque)  # monotonic times of recent takes
     create_s: float = 1.0  # moving average of one create
     queued: int = 0  # lease requests of this pool waiting in the admission queue
+    synced_at: float = 0.0  # monotonic time its offer list was last read
+    kept_at: float = 0.0  # ... and its place among the offerers renewed
+    on_offer: set[str] = field(default_factory=set)  # ids of its sandboxes with an offer out (ready or taken)
 
     def demand(self, now: float) -> int:
         """The size to keep: the configured target, what the observed lease rate needs while a refill
@@ -84,12 +106,16 @@ class Pool:
 
 
 class Pools:
-    def __init__(self, backend: Backend, metrics: BrokerMetrics, create: Create) -> None:
+    def __init__(self, backend: Backend, metrics: BrokerMetrics, create: Create, offers: Offers | None = None,
+                 waiting: Callable[[], int] = lambda: 0) -> None:  # fmt: skip
         self.backend = backend
         self.metrics = metrics
         self.create = create
+        self.offers = offers  # None: the sandboxes are not on offer to workers
+        self.waiting = waiting  # lease requests in the admission queue
         self._pools: dict[PoolKey, Pool] = {}
         self._lent: set[str] = set()  # taken from a pool, lease not yet recorded
+        self._offered: dict[str, tuple[Pool, str]] = {}  # sandbox id -> its pool and offer text, while on offer
         self._destroying: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -120,6 +146,47 @@ class Pools:
         self._lent.add(sandbox.sandbox_id)
         self._observe(pool)
         return sandbox
+
+    def offer(self, key: PoolKey, sandbox: Sandbox) -> tuple[str, str] | None:
+        """The offer list and text a taken ``sandbox`` is withdrawn by (None: it was not on offer)."""
+        offered = self._offered.get(sandbox.sandbox_id)
+        if offered is None or self.offers is None:
+            return None
+        return self.offers.list_key(key.label), offered[1]
+
+    async def take_unclaimed(self, key: PoolKey) -> Sandbox | None:
+        """:meth:`take`, with the sandbox's offer withdrawn (those workers claimed meanwhile skipped)."""
+        while True:
+            sandbox = self.take(key)
+            if sandbox is None:
+                return None
+            withdrawn = await self._withdraw(key, sandbox)
+            if withdrawn:
+                return sandbox
+            if withdrawn is False:
+                self.claimed(key, sandbox)
+            else:  # unknown: left to the orphan sweep, which spares it if a lease holds it
+                self._lent.discard(sandbox.sandbox_id)
+
+    def claimed(self, key: PoolKey, sandbox: Sandbox) -> None:
+        """A worker claimed this sandbox (its lease is recorded): no longer the pool's."""
+        self._lent.discard(sandbox.sandbox_id)
+        self._forget_offer(sandbox.sandbox_id)
+        self.metrics.pool_claims.labels(key.label).inc()
+        self.hit(key)
+
+    async def _withdraw(self, key: PoolKey, sandbox: Sandbox) -> bool | None:
+        """Take the sandbox's offer back: True (or it was not on offer), False where a worker claimed
+        it, None where Redis did not say (the sandbox is then not used: a claim may hold it)."""
+        text = self._forget_offer(sandbox.sandbox_id)
+        if text is None or self.offers is None:
+            return True
+        try:
+            return await self.offers.withdraw(key.label, text)
+        except redis.RedisError as exc:
+            log.warning("warm pool %s: could not withdraw the offer of %s (%s); not using it", key.label,
+                        sandbox.sandbox_id, exc)  # fmt: skip
+            return None
 
     def ready(self, key: PoolKey) -> int:
         """Sandboxes of the pool ready to hand out now."""
@@ -154,15 +221,21 @@ class Pools:
         pool.ready.appendleft(sandbox)
         self._observe(pool)
 
-    def _discard(self, pool: Pool, sandbox: Sandbox) -> None:
-        """Drop a dead pooled sandbox and destroy what is left of it in the background."""
+    async def _discard(self, pool: Pool, sandbox: Sandbox) -> None:
+        """Drop a dead pooled sandbox and destroy what is left of it in the background (unless a
+        worker claimed it meanwhile: then its lease fails on it, as any lease on a dead sandbox)."""
         try:
             pool.ready.remove(sandbox)
         except ValueError:
             return  # handed out while the pool was being checked: the lease's now
-        self.metrics.pool_dead.labels(pool.key.label).inc()
-        self._destroy_later(sandbox)
         self._observe(pool)
+        withdrawn = await self._withdraw(pool.key, sandbox)
+        if withdrawn is False:
+            self.claimed(pool.key, sandbox)
+            return
+        self.metrics.pool_dead.labels(pool.key.label).inc()
+        if withdrawn:
+            self._destroy_later(sandbox)
 
     def _destroy_later(self, sandbox: Sandbox) -> None:
         task = asyncio.get_running_loop().create_task(self.backend.destroy(sandbox.sandbox_id))
@@ -170,8 +243,17 @@ class Pools:
         task.add_done_callback(self._destroying.discard)
 
     def settled(self, sandbox_id: str) -> None:
-        """The sandbox now belongs to a recorded lease (or was destroyed)."""
+        """The sandbox now belongs to a recorded lease (or was destroyed); its offer was withdrawn."""
         self._lent.discard(sandbox_id)
+        self._forget_offer(sandbox_id)
+
+    def _forget_offer(self, sandbox_id: str) -> str | None:
+        """The sandbox's offer text, no longer tracked (withdrawn, claimed, or in a lease's script)."""
+        offered = self._offered.pop(sandbox_id, None)
+        if offered is None:
+            return None
+        offered[0].on_offer.discard(sandbox_id)
+        return offered[1]
 
     def owned(self) -> set[str]:
         ids = set(self._lent)
@@ -197,12 +279,19 @@ class Pools:
             _, pending = await asyncio.wait(tasks, timeout=timeout_s)
             for task in pending:
                 await cancel_and_wait(task)
-        doomed = [s.sandbox_id for p in self._pools.values() for s in p.ready]
+        pooled = [(p.key, s) for p in self._pools.values() for s in p.ready]
+        withdrawn = await asyncio.gather(*(self._withdraw(k, s) for k, s in pooled))
+        doomed = [s.sandbox_id for (_, s), gone in zip(pooled, withdrawn, strict=True) if gone]  # not claimed
         await asyncio.gather(*(self.backend.destroy(i) for i in doomed), return_exceptions=True)
 
     async def _refill(self, pool: Pool) -> None:
         last_keepalive = last_check = time.monotonic()
+        if self.offers is not None:
+            with contextlib.suppress(redis.RedisError):  # an earlier run's offers: its sandboxes are gone
+                await self.offers.reset(pool.key.label)
         while not self._closed:
+            if self.offers is not None and time.monotonic() - pool.synced_at >= SYNC_S:
+                await self._sync(pool)
             missing = pool.demand(time.monotonic()) - len(pool.ready) - pool.creating
             if missing > 0:
                 await asyncio.gather(*(self._add(pool) for _ in range(min(missing, REFILL_PARALLEL))))
@@ -216,13 +305,13 @@ class Pools:
                 await self._keepalive(pool)
             pool.wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(pool.wake.wait(), LIVENESS_S)
+                await asyncio.wait_for(pool.wake.wait(), SYNC_S if self.offers is not None else LIVENESS_S)
 
     async def _check_liveness(self, pool: Pool) -> None:
         for sandbox in list(pool.ready):
             if not await self.backend.alive(sandbox.sandbox_id):
                 log.warning("warm pool %s: %s is gone; dropping it", pool.key.label, sandbox.sandbox_id)
-                self._discard(pool, sandbox)
+                await self._discard(pool, sandbox)
             await asyncio.sleep(0)  # a local check is a few stat calls: let requests in between, not after hundreds
 
     async def _add(self, pool: Pool) -> None:
@@ -243,6 +332,48 @@ class Pools:
         pool.ready.append(sandbox)
         self.metrics.pool_refills.labels(pool.key.label).inc()
         self._observe(pool)
+        await self._offer(pool, [sandbox])
+
+    async def _offer(self, pool: Pool, sandboxes: list[Sandbox]) -> None:
+        """Put ready sandboxes on offer to workers. Each is known as offered before the push goes out,
+        so the broker withdraws it before any use, whatever became of the push: where the push failed,
+        the withdrawal finds nothing and the sandbox is left to the orphan sweep (unused, and
+        destroyed unless a lease holds it)."""
+        if self.offers is None:
+            return
+        offers = [self.offers.describe(pool.key.template, sandbox) for sandbox in sandboxes]
+        for sandbox, offer in zip(sandboxes, offers, strict=True):
+            self._offered[sandbox.sandbox_id] = (pool, offer.encode())
+            pool.on_offer.add(sandbox.sandbox_id)
+        try:
+            await self.offers.push(pool.key.label, offers)
+        except redis.RedisError as exc:
+            log.warning("warm pool %s: could not offer %d sandboxes to workers: %s", pool.key.label, len(offers), exc)
+
+    async def _sync(self, pool: Pool) -> None:
+        """Drop the pooled sandboxes workers claimed (their offers are gone from the list) and tell
+        claimers whether requests wait in the admission queue."""
+        assert self.offers is not None
+        now = time.monotonic()
+        pool.synced_at = now
+        label = pool.key.label
+        try:
+            await self.offers.waiting(self.waiting() > 0)
+            if now - pool.kept_at >= KEEP_S:
+                pool.kept_at = now
+                await self.offers.keep(label)
+            if pool.on_offer and await self.offers.length(label) < len(pool.on_offer):
+                still = await self.offers.still_offered(label)
+                offered = [s for s in pool.ready if s.sandbox_id in pool.on_offer]
+                for sandbox in [s for s in offered if self._offered[s.sandbox_id][1] not in still]:
+                    if sandbox in pool.ready:  # not taken by the broker meanwhile (its withdrawal tells it)
+                        pool.ready.remove(sandbox)
+                        pool.taken_at.append(now)
+                        self.claimed(pool.key, sandbox)
+                self._observe(pool)
+                pool.wake.set()
+        except redis.RedisError as exc:
+            log.warning("warm pool %s: could not read its offers: %s", label, exc)
 
     async def _keepalive(self, pool: Pool) -> None:
         for sandbox in list(pool.ready):
@@ -252,6 +383,8 @@ class Pools:
                 log.warning("warm pool %s: keepalive of %s failed; dropping it", pool.key.label, sandbox.sandbox_id)
                 with contextlib.suppress(ValueError):
                     pool.ready.remove(sandbox)
+                    if await self._withdraw(pool.key, sandbox) is False:
+                        self.claimed(pool.key, sandbox)
 
     def _observe(self, pool: Pool) -> None:
         self.metrics.pool_size.labels(pool.key.label).set(len(pool.ready))

@@ -81,6 +81,9 @@ class BrokerSettings(UsesRedis, UsesAdminToken, UsesServiceToken, ServesHttp):
 
     # leases and pools
     default_warm_pool: int = Field(0, ge=0)  # warm-pool target of the built-in default template
+    # the warm pools' sandboxes on offer to workers, who claim them straight from Redis with no broker
+    # request (protocol/warm_offers.py); off: only POST /leases hands them out
+    warm_offers: bool = True
     create_timeout_s: float = Field(120.0, gt=0)  # a sandbox must be ready within this
     setup_timeout_s: float = Field(300.0, gt=0)  # template setup commands, together
     reap_interval_s: float = Field(2.0, gt=0)  # expired-lease sweep

@@ -35,7 +35,8 @@ def test_broker_benchmark_writes_its_figures(isolation: str, tmp_path: Path, red
     assert all(key in figures for key in KEYS)
     assert figures["errors"] == 0 and figures["leaked"] == 0 and figures["isolation"] == isolation
     assert figures["warm_hits"] == n and figures["cold_hits"] == 0 and figures["kill9_leases"] == n
-    assert figures["warm_lease_batches"] == 1  # the worker's client: n leases asked at once, one request
+    # the worker's client: n leases asked at once, all claimed straight from Redis (no broker request)
+    assert figures["warm_lease_claimed"] == n and figures["warm_lease_batches"] == 0
     assert figures["single_warm_hits"] == n  # the same burst, a request per lease
     assert figures["batch_warm_hits"] == n and figures["warm_lease_batch_p50_ms"] > 0  # one request, n leases
     assert figures["paced_leases"] == n and figures["paced_warm_hits"] == n  # paced: the pool was refilled first

@@ -29,6 +29,7 @@ from services.protocol.sandboxes import (
 from services.rollout_api.worker.clients import JSON_HEADERS, InfraError, bearer, error_code, held, parse_json
 from services.rollout_api.worker.lease_batches import LeaseBatcher
 from services.rollout_api.worker.outages import BROKER, Outages, Unreachable
+from services.rollout_api.worker.warm_claims import WarmClaims
 from services.runtime.http_client import Answer, ConnectFailed, Disconnected, HttpClient
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class BrokerClient:
     token: str = ""  # the broker's service token
     batch_window_s: float = 0.0  # leases asked for within this long go out together; 0: the same loop turn
     on_batch: Callable[[int], None] | None = None  # told the size of each POST /leases/batch sent (metrics)
+    claims: WarmClaims | None = None  # warm sandboxes claimed straight from Redis first (``warm_claims.py``)
     http: HttpClient = field(init=False)
     batcher: LeaseBatcher = field(init=False)  # ``lease`` goes through it (``lease_batches.py``)
     _headers: dict[str, str] = field(init=False)
@@ -56,6 +58,8 @@ class BrokerClient:
 
     async def close(self) -> None:
         await self.http.close()
+        if self.claims is not None:
+            self.claims.close()
 
     async def _call(
         self, stage: InfraStage, method: str, path: str, *, timeout_s: float | None = None, body: Any = None,

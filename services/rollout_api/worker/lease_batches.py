@@ -17,6 +17,12 @@ its callers, and while the broker is unreachable the batch is held and sent agai
 A caller cancelled while it waits takes its request out of a batch not yet sent; a lease made for it
 anyway is released in the background, and no other caller's lease is touched.
 
+Where the client has Redis (``warm_claims.py``), the batch's requests a warm sandbox can serve are
+first claimed straight from the pools' offers in Redis, with no broker request; only what is left
+goes to the broker as above. A batch then goes out as soon as it holds one claim script's worth
+(``CHUNK``) rather than at the end of the window: the first episodes of a burst are claimed while
+the next ones still ask.
+
 Requests with a ``setup`` or with network never take a warm sandbox (the broker creates one for them),
 so they keep ``POST /leases``: in a batch they could only miss.
 """
@@ -30,6 +36,7 @@ from typing import TYPE_CHECKING
 from services.protocol.sandboxes import MAX_LEASE_BATCH, Lease, LeaseRequest
 from services.protocol.status import ErrorCode
 from services.rollout_api.worker.clients import InfraError
+from services.rollout_api.worker.warm_claims import CHUNK
 
 if TYPE_CHECKING:
     from services.rollout_api.worker.broker_client import BrokerClient
@@ -56,7 +63,7 @@ class LeaseBatcher:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Lease] = loop.create_future()
         self._gathering.append((request, future))
-        if len(self._gathering) >= self.max_batch:
+        if len(self._gathering) >= (CHUNK if self.client.claims is not None else self.max_batch):
             self.flush()
         elif self._due is None:
             self._due = loop.call_later(self.window_s, self.flush) if self.window_s > 0 else loop.call_soon(self.flush)
@@ -81,8 +88,11 @@ class LeaseBatcher:
             task.add_done_callback(self.sending.discard)
 
     async def _send(self, batch: list[Waiter]) -> None:
-        requests = [request for request, _ in batch]
         try:
+            batch = await self._claim(batch)
+            if not batch:
+                return
+            requests = [request for request, _ in batch]
             outcomes = await self._outcomes(requests)
             again = []
             for waiter, outcome in zip(batch, outcomes, strict=True):
@@ -104,6 +114,21 @@ class LeaseBatcher:
                 else:
                     future.cancel()
             raise
+
+    async def _claim(self, batch: list[Waiter]) -> list[Waiter]:
+        """Warm sandboxes claimed straight from Redis where the client can (``warm_claims.py``), each
+        caller answered as its chunk is claimed; the waiters left for the broker."""
+        claims = self.client.claims
+        if claims is None:
+            return batch
+        answered: set[int] = set()
+
+        def got(i: int, lease: Lease) -> None:
+            answered.add(i)
+            self._settle(batch[i], lease)
+
+        await claims.claim([request for request, _ in batch], got)
+        return [waiter for i, waiter in enumerate(batch) if i not in answered] if answered else batch
 
     def _settle(self, waiter: Waiter, outcome: Lease | Exception) -> None:
         future = waiter[1]

@@ -12,6 +12,7 @@ import socket
 import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.asyncio import Redis
 
 from services.rollout_api.settings import WorkerSettings
 from services.rollout_api.worker import grading
@@ -22,6 +23,7 @@ from services.rollout_api.worker.metrics import WorkerMetrics
 from services.rollout_api.worker.outages import BROKER, PROXY, Breaker, Outages
 from services.rollout_api.worker.proxy_client import ProxyClient
 from services.rollout_api.worker.tokenization import ChatTokenizer
+from services.rollout_api.worker.warm_claims import WarmClaims
 from services.rollout_api.worker.worker import Worker
 from services.runtime.http_client import HttpClient
 from services.runtime.limits import raise_fd_limit
@@ -80,7 +82,8 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
                               token=settings.client_token(), on_wait=lambda _: metrics.llm_capacity_waits.inc()),
             broker=BrokerClient(session, settings.broker_url.rstrip("/"), settings.broker_timeout_s, outages,
                                 token=settings.client_token(), batch_window_s=settings.lease_batch_window_s,
-                                on_batch=functools.partial(_batched, metrics)),
+                                on_batch=functools.partial(_batched, metrics),
+                                claims=_warm_claims(settings, redis, metrics)),
             tokenizer=tokenizer, settings=settings, worker_id=worker_id, metrics=metrics, pool_tokenizers=by_pool,
             redis=redis, outages=outages,
         )  # fmt: skip
@@ -109,6 +112,15 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
 def _batched(metrics: WorkerMetrics, leases: int) -> None:
     metrics.lease_batches.inc()
     metrics.batched_leases.inc(leases)
+
+
+def _warm_claims(settings: WorkerSettings, redis: Redis, metrics: WorkerMetrics) -> WarmClaims | None:
+    return WarmClaims(redis, functools.partial(_claims, metrics)) if settings.warm_claims else None
+
+
+def _claims(metrics: WorkerMetrics, claimed: int, asked: int) -> None:
+    metrics.lease_claims.labels("claimed").inc(claimed)
+    metrics.lease_claims.labels("left_to_broker").inc(asked - claimed)
 
 
 def _connections(client: HttpClient) -> float:

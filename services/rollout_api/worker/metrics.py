@@ -72,6 +72,10 @@ class WorkerMetrics:
         self.batched_leases = Counter(
             "rollout_worker_batched_leases_total", "leases asked for in POST /leases/batch requests", registry=r
         )
+        self.lease_claims = Counter(
+            "rollout_worker_lease_claims_total", "leases asked of the warm pools' offers in Redis, by outcome",
+            ["outcome"], registry=r,
+        )  # fmt: skip
         self.lease_batch_max = Gauge(
             "rollout_worker_lease_batch_max", "leases one POST /leases/batch carries at most", registry=r
         )
