@@ -24,6 +24,7 @@ from services.protocol.warm_offers import pool_label
 from services.rollout_api.worker.broker_client import BrokerClient
 from services.rollout_api.worker.clients import InfraError
 from services.rollout_api.worker.warm_claims import WarmClaims
+from services.runtime.net import free_port
 from services.runtime.redis_pool import open_redis
 from tests.sandbox_broker.conftest import BrokerFactory, needs_bwrap
 from tests.support.processes import ServiceProcess
@@ -200,3 +201,34 @@ async def test_with_offers_off_nothing_is_offered_and_leases_go_to_the_broker(
         lease = await client.lease(LeaseRequest(ttl_s=60, job="off"))
         assert claims.claimed == 0 and lease.warm  # the broker's own warm path
         await client.release(lease.id)
+
+
+@needs_bwrap
+async def test_no_claim_while_requests_wait_in_the_brokers_queue(start_broker: BrokerFactory, redis_url: str) -> None:
+    broker = await _pooled(start_broker, 2)
+    store: aioredis.Redis = open_redis(redis_url)
+    try:
+        # what the broker's pools say every 100 ms while its admission queue holds requests
+        await store.set(keys.broker_waiting("b1"), "1", px=60_000)
+        async with _client(broker.url, redis_url) as (client, claims):
+            got: list[Lease] = []
+            await claims.claim([LeaseRequest(ttl_s=60, job="wait")], lambda _, lease: got.append(lease))
+            assert got == [] and await store.llen(keys.pool_offers(POOL, "b1")) == 2  # nothing taken
+            await store.delete(keys.broker_waiting("b1"))
+            lease = await client.lease(LeaseRequest(ttl_s=60, job="wait"))
+            assert claims.claimed == 1 and lease.warm
+            await client.release(lease.id)
+    finally:
+        await store.aclose(close_connection_pool=True)
+
+
+@needs_bwrap
+async def test_with_redis_out_of_reach_the_broker_serves_the_leases(start_broker: BrokerFactory) -> None:
+    broker = await _pooled(start_broker, 2)
+    unreachable = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    async with _client(broker.url, unreachable) as (client, claims):
+        leases = await asyncio.gather(*(client.lease(LeaseRequest(ttl_s=60, job="away")) for _ in range(2)))
+        assert claims.claimed == 0 and client.batcher.batches == 1  # the claim failed: one POST /leases/batch
+        assert all(lease.warm for lease in leases)
+        for lease in leases:
+            await client.release(lease.id)
