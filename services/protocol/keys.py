@@ -208,6 +208,11 @@ def pool_offerers(label: str) -> str:
     return f"{PREFIX}:broker:{{leases}}:offerers:{label}"
 
 
+def offer_lists(instance: str) -> str:
+    """Set: the pools a broker replica has offered sandboxes of (its lists dropped when it starts again)."""
+    return f"{PREFIX}:broker:{{leases}}:offer-lists:{instance}"
+
+
 def broker_waiting(instance: str) -> str:
     """String with a short TTL: lease requests wait in the replica's admission queue (they come before
     a worker's claim of its warm sandboxes)."""

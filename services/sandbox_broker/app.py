@@ -98,7 +98,7 @@ def _install_routes(app: FastAPI, settings: BrokerSettings, metrics: BrokerMetri
     @app.get("/healthz")
     async def healthz(broker: BrokerDep) -> dict[str, object]:
         return {"status": "ok", "backend": settings.backend, "instance": broker.instance,
-                "isolation": broker.capabilities, "pools": broker.pools.sizes(),
+                "isolation": broker.capabilities, "pools": await broker.pools.current_sizes(),
                 "waiting": broker.admission.waiting, **broker.generation.health()}  # fmt: skip
 
     @app.get("/metrics")

@@ -80,6 +80,7 @@ class Broker:
         quota = str(self.capabilities.get("disk_quota", "none"))  # local, docker; e2b: its template sets the disk
         self.metrics.disk_quota.set(0 if quota.startswith("none") else 1)
         self.metrics.lease_limit.set(self.settings.max_leases)
+        await self.pools.start()
         self.cache.start()
 
     def start_pools(self, templates: list[Template]) -> None:

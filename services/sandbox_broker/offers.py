@@ -39,14 +39,19 @@ class Offers:
     def list_key(self, label: str) -> str:
         return keys.pool_offers(label, self.instance)
 
-    async def reset(self, label: str) -> None:
-        """Drop what an earlier run of this replica offered (its sandboxes are gone or orphans)."""
-        await self._run("DEL", self.list_key(label))
+    async def reset(self) -> None:
+        """Drop every list an earlier run of this replica offered (its sandboxes are gone, or orphans
+        the reaper's start-up sweep destroys), whether or not this run keeps the same pools."""
+        registry = keys.offer_lists(self.instance)
+        for label in await self._run("SMEMBERS", registry):
+            await self._run("DEL", self.list_key(label.decode() if isinstance(label, bytes) else label))
+        await self._run("DEL", registry)
 
     async def push(self, label: str, offers: list[Offer]) -> None:
         """Offer the sandboxes (each withdrawn by its text, ``Offer.encode``)."""
         texts = [offer.encode() for offer in offers]
         key = self.list_key(label)
+        await self._run("SADD", keys.offer_lists(self.instance), label)
         await self._run("LPUSH", key, *texts)
         await self._run("SADD", keys.pool_offerers(label), self.instance)
         await self._run("PEXPIRE", key, LIST_TTL_MS)

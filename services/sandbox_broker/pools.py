@@ -119,6 +119,14 @@ class Pools:
         self._destroying: set[asyncio.Task[None]] = set()
         self._closed = False
 
+    async def start(self) -> None:
+        """Before any pool: drop what an earlier run of this replica offered."""
+        if self.offers is not None:
+            try:
+                await self.offers.reset()
+            except redis.RedisError as exc:  # its lists expire (LIST_TTL_MS) and its heartbeat is new: logged
+                log.warning("could not drop the offers of an earlier run of this replica: %s", exc)
+
     def ensure(self, template: Template) -> None:
         """Keep ``template.warm_pool`` sandboxes of the template's own resources ready."""
         key = PoolKey.of(template.name, template.resources)
@@ -256,7 +264,7 @@ class Pools:
         return offered[1]
 
     def owned(self) -> set[str]:
-        ids = set(self._lent)
+        ids = set(self._lent) | self._offered.keys()  # offered: also one whose offer is on its way
         for pool in self._pools.values():
             ids.update(s.sandbox_id for s in pool.ready)
         return ids
@@ -267,6 +275,14 @@ class Pools:
 
     def sizes(self) -> dict[str, int]:
         return {p.key.label: len(p.ready) for p in self._pools.values()}
+
+    async def current_sizes(self) -> dict[str, int]:
+        """:meth:`sizes` with the claims made since the last sync taken off (``/healthz``: a pool read
+        as full has that many sandboxes no worker has claimed)."""
+        if self.offers is not None:
+            for pool in list(self._pools.values()):
+                await self._sync(pool)
+        return self.sizes()
 
     async def close(self, timeout_s: float = 60.0) -> None:
         """Stop refilling and destroy the pooled sandboxes. Creates in flight are waited for (a create
@@ -286,9 +302,6 @@ class Pools:
 
     async def _refill(self, pool: Pool) -> None:
         last_keepalive = last_check = time.monotonic()
-        if self.offers is not None:
-            with contextlib.suppress(redis.RedisError):  # an earlier run's offers: its sandboxes are gone
-                await self.offers.reset(pool.key.label)
         while not self._closed:
             if self.offers is not None and time.monotonic() - pool.synced_at >= SYNC_S:
                 await self._sync(pool)
@@ -329,10 +342,10 @@ class Pools:
         if self._closed or len(pool.ready) >= pool.demand(time.monotonic()):
             await self.backend.destroy(sandbox.sandbox_id)
             return
+        await self._offer(pool, [sandbox])  # on offer before it counts as ready (``/healthz``, the metrics)
         pool.ready.append(sandbox)
         self.metrics.pool_refills.labels(pool.key.label).inc()
         self._observe(pool)
-        await self._offer(pool, [sandbox])
 
     async def _offer(self, pool: Pool, sandboxes: list[Sandbox]) -> None:
         """Put ready sandboxes on offer to workers. Each is known as offered before the push goes out,

@@ -232,3 +232,47 @@ async def test_with_redis_out_of_reach_the_broker_serves_the_leases(start_broker
         assert all(lease.warm for lease in leases)
         for lease in leases:
             await client.release(lease.id)
+
+
+@needs_bwrap
+async def test_a_replica_started_again_without_its_pool_leaves_no_offer_behind(
+    start_broker: BrokerFactory, redis_url: str
+) -> None:
+    broker = await _pooled(start_broker, 2)
+    store: aioredis.Redis = open_redis(redis_url)
+    try:
+        broker.kill()  # kill -9: its two offers stay behind, and the same name starts again at once
+        start_broker("--warm-pool", "0")  # no pool this time, and its heartbeat is live
+        assert await store.llen(keys.pool_offers(POOL, "b1")) == 0  # dropped at its start
+        claims = WarmClaims(store)
+        got: list[Lease] = []
+        await claims.claim([LeaseRequest(ttl_s=60, job="gone")], lambda _, lease: got.append(lease))
+        assert got == [] and await store.scard(keys.job_leases("gone")) == 0
+        claims.close()
+    finally:
+        await store.aclose(close_connection_pool=True)
+
+
+@needs_bwrap
+async def test_healthz_counts_a_pool_without_the_sandboxes_workers_claimed(
+    start_broker: BrokerFactory, redis_url: str
+) -> None:
+    broker = start_broker()
+    async with httpx.AsyncClient(base_url=broker.url, timeout=60) as http:
+        slow = {"name": "slow", "setup": ["sleep 2"], "warm_pool": 3}  # a refill takes 2 s at least
+        assert (await http.post("/templates", json=slow)).status_code == 201
+        await _until("the pool", lambda: _sized(http, 3))
+        async with _client(broker.url, redis_url) as (client, claims):
+            got: list[Lease] = []
+            asked = [LeaseRequest(template="slow", ttl_s=60, job="h")] * 2
+            await claims.claim(asked, lambda _, lease: got.append(lease))
+            assert len(got) == 2
+            # at once, not at the pool's next look at its offers: what the bench's wait_pool relies on
+            assert (await http.get("/healthz")).json()["pools"]["slow/1cpu/2048mb/10240mb/none"] == 1
+            for lease in got:
+                await client.release(lease.id)
+
+
+async def _sized(http: httpx.AsyncClient, size: int) -> bool:
+    pools: dict[str, int] = (await http.get("/healthz")).json()["pools"]
+    return sum(pools.values()) == size
