@@ -158,16 +158,11 @@ class Pools:
     def offer(self, key: PoolKey, sandbox: Sandbox) -> tuple[str, str] | None:
         """The offer list and text a taken ``sandbox`` is withdrawn by (None: it was not on offer)."""
         offered = self._offered.get(sandbox.sandbox_id)
-        if offered is None or self.offers is None:
-            return None
-        return self.offers.list_key(key.label), offered[1]
+        return None if offered is None or self.offers is None else (self.offers.list_key(key.label), offered[1])
 
     async def take_unclaimed(self, key: PoolKey) -> Sandbox | None:
         """:meth:`take`, with the sandbox's offer withdrawn (those workers claimed meanwhile skipped)."""
-        while True:
-            sandbox = self.take(key)
-            if sandbox is None:
-                return None
+        while (sandbox := self.take(key)) is not None:
             withdrawn = await self._withdraw(key, sandbox)
             if withdrawn:
                 return sandbox
@@ -175,6 +170,7 @@ class Pools:
                 self.claimed(key, sandbox)
             else:  # unknown: left to the orphan sweep, which spares it if a lease holds it
                 self._lent.discard(sandbox.sandbox_id)
+        return None
 
     def claimed(self, key: PoolKey, sandbox: Sandbox) -> None:
         """A worker claimed this sandbox (its lease is recorded): no longer the pool's."""

@@ -135,10 +135,13 @@ async def test_claims_and_the_brokers_own_leases_never_share_a_sandbox(
             assert answer.status_code == 201, answer.text
             return Lease.model_validate(answer.json())
 
+        # the claims' connection opened and their script loaded first (a claim no pool serves), so that
+        # they race the broker's own leases from the start; which side wins how many varies with the load
+        await claims.claim([LeaseRequest(template="no-pool", job="race")], lambda _, lease: None)
         asked = [client.lease(LeaseRequest(ttl_s=60, job="race", wait_s=60)) for _ in range(6)]
         leases = await asyncio.gather(*asked, *(by_broker() for _ in range(6)))
         assert len({lease.sandbox_id for lease in leases}) == 12  # each sandbox one lease's
-        assert claims.claimed >= 1 and sum(lease.warm for lease in leases) >= 6
+        assert sum(lease.warm for lease in leases) >= 6  # the pool's 6 went to one side or the other
         for lease in leases:
             assert (await client.exec(lease.id, ExecRequest(shell="true", timeout_s=30))).exit_code == 0
             await client.release(lease.id)
