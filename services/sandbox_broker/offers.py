@@ -4,7 +4,6 @@ uses or destroys a sandbox itself, and read back to see which ones workers claim
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from services.protocol import keys
@@ -12,7 +11,6 @@ from services.protocol.warm_offers import Offer
 from services.sandbox_broker.backends.base import Sandbox
 from services.sandbox_broker.leases import LeaseStore
 
-log = logging.getLogger(__name__)
 LIST_TTL_MS = 600_000  # an offer list outlives its replica by this long (refreshed while it lives)
 WAITING_TTL_MS = 2_000  # the waiting flag outlives the last tick that saw the queue non-empty
 
@@ -47,9 +45,8 @@ class Offers:
             await self._run("DEL", self.list_key(label.decode() if isinstance(label, bytes) else label))
         await self._run("DEL", registry)
 
-    async def push(self, label: str, offers: list[Offer]) -> None:
-        """Offer the sandboxes (each withdrawn by its text, ``Offer.encode``)."""
-        texts = [offer.encode() for offer in offers]
+    async def push(self, label: str, texts: list[str]) -> None:
+        """Offer the sandboxes by their texts (``Offer.encode``; each withdrawn by its text)."""
         key = self.list_key(label)
         await self._run("SADD", keys.offer_lists(self.instance), label)
         await self._run("LPUSH", key, *texts)

@@ -350,14 +350,14 @@ class Pools:
         destroyed unless a lease holds it)."""
         if self.offers is None:
             return
-        offers = [self.offers.describe(pool.key.template, sandbox) for sandbox in sandboxes]
-        for sandbox, offer in zip(sandboxes, offers, strict=True):
-            self._offered[sandbox.sandbox_id] = (pool, offer.encode())
+        texts = [self.offers.describe(pool.key.template, sandbox).encode() for sandbox in sandboxes]
+        for sandbox, text in zip(sandboxes, texts, strict=True):
+            self._offered[sandbox.sandbox_id] = (pool, text)
             pool.on_offer.add(sandbox.sandbox_id)
         try:
-            await self.offers.push(pool.key.label, offers)
+            await self.offers.push(pool.key.label, texts)
         except redis.RedisError as exc:
-            log.warning("warm pool %s: could not offer %d sandboxes to workers: %s", pool.key.label, len(offers), exc)
+            log.warning("warm pool %s: could not offer %d sandboxes to workers: %s", pool.key.label, len(texts), exc)
 
     async def _sync(self, pool: Pool) -> None:
         """Drop the pooled sandboxes workers claimed (their offers are gone from the list) and tell
