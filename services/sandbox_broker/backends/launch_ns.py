@@ -128,7 +128,8 @@ class LaunchNamespace:
         try:
             with theirs:
                 argv = [self.python, "-I", "-S", "-c", HOLDER, str(self.sandboxes)]
-                proc = subprocess.Popen(argv, stdin=theirs.fileno(), stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"})
+                env = {"PATH": "/usr/bin:/bin"}
+                proc = subprocess.Popen(argv, stdin=theirs.fileno(), stderr=subprocess.PIPE, env=env)
             ours.settimeout(START_TIMEOUT_S)
             ready = ours.recv(16)
         except OSError as exc:
