@@ -141,6 +141,8 @@ class LaunchNamespace:
             ours.close()
             proc.wait()
             said = proc.stderr.read().decode(errors="replace")[-500:] if proc.stderr else ""
+            if proc.stderr is not None:
+                proc.stderr.close()
             self.problem = f"the launch namespace's holder ended: {said.strip() or proc.returncode}"
             log.warning("%s: sandboxes start from the broker's mount namespace", self.problem)
             return
@@ -241,4 +243,6 @@ class LaunchNamespace:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            if proc.stderr is not None:
+                proc.stderr.close()
         self.dead.clear()
