@@ -32,6 +32,7 @@ import os
 import socket
 import subprocess
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,11 @@ def clone_tree(path: Path) -> int:
         err = ctypes.get_errno()
         raise OSError(err, f"open_tree({path}): {os.strerror(err)}")
     return fd
+
+
+def launching(space: LaunchNamespace | None, root: Path, brief: bool) -> AbstractAsyncContextManager[str | None]:
+    """``space.attached``, or the broker's own namespace (None) where there is no launch namespace."""
+    return space.attached(root, brief) if space is not None else contextlib.nullcontext(None)
 
 
 class LaunchNamespace:

@@ -11,14 +11,13 @@ this one after a restart, finds it again by id; nothing runs between commands.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
 import secrets
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,7 +47,7 @@ from services.sandbox_broker.backends.bwrap import HostProbe, SandboxPaths, prob
 from services.sandbox_broker.backends.cgroups import Cgroups
 from services.sandbox_broker.backends.create_phases import PhaseClock
 from services.sandbox_broker.backends.gateway_forwarder import GatewayForwarders, relay_command
-from services.sandbox_broker.backends.launch_ns import LaunchNamespace
+from services.sandbox_broker.backends.launch_ns import LaunchNamespace, launching
 from services.sandbox_broker.backends.leftovers import teardown
 from services.sandbox_broker.backends.local_commands import (
     AGENT_ENV,
@@ -93,7 +92,8 @@ class LocalBackend:
         self._bwrap: str | None = None
         forks = settings.agent_zygote and os.geteuid() == 0  # it enters the sandboxes' namespaces: root only
         self.agents = ExecAgents(AgentZygote(HOST_PYTHON, AGENT_ENV) if forks else None)
-        self.launch = LaunchNamespace(self.root, HOST_PYTHON) if settings.launch_namespace and forks else None
+        root = os.geteuid() == 0  # it mounts: root only
+        self.launch = LaunchNamespace(self.root, HOST_PYTHON) if settings.launch_namespace and root else None
         self.use_agents = settings.exec_agents
         self.known = KnownSandboxes()
         self.agents_dir = str(settings.agents_dir.resolve()) if settings.agents_dir else None
@@ -288,7 +288,7 @@ class LocalBackend:
     async def _exec_alone(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], request: ExecRequest,
                           command: list[str], cwd: str, env: dict[str, str], cap: int,
                           sink: OutputSink | None) -> ExecResult:  # fmt: skip
-        async with self._launching(paths, meta, brief=False) as mount_ns:
+        async with launching(self._launch_ns(meta), paths.root, brief=False) as mount_ns:
             if self._bwrap is None and meta.get("isolation") != "gvisor":  # --allow-unisolated, no bwrap: UNSAFE
                 argv, host_cwd = command, str(self._unisolated_cwd(paths, cwd))
             else:
@@ -302,14 +302,9 @@ class LocalBackend:
             finally:
                 gvisor.done_with(argv)
 
-    @contextlib.asynccontextmanager
-    async def _launching(self, paths: SandboxPaths, meta: dict[str, Any], brief: bool) -> AsyncIterator[str | None]:
-        """The mount namespace a bubblewrap of the sandbox starts in meanwhile (launch_ns.py), or None."""
-        if self.launch is None or self._bwrap is None or meta.get("isolation") == "gvisor":
-            yield None
-        else:
-            async with self.launch.attached(paths.root, brief) as mount_ns:
-                yield mount_ns
+    def _launch_ns(self, meta: dict[str, Any]) -> LaunchNamespace | None:
+        """Where a bubblewrap of the sandbox starts (launch_ns.py); None: the broker's own namespace."""
+        return self.launch if self._bwrap is not None and meta.get("isolation") != "gvisor" else None
 
     async def _argv(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], cwd: str, env: dict[str, str],
                     command: list[str], name: str, mount_ns: str | None = None) -> list[str]:  # fmt: skip
@@ -339,7 +334,7 @@ class LocalBackend:
 
     async def _new_agent(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], python: str) -> ExecAgent:
         workdir, log_path, zygote = workdir_of(meta), paths.root / "agent.log", self.agents.zygote
-        async with self._launching(paths, meta, brief=True) as mount_ns:  # until it is up (its namespaces made)
+        async with launching(self._launch_ns(meta), paths.root, brief=True) as mount_ns:  # until it is up
             if zygote is not None and meta.get("isolation") != "gvisor" and image_of(meta) is None:  # agent_zygote.py
                 argv = await self._argv(sandbox_id, paths, meta, workdir, AGENT_ENV, STUB, "agent", mount_ns)
                 procs = [str(p) for p in self.cgroups.procs_files(sandbox_id)]
@@ -368,17 +363,9 @@ class LocalBackend:
         paths = self._existing(sandbox_id)
         host = self._host_path(paths, path)
         try:
-            await asyncio.to_thread(self._write, paths, host, data)
+            await asyncio.to_thread(local_files.write_owned, paths, host, data, self.uid)
         except (IsADirectoryError, NotADirectoryError, FileExistsError):
             raise bad_path(path, "is a directory, or a file stands where a directory must be") from None
-
-    def _write(self, paths: SandboxPaths, host: Path, data: bytes) -> None:
-        made = [p for p in host.parents if not p.exists() and p.is_relative_to(paths.root)]
-        host.parent.mkdir(parents=True, exist_ok=True)
-        for directory in made:
-            local_prepare.own(directory, self.uid)
-        local_files.write_host_file(host, data)
-        local_prepare.own(host, self.uid)
 
     async def read_file(self, sandbox_id: str, path: str) -> bytes:
         host = self._host_path(self._existing(sandbox_id), path)
