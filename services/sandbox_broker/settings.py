@@ -48,6 +48,9 @@ class BrokerSettings(UsesRedis, UsesAdminToken, UsesServiceToken, ServesHttp):
     # the agents of namespace sandboxes without an image forked from one zygote (backends/agent_zygote.py;
     # root brokers only); off, and for gVisor and image sandboxes: a fresh interpreter per sandbox
     agent_zygote: bool = True
+    # every bubblewrap of a local sandbox starts in a small mount namespace of its own (backends/launch_ns.py;
+    # root brokers only), not the broker's, which holds every live sandbox's mounts; off: the broker's
+    launch_namespace: bool = True
 
     # docker backend
     docker_host: str | None = None  # e.g. unix:///run/docker.sock; None: DOCKER_HOST

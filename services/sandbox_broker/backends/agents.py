@@ -279,28 +279,21 @@ class ExecAgents:
         self.starting: dict[str, asyncio.Task[None]] = {}
         self.zygote = zygote  # None: every agent is a fresh interpreter
 
-    async def ensure(self, sandbox_id: str, argv: list[str], env: dict[str, str], log_path: Path,
-                     wait: bool = True, forked: dict[str, object] | None = None) -> None:  # fmt: skip
-        """Start the sandbox's agent unless it runs or is starting (``wait``: until it is up); a
-        failure is logged (its commands run without it). ``forked``: the zygote forks it into the
-        namespaces of ``argv`` (which ends in ``STUB``), as ``forked`` asks (agent_zygote.py)."""
+    async def ensure(self, sandbox_id: str, start: Callable[[], Awaitable[ExecAgent]], wait: bool = True) -> None:
+        """Start the sandbox's agent (``start``: ExecAgent.start or .fork) unless it runs or is starting
+        (``wait``: until it is up); a failure is logged (its commands run without it)."""
         if sandbox_id in self.agents and self.agents[sandbox_id].alive:
             return
         task = self.starting.get(sandbox_id)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._start(sandbox_id, argv, env, log_path, forked))
+            task = asyncio.get_running_loop().create_task(self._start(sandbox_id, start))
             self.starting[sandbox_id] = task
         if wait:
             await asyncio.shield(task)
 
-    async def _start(self, sandbox_id: str, argv: list[str], env: dict[str, str], log_path: Path,
-                     forked: dict[str, object] | None) -> None:  # fmt: skip
+    async def _start(self, sandbox_id: str, start: Callable[[], Awaitable[ExecAgent]]) -> None:
         try:
-            if forked is not None and self.zygote is not None:
-                await self.zygote.start()
-                self.agents[sandbox_id] = await ExecAgent.fork(self.zygote, argv, env, log_path, forked)
-            else:
-                self.agents[sandbox_id] = await ExecAgent.start(argv, env, log_path)
+            self.agents[sandbox_id] = await start()
         except OSError as exc:  # TimeoutError included: a host this loaded is better off without
             log.warning("no exec agent in %s (%r): its commands start a bubblewrap each", sandbox_id, exc)
         finally:

@@ -34,12 +34,20 @@ from services.sandbox_broker.backends import (
     overlay,
     snapshots,
 )
-from services.sandbox_broker.backends.agents import STUB, AgentRequest, AgentZygote, ExecAgents, agent_command
+from services.sandbox_broker.backends.agents import (
+    STUB,
+    AgentRequest,
+    AgentZygote,
+    ExecAgent,
+    ExecAgents,
+    agent_command,
+)
 from services.sandbox_broker.backends.base import OutputSink, Sandbox, SandboxSpec, bad_path, sandbox_gone
 from services.sandbox_broker.backends.bwrap import HostProbe, SandboxPaths, probe_bwrap
 from services.sandbox_broker.backends.cgroups import Cgroups
 from services.sandbox_broker.backends.create_phases import PhaseClock
 from services.sandbox_broker.backends.gateway_forwarder import GatewayForwarders, relay_command
+from services.sandbox_broker.backends.launch_ns import LaunchNamespace, launching
 from services.sandbox_broker.backends.leftovers import teardown
 from services.sandbox_broker.backends.local_commands import (
     AGENT_ENV,
@@ -84,6 +92,8 @@ class LocalBackend:
         self._bwrap: str | None = None
         forks = settings.agent_zygote and os.geteuid() == 0  # it enters the sandboxes' namespaces: root only
         self.agents = ExecAgents(AgentZygote(HOST_PYTHON, AGENT_ENV) if forks else None)
+        root = os.geteuid() == 0  # it mounts: root only
+        self.launch = LaunchNamespace(self.root, HOST_PYTHON) if settings.launch_namespace and root else None
         self.use_agents = settings.exec_agents
         self.known = KnownSandboxes()
         self.agents_dir = str(settings.agents_dir.resolve()) if settings.agents_dir else None
@@ -118,6 +128,8 @@ class LocalBackend:
                                "pass --allow-unisolated to run commands without isolation (UNSAFE)")  # fmt: skip
         if not ok:
             log.warning("UNSAFE: local sandboxes run WITHOUT isolation: %s", detail)
+        elif self.launch is not None:
+            self.launch.start()
         levels = {"namespaces": "" if ok else detail}  # what a lease's isolation may ask for ("": available)
         self.gvisor.start(leftovers.probe_dir(state, "gvisor", pid), self.uid, levels)
         found = {**self.probe.as_dict(), "unsafe_unisolated": not ok, **self._limits_probe()}
@@ -131,12 +143,16 @@ class LocalBackend:
             log.warning("egress sandboxes cannot be isolated here (%s): egress leases are refused%s",
                         self.egress_problem, fallback)  # fmt: skip
         egress = f"unavailable: {self.egress_problem}" if self.egress_problem else netns.KIND
-        return {"disk_quota": disk.KIND if self.disk_quota else "none (file-size rlimit only)", "egress": egress}
+        launch = "off" if self.launch is None else self.launch.problem or "own mount namespace (launch_ns.py)"
+        return {"disk_quota": disk.KIND if self.disk_quota else "none (file-size rlimit only)", "egress": egress,
+                "launch_namespace": launch}  # fmt: skip
 
     async def close(self) -> None:
         await self.gvisor.close()
         await self.gateways.close()
         await self.agents.close()
+        if self.launch is not None:
+            self.launch.close()
         await asyncio.to_thread(self.cgroups.remove_scope)
         await asyncio.to_thread(self.images.clean_leftovers)
 
@@ -272,21 +288,26 @@ class LocalBackend:
     async def _exec_alone(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], request: ExecRequest,
                           command: list[str], cwd: str, env: dict[str, str], cap: int,
                           sink: OutputSink | None) -> ExecResult:  # fmt: skip
-        if self._bwrap is None and meta.get("isolation") != "gvisor":  # --allow-unisolated, no bwrap: UNSAFE
-            argv, host_cwd = command, str(self._unisolated_cwd(paths, cwd))
-        else:
-            argv, host_cwd = await self._argv(sandbox_id, paths, meta, cwd, env, command, "cmd"), None
-        try:
-            return await run_process(
-                argv, env=env, timeout_s=request.timeout_s, max_output_bytes=cap,
-                stdin=request.stdin.encode() if request.stdin is not None else None, cwd=host_cwd, sink=sink,
-                on_timeout=lambda: self._kill_all(sandbox_id),
-            )  # fmt: skip
-        finally:
-            gvisor.done_with(argv)
+        async with launching(self._launch_ns(meta), paths.root, brief=False) as mount_ns:
+            if self._bwrap is None and meta.get("isolation") != "gvisor":  # --allow-unisolated, no bwrap: UNSAFE
+                argv, host_cwd = command, str(self._unisolated_cwd(paths, cwd))
+            else:
+                argv, host_cwd = await self._argv(sandbox_id, paths, meta, cwd, env, command, "cmd", mount_ns), None
+            try:
+                return await run_process(
+                    argv, env=env, timeout_s=request.timeout_s, max_output_bytes=cap,
+                    stdin=request.stdin.encode() if request.stdin is not None else None, cwd=host_cwd, sink=sink,
+                    on_timeout=lambda: self._kill_all(sandbox_id),
+                )  # fmt: skip
+            finally:
+                gvisor.done_with(argv)
+
+    def _launch_ns(self, meta: dict[str, Any]) -> LaunchNamespace | None:
+        """Where a bubblewrap of the sandbox starts (launch_ns.py); None: the broker's own namespace."""
+        return self.launch if self._bwrap is not None and meta.get("isolation") != "gvisor" else None
 
     async def _argv(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], cwd: str, env: dict[str, str],
-                    command: list[str], name: str) -> list[str]:  # fmt: skip
+                    command: list[str], name: str, mount_ns: str | None = None) -> list[str]:  # fmt: skip
         """The command line that runs ``command`` in the sandbox: bubblewrap, or gVisor (gvisor.py)."""
         procs = self.cgroups.procs_files(sandbox_id)
         if meta.get("isolation") == "gvisor":
@@ -294,7 +315,8 @@ class LocalBackend:
             return await asyncio.to_thread(gvisor_argv, runsc, paths, meta, uid=self.uid, cwd=cwd, env=env,
                                            command=command, cgroup_procs=procs, name=name)  # fmt: skip
         assert self._bwrap is not None
-        return [*sandbox_prefix(self._bwrap, paths, meta, uid=self.uid, cwd=cwd, cgroup_procs=procs), *command]
+        prefix = sandbox_prefix(self._bwrap, paths, meta, uid=self.uid, cwd=cwd, cgroup_procs=procs, mount_ns=mount_ns)
+        return [*prefix, *command]
 
     async def _start_agent(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], wait: bool = True) -> None:
         """The sandbox's exec agent, started with it (or at its first command after a broker restart)."""
@@ -308,15 +330,21 @@ class LocalBackend:
             return
         if (self._bwrap is None and not gvisor_level) or python is None or not self.use_agents:
             return
-        workdir, log_path = workdir_of(meta), paths.root / "agent.log"
-        if self.agents.zygote is not None and not gvisor_level and image_of(meta) is None:  # forked (agent_zygote.py)
-            argv = await self._argv(sandbox_id, paths, meta, workdir, AGENT_ENV, STUB, "agent")
-            procs = [str(p) for p in self.cgroups.procs_files(sandbox_id)]
-            forked = {"sandbox": sandbox_id, "procs": procs, "rlimits": meta.get("rlimits", {}), "uid": self.uid,
-                      "cwd": workdir}  # fmt: skip
-            return await self.agents.ensure(sandbox_id, argv, AGENT_ENV, log_path, wait, forked)
-        argv = await self._argv(sandbox_id, paths, meta, workdir, AGENT_ENV, agent_command(python), "agent")
-        await self.agents.ensure(sandbox_id, argv, AGENT_ENV, log_path, wait)
+        await self.agents.ensure(sandbox_id, lambda: self._new_agent(sandbox_id, paths, meta, python), wait)
+
+    async def _new_agent(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], python: str) -> ExecAgent:
+        workdir, log_path, zygote = workdir_of(meta), paths.root / "agent.log", self.agents.zygote
+        async with launching(self._launch_ns(meta), paths.root, brief=True) as mount_ns:  # until it is up
+            if zygote is not None and meta.get("isolation") != "gvisor" and image_of(meta) is None:  # agent_zygote.py
+                argv = await self._argv(sandbox_id, paths, meta, workdir, AGENT_ENV, STUB, "agent", mount_ns)
+                procs = [str(p) for p in self.cgroups.procs_files(sandbox_id)]
+                forked = {"sandbox": sandbox_id, "procs": procs, "rlimits": meta.get("rlimits", {}), "uid": self.uid,
+                          "cwd": workdir}  # fmt: skip
+                await zygote.start()
+                return await ExecAgent.fork(zygote, argv, AGENT_ENV, log_path, forked)
+            command = agent_command(python)
+            argv = await self._argv(sandbox_id, paths, meta, workdir, AGENT_ENV, command, "agent", mount_ns)
+            return await ExecAgent.start(argv, AGENT_ENV, log_path)
 
     def _kill_all(self, sandbox_id: str) -> None:
         killed = self.cgroups.kill(sandbox_id)
@@ -335,17 +363,9 @@ class LocalBackend:
         paths = self._existing(sandbox_id)
         host = self._host_path(paths, path)
         try:
-            await asyncio.to_thread(self._write, paths, host, data)
+            await asyncio.to_thread(local_files.write_owned, paths, host, data, self.uid)
         except (IsADirectoryError, NotADirectoryError, FileExistsError):
             raise bad_path(path, "is a directory, or a file stands where a directory must be") from None
-
-    def _write(self, paths: SandboxPaths, host: Path, data: bytes) -> None:
-        made = [p for p in host.parents if not p.exists() and p.is_relative_to(paths.root)]
-        host.parent.mkdir(parents=True, exist_ok=True)
-        for directory in made:
-            local_prepare.own(directory, self.uid)
-        local_files.write_host_file(host, data)
-        local_prepare.own(host, self.uid)
 
     async def read_file(self, sandbox_id: str, path: str) -> bytes:
         host = self._host_path(self._existing(sandbox_id), path)

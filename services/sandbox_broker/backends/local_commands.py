@@ -34,18 +34,20 @@ def cwd_of(request: ExecRequest, meta: dict[str, Any]) -> str:
 
 
 def sandbox_prefix(bwrap: str, paths: SandboxPaths, meta: dict[str, Any], *, uid: int, cwd: str,
-                   cgroup_procs: list[Any]) -> list[str]:  # fmt: skip
-    """Everything before the command: join the cgroups and set rlimits, enter the egress namespace,
-    then bubblewrap (with the image as root where the sandbox has one)."""
+                   cgroup_procs: list[Any], mount_ns: str | None = None) -> list[str]:  # fmt: skip
+    """Everything before the command: join the cgroups and set rlimits, enter the egress namespace
+    and the launch namespace (``mount_ns``: launch_ns.py), then bubblewrap (with the image as root
+    where the sandbox has one)."""
     image = image_of(meta)
     network = meta.get("network") == "egress"
     if image is not None:
         argv = imageroot.bwrap_image_argv(bwrap, paths, image, uid=uid, network=network, cwd=cwd)
     else:
         argv = bwrap_argv(bwrap, paths, uid=uid, network=network, cwd=cwd, agents_dir=meta.get("agents_dir"))
-    if meta.get("netns"):
-        argv = [*netns.enter_prefix(paths.root), *argv]
-    return [*limits_prefix(meta.get("rlimits", {}), cgroup_procs), *argv]
+    enter = netns.enter_prefix(paths.root) if meta.get("netns") else ["nsenter"] if mount_ns else []
+    if mount_ns:  # one nsenter: it opens every namespace's path (the egress one's too) in the broker's
+        enter.append(f"--mount={mount_ns}")
+    return [*limits_prefix(meta.get("rlimits", {}), cgroup_procs), *enter, *argv]
 
 
 def gvisor_argv(runsc: Runsc, paths: SandboxPaths, meta: dict[str, Any], *, uid: int, cwd: str,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from services.protocol.errors import PlatformError
 from services.protocol.status import ErrorCode
-from services.sandbox_broker.backends import imageroot
+from services.sandbox_broker.backends import imageroot, local_prepare
 from services.sandbox_broker.backends.base import bad_path
 from services.sandbox_broker.backends.bwrap import SandboxPaths
 from services.sandbox_broker.backends.local_images import image_of, read_meta
@@ -36,6 +36,16 @@ def host_path(paths: SandboxPaths, path: str) -> Path:
                 raise bad_path(path, "resolves outside the sandbox")
             return Path(real)
     raise bad_path(path, "only paths under /workspace and /tmp can be read or written")
+
+
+def write_owned(paths: SandboxPaths, host: Path, data: bytes, uid: int) -> None:
+    """Write ``host`` (in the sandbox at ``paths``), the directories made for it and it owned by ``uid``."""
+    made = [p for p in host.parents if not p.exists() and p.is_relative_to(paths.root)]
+    host.parent.mkdir(parents=True, exist_ok=True)
+    for directory in made:
+        local_prepare.own(directory, uid)
+    write_host_file(host, data)
+    local_prepare.own(host, uid)
 
 
 def write_host_file(host: Path, data: bytes) -> None:
