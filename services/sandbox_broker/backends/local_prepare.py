@@ -14,6 +14,11 @@ from services.sandbox_broker.backends import netns
 from services.sandbox_broker.backends.base import SandboxSpec
 from services.sandbox_broker.backends.bwrap import SandboxPaths
 
+# the host's addresses (denied to egress sandboxes) are read at most this often: an address the host
+# gains is denied to the sandboxes made from then on within this long (the private, link-local and
+# reserved ranges, where a host's own addresses mostly sit, are denied whatever it has)
+HOST_NETWORKS_MAX_AGE_S = 2.0
+
 WORKDIR = "/workspace"
 
 
@@ -47,5 +52,6 @@ def network(paths: SandboxPaths, spec: SandboxSpec, egress_problem: str, allow_u
         return False
     (paths.etc / "resolv.conf").write_text(netns.RESOLV_CONF)
     (paths.etc / "hosts").write_text(netns.HOSTS)
-    netns.open_namespace(paths.root, netns.ruleset(spec.template.egress_allow, netns.host_networks()))
+    host = netns.host_networks(max_age_s=HOST_NETWORKS_MAX_AGE_S)
+    netns.open_namespace(paths.root, netns.ruleset(spec.template.egress_allow, host))
     return True

@@ -1,8 +1,9 @@
 """Egress for local sandboxes: a network namespace of their own, user-space NAT, and rules inside it.
 
 Each egress sandbox gets a network namespace kept alive by a bind mount on ``<sandbox>/netns`` (no
-holder process), a slirp4netns process that gives it a tap device behind user-space NAT, and an
-nftables ruleset loaded inside the namespace before any command runs. The commands join the
+holder process), an nftables ruleset loaded inside it by the process that makes it (``unshare
+--net=<file> nft -f -``: one process, the rules in place before anything else runs there), and a
+slirp4netns process that gives it a tap device behind user-space NAT. The commands join the
 namespace with ``nsenter --net`` and then drop to the sandbox uid; the namespace belongs to the
 host's user namespace, so the sandbox (no capabilities there) cannot change its rules.
 
@@ -58,8 +59,22 @@ def enter_prefix(root: Path) -> list[str]:
     return ["nsenter", f"--net={ns_file(root)}"]
 
 
-def host_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    """Every address of this host, and the network each one sits on (its neighbours)."""
+def host_networks(max_age_s: float = 0.0) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """Every address of this host, and the network each one sits on (its neighbours); read again
+    unless the last read is younger than ``max_age_s`` (a burst of egress creates reads it once)."""
+    global _read_at, _networks
+    if _networks is not None and time.monotonic() - _read_at < max_age_s:
+        return _networks
+    _networks, _read_at = _read_host_networks(), time.monotonic()
+    return _networks
+
+
+# when the host's networks were last read, and what they were
+_read_at: float = 0.0
+_networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] | None = None
+
+
+def _read_host_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
     done = subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True, check=False)
     found: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
     for link in json.loads(done.stdout or "[]"):
@@ -103,7 +118,7 @@ def open_namespace(root: Path, rules: str) -> int:
     """Create the namespace, start slirp4netns on it and load ``rules``; return slirp4netns's pid."""
     path = ns_file(root)
     path.touch()
-    _run(["unshare", f"--net={path}", "true"], "unshare --net")
+    _run(["unshare", f"--net={path}", "nft", "-f", "-"], "unshare --net, nft", stdin=rules)
     read_fd, write_fd = os.pipe()
     try:
         pid = _spawn_slirp(path, write_fd)
@@ -119,7 +134,6 @@ def open_namespace(root: Path, rules: str) -> int:
         os.close(read_fd)
         if write_fd >= 0:
             os.close(write_fd)
-    _run([*enter_prefix(root), "nft", "-f", "-"], "nft", stdin=rules)
     return pid
 
 
