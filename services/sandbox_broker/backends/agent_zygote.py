@@ -5,7 +5,7 @@ bubblewrap made for it. A sandbox's agent then costs a fork, not a fresh interpr
 Bubblewrap still sets each sandbox up, from the same command line as any of its commands
 (``local_commands.sandbox_prefix``: cgroups, rlimits, the egress namespace, the uid, every
 namespace, the mounts, no capabilities, no new privileges, no further user namespaces), with
-``--as-pid-1`` and a stub as its command (``agents.STUB``): ``cat`` reading a pipe that the broker
+``--as-pid-1`` and a stub as its command (``agents.STUB``): a shell reading a pipe that the broker
 holds, the namespace's init (its signals are out of the sandbox's reach, and the agent's
 ``kill(-1)`` spares it). The broker hands the zygote the stub's host pid and the agent's end of a
 socket pair (SCM_RIGHTS); the zygote forks, and the child, still root on the host, joins the

@@ -48,8 +48,8 @@ ZYGOTE_MAIN = (
     "for n in 'ab':exec(compile(s.recv(1<<20),'zygote','exec'),g)\ng['main'](s)"
 )
 # a zygote-forked agent's sandbox: bubblewrap's command, pid 1 of its namespace, says when it is set up
-# (until the broker closes its stdin)
-STUB = ["--as-pid-1", "/bin/sh", "-c", "echo; exec cat >/dev/null"]
+# and waits (the shell's own read: no second program to start) until the broker closes its stdin
+STUB = ["--as-pid-1", "/bin/sh", "-c", "echo; read -r _"]
 
 
 @cache
