@@ -4,6 +4,7 @@ the host's mounts and the sandboxes starting at that moment, not every live sand
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import subprocess
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from services.protocol.sandboxes import ExecRequest, Resources
-from services.sandbox_broker.backends import mounts
+from services.sandbox_broker.backends import launch_ns, mounts
 from services.sandbox_broker.backends.base import SandboxSpec
 from services.sandbox_broker.backends.launch_ns import LaunchNamespace
 from services.sandbox_broker.backends.local import LocalBackend
@@ -147,5 +148,27 @@ def test_sandboxes_start_from_the_launch_namespace_and_leave_it(state_dir: Path)
             assert not [p for p in mounts.mount_points() if p.startswith(str(backend.root))]
         finally:
             await backend.close()
+
+    asyncio.run(scenario())
+
+
+def test_without_the_new_mount_api_launches_stay_in_the_brokers_namespace(
+    sandboxes: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_open_tree(path: Path) -> int:
+        raise OSError(errno.ENOSYS, f"open_tree({path}): Function not implemented")
+
+    monkeypatch.setattr(launch_ns, "clone_tree", no_open_tree)
+
+    async def scenario() -> None:
+        space = LaunchNamespace(sandboxes, HOST_PYTHON)
+        space.start()
+        try:
+            assert "open_tree" in space.problem and "Function not implemented" in space.problem
+            assert space.proc is None and space.path is None  # its holder ended at once
+            async with space.attached(sandboxes / "s0", brief=True) as mount_ns:
+                assert mount_ns is None
+        finally:
+            space.close()
 
     asyncio.run(scenario())

@@ -131,6 +131,7 @@ class LaunchNamespace:
             return
         self.close_control()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        proc: subprocess.Popen[bytes] | None = None
         try:
             with theirs:
                 argv = [self.python, "-I", "-S", "-c", HOLDER, str(self.sandboxes)]
@@ -138,18 +139,21 @@ class LaunchNamespace:
                 proc = subprocess.Popen(argv, stdin=theirs.fileno(), stderr=subprocess.PIPE, env=env)
             ours.settimeout(START_TIMEOUT_S)
             ready = ours.recv(16)
-        except OSError as exc:
-            ours.close()
-            self.problem = f"the launch namespace's holder did not start: {exc}"
-            log.warning("%s: sandboxes start from the broker's mount namespace", self.problem)
-            return
+            if ready == b"ready":  # what each launch does, tried once: a kernel before 5.2 says so here
+                os.close(clone_tree(self.sandboxes))
+        except OSError as exc:  # no holder, no answer in time, or no open_tree
+            ready = str(exc).encode()
         if ready != b"ready":
             ours.close()
-            proc.wait()
-            said = proc.stderr.read().decode(errors="replace")[-500:] if proc.stderr else ""
-            if proc.stderr is not None:
-                proc.stderr.close()
-            self.problem = f"the launch namespace's holder ended: {said.strip() or proc.returncode}"
+            said = ""
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+                said = proc.stderr.read().decode(errors="replace")[-500:] if proc.stderr else ""
+                if proc.stderr is not None:
+                    proc.stderr.close()
+            why = ready.decode(errors="replace") or said.strip() or "it ended"
+            self.problem = f"the launch namespace's holder did not start: {why}"
             log.warning("%s: sandboxes start from the broker's mount namespace", self.problem)
             return
         ours.settimeout(5.0)  # a full queue waits for the holder (microseconds a request); a hung one fails
