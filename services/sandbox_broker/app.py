@@ -24,9 +24,10 @@ from services.sandbox_broker import hot_routes
 from services.sandbox_broker.auth import Caller, Callers, authenticator, hide_others, listed_job, sandbox_access
 from services.sandbox_broker.backends import make_backend
 from services.sandbox_broker.backends.create_phases import PhaseClock
+from services.sandbox_broker.backends.launch_ns import LaunchNamespace
 from services.sandbox_broker.broker import Broker
 from services.sandbox_broker.leases import LeaseStore
-from services.sandbox_broker.metrics import BrokerMetrics, PhaseCollector
+from services.sandbox_broker.metrics import BrokerMetrics, LaunchCollector, PhaseCollector
 from services.sandbox_broker.reaper import Reaper
 from services.sandbox_broker.settings import BrokerSettings
 from services.sandbox_broker.template_sources import checked_template
@@ -53,6 +54,8 @@ def create_app(
         broker = Broker(settings, make_backend(settings), store, templates, metrics)
         if isinstance(phases := getattr(broker.backend, "phases", None), PhaseClock):
             metrics.registry.register(PhaseCollector(phases))
+        if isinstance(launch := getattr(broker.backend, "launch", None), LaunchNamespace):
+            metrics.registry.register(LaunchCollector(launch))
         await broker.start()
         reaper = Reaper(broker, client)
         await reaper.start()

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from services.sandbox_broker.backends.create_phases import PhaseClock
+from services.sandbox_broker.backends.launch_ns import BRIEF_LAUNCHES, LaunchNamespace
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -81,3 +82,21 @@ class PhaseCollector(Collector):
             for key, family in families.items():
                 family.add_metric([phase], figures[key])
         yield from families.values()
+
+
+class LaunchCollector(Collector):
+    """The local backend's launch namespace (``launch_ns.py``) and its limit, read at scrape time."""
+
+    def __init__(self, space: LaunchNamespace) -> None:
+        self.space = space
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("rollout_broker_launch_namespace", "1 while sandboxes start from the launch "
+                                "namespace (/healthz isolation.launch_namespace says why not)",
+                                value=0 if self.space.path is None else 1)  # fmt: skip
+        yield GaugeMetricFamily("rollout_broker_agent_start_limit", "agent starts at once (each holds its "
+                                "sandbox in the launch namespace until it is up)", value=BRIEF_LAUNCHES)  # fmt: skip
+        yield GaugeMetricFamily("rollout_broker_agent_starts", "agent starts now (saturation = starts / limit)",
+                                value=self.space.starting)  # fmt: skip
+        yield GaugeMetricFamily("rollout_broker_launch_namespace_sandboxes", "sandboxes attached to the "
+                                "launch namespace now", value=len(self.space.users))  # fmt: skip

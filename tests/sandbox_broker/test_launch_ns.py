@@ -15,9 +15,10 @@ import pytest
 from services.protocol.sandboxes import ExecRequest, Resources
 from services.sandbox_broker.backends import launch_ns, mounts
 from services.sandbox_broker.backends.base import SandboxSpec
-from services.sandbox_broker.backends.launch_ns import LaunchNamespace
+from services.sandbox_broker.backends.launch_ns import BRIEF_LAUNCHES, LaunchNamespace
 from services.sandbox_broker.backends.local import LocalBackend
 from services.sandbox_broker.backends.local_commands import HOST_PYTHON
+from services.sandbox_broker.metrics import LaunchCollector
 from services.sandbox_broker.settings import BrokerSettings
 from services.sandbox_broker.templates import default_template
 from tests.sandbox_broker.conftest import needs_bwrap
@@ -40,6 +41,11 @@ async def held(space: LaunchNamespace, under: Path) -> list[str]:
             break
         await asyncio.sleep(0.02)
     return points
+
+
+def gauges(space: LaunchNamespace) -> dict[str, float]:
+    """What the broker's /metrics says of the launch namespace now."""
+    return {family.name: family.samples[0].value for family in LaunchCollector(space).collect()}
 
 
 def read(path: Path) -> str:
@@ -76,12 +82,18 @@ def test_the_launch_namespace_holds_a_sandbox_only_while_it_starts(sandboxes: Pa
                     assert first == second == space.path
                     inside = [p for p in holder_points(space) if p.startswith(str(sandboxes))]
                     assert sorted(inside) == [str(sandboxes / "s0"), str(sandboxes / "s0" / "rw")]
+                    assert gauges(space) == {"rollout_broker_launch_namespace": 1.0,
+                                             "rollout_broker_agent_start_limit": float(BRIEF_LAUNCHES),
+                                             "rollout_broker_agent_starts": 1.0,  # the brief one only
+                                             "rollout_broker_launch_namespace_sandboxes": 1.0}  # fmt: skip
                     # the same filesystem: what the host wrote is there, through the launch namespace
                     assert first is not None and space.proc is not None
                     # (its holder's root, in its namespace: there the host's own mount is not)
                     assert read(Path(f"/proc/{space.proc.pid}/root{sandboxes}/s0/rw/seen")) == "from the host"
                 assert [p for p in holder_points(space) if p.startswith(str(sandboxes))]  # still one user
             assert await held(space, sandboxes) == []
+            assert gauges(space)["rollout_broker_agent_starts"] == 0
+            assert gauges(space)["rollout_broker_launch_namespace_sandboxes"] == 0
             # a mount the host makes later does not reach it
             (sandboxes / "s3" / "rw").mkdir(parents=True)
             tmpfs(sandboxes / "s3" / "rw")
@@ -166,6 +178,7 @@ def test_without_the_new_mount_api_launches_stay_in_the_brokers_namespace(
         try:
             assert "open_tree" in space.problem and "Function not implemented" in space.problem
             assert space.proc is None and space.path is None  # its holder ended at once
+            assert gauges(space)["rollout_broker_launch_namespace"] == 0
             async with space.attached(sandboxes / "s0", brief=True) as mount_ns:
                 assert mount_ns is None
         finally:

@@ -122,6 +122,7 @@ class LaunchNamespace:
         self.users: dict[Path, int] = {}
         self.attaching: dict[Path, asyncio.Future[bool]] = {}
         self.brief = asyncio.Semaphore(BRIEF_LAUNCHES)
+        self.starting = 0  # brief launches under way (at most BRIEF_LAUNCHES): /metrics
         self.problem = "not started"
 
     def start(self) -> None:
@@ -171,7 +172,11 @@ class LaunchNamespace:
         ``brief``: an agent's start, one of at most ``BRIEF_LAUNCHES`` at once (a command run
         alone stays attached while it runs, and takes no turn)."""
         async with self.brief if brief else contextlib.nullcontext(), self._attached(root) as mount_ns:
-            yield mount_ns
+            self.starting += int(brief)
+            try:
+                yield mount_ns
+            finally:
+                self.starting -= int(brief)
 
     @contextlib.asynccontextmanager
     async def _attached(self, root: Path) -> AsyncIterator[str | None]:
