@@ -326,9 +326,8 @@ class LocalBackend:
         # CAP_KILL and nothing else, inside gVisor only) and drops each command to the sandbox uid;
         # an image's user may be root: no agent there
         gvisor_level = meta.get("isolation") == "gvisor"
-        if gvisor_level and image_of(meta) is not None:
-            return
-        if (self._bwrap is None and not gvisor_level) or python is None or not self.use_agents:
+        if (gvisor_level and image_of(meta) is not None) or (self._bwrap is None and not gvisor_level) \
+                or python is None or not self.use_agents:  # fmt: skip
             return
         await self.agents.ensure(sandbox_id, lambda: self._new_agent(sandbox_id, paths, meta, python), wait)
 
@@ -347,8 +346,7 @@ class LocalBackend:
             return await ExecAgent.start(argv, AGENT_ENV, log_path)
 
     def _kill_all(self, sandbox_id: str) -> None:
-        killed = self.cgroups.kill(sandbox_id)
-        if killed:
+        if killed := self.cgroups.kill(sandbox_id):
             log.info("timeout in %s: killed %d processes left in its cgroups", sandbox_id, killed)
 
     def _unisolated_cwd(self, paths: SandboxPaths, cwd: str) -> Path:
