@@ -41,7 +41,9 @@ if [[ ! -x $VENV/bin/python ]]; then
   echo "== creating $VENV with $("$PY" --version)"
   "$PY" -m venv "$VENV"
 fi
-PIP=("$VENV/bin/python" -m pip install -q)
+# --no-compile: pip byte-compiles every installed module, one core, about a minute here (torch's thousands
+# of files most of it); Python compiles a module at its first import instead, the few that are imported.
+PIP=("$VENV/bin/python" -m pip install -q --no-compile)
 "${PIP[@]}" -U pip
 if ! command -v nvidia-smi >/dev/null; then
   # CPU machine: the CPU build of torch, from local disk where it is cached
