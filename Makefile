@@ -3,6 +3,11 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
+# Python writes its byte code caches in this checkout and its venv, whatever the caller's environment says:
+# with PYTHONDONTWRITEBYTECODE set, every service process the suite starts compiled the platform's
+# modules from source again, and each pytest worker re-rewrote every test module (the venv's packages
+# are compiled at their first import too: scripts/setup.sh installs them with --no-compile).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup run test checks lint typecheck pytest clean
 
