@@ -41,7 +41,11 @@ if [[ ! -x $VENV/bin/python ]]; then
   echo "== creating $VENV with $("$PY" --version)"
   "$PY" -m venv "$VENV"
 fi
-PIP=("$VENV/bin/python" -m pip install -q)
+# --no-compile: pip byte-compiles every installed module on one core, about a minute here (torch's
+# thousands of files most of it); Python compiles a module at its first import instead, only those that
+# are imported. Where this environment forbids writing those caches (PYTHONDONTWRITEBYTECODE; `make`
+# unsets it), every start would compile from source again: the venv is then compiled here, on every core.
+PIP=("$VENV/bin/python" -m pip install -q --no-compile)
 "${PIP[@]}" -U pip
 if ! command -v nvidia-smi >/dev/null; then
   # CPU machine: the CPU build of torch, from local disk where it is cached
@@ -53,5 +57,9 @@ fi
 # connect-python's lacks what e2b imports. connectrpc's module serves both, so its files are written again last.
 CONNECTRPC=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("connectrpc"))')
 "${PIP[@]}" --force-reinstall --no-deps "connectrpc==$CONNECTRPC"
+if [[ -n ${PYTHONDONTWRITEBYTECODE:-} ]]; then
+  echo "== byte-compiling $VENV (PYTHONDONTWRITEBYTECODE is set)"
+  "$VENV/bin/python" -m compileall -q -j 0 "$VENV/lib" >/dev/null || true
+fi
 "$VENV/bin/python" -c "import e2b, prime_sandboxes" || { echo "e2b and prime_sandboxes do not both import" >&2; exit 1; }
 echo "== set-up done: $VENV"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -27,6 +28,25 @@ def test_unknown_subcommand_says_what_to_fix() -> None:
     out = rollout("frobnicate")
     assert out.returncode == 2
     assert "invalid choice: 'frobnicate'" in out.stderr
+
+
+def test_every_subcommand_is_in_the_lazy_map_and_a_service_imports_only_its_own() -> None:
+    from services.cli.main import COMMANDS, build_parser, command_of
+
+    full = build_parser()
+    choices = next(a.choices for a in full._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(choices) == list(COMMANDS)  # a name missing from the map would build every parser
+    assert command_of(["--log-level", "DEBUG", "broker", "--port", "1"]) == "broker"
+    assert command_of(["--log-level=DEBUG", "api"]) == "api" and command_of(["--help"]) is None
+    probe = ("import sys; from services.cli.main import build_parser; "
+             "build_parser('broker').parse_args(['broker', '--port', '1']); "
+             "print(' '.join(sorted(m for m in sys.modules if m.startswith(('services.cli.', 'services.benchmarks', "
+             "'services.llm_proxy', 'torch', 'docker')))))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, env=python_env(), capture_output=True,
+                         text=True, timeout=60, check=True)  # fmt: skip
+    assert out.stdout.split() == ["services.cli.broker_cmd", "services.cli.flags", "services.cli.main"]
+    helped = rollout("--log-level", "WARNING", "broker", "--help")
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: rollout broker"), helped.stdout[:200]
 
 
 def test_codec_benchmark_writes_its_json(tmp_path: Path, redis_url: str) -> None:

@@ -14,7 +14,6 @@ from services.environments import openenv
 from services.protocol import Cap, Status, Task
 from services.protocol.agents import EnvAgent
 from services.runtime.processes import ServiceProcess, start_service
-from tests.environments.openenv_guess import GuessAction, GuessEnvironment
 from tests.rollout_api.fleet import Fleet, create_job, running_fleet, submit, trajectories, wait_finished
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -30,6 +29,9 @@ MAX_TURNS = 4
 
 def package_reward(task_id: str) -> tuple[float, int]:
     """The package's environment itself (reset / step with typed actions) on the same replies."""
+    # imported here, not at the top: OpenEnv's server imports would cost every xdist worker's collection
+    from tests.environments.openenv_guess import GuessAction, GuessEnvironment
+
     env = GuessEnvironment()
     env.reset(target=TARGETS[task_id])
     rewards: list[float] = []

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import httpx
 import pytest
 
+from services.sandbox_broker.backends.docker_firewall import chain_of
 from services.sandbox_broker.backends.leftovers import remove_sandboxes, remove_state_dir
 from tests.sandbox_broker.dockerd import IMAGE, Dockerd, private_dockerd, runsc_problem
 from tests.sandbox_broker.recording import InProcessFactory, in_process_brokers
@@ -86,15 +90,39 @@ def _iptables_chains() -> set[str]:
     return chains
 
 
-@pytest.fixture(scope="module")
-def dockerd() -> Iterator[Dockerd]:
-    """A private dockerd for the module (skips where it cannot start); nothing left in iptables after."""
-    chains_before = _iptables_chains()
-    with private_dockerd() as daemon:
+def _own_chains(daemon: Dockerd, since: float) -> set[str]:
+    """The firewall chains (``docker_firewall.chain_of``) of every network this daemon had since ``since``,
+    removed or not: another test file's dockerd, running beside this one, makes and drops chains of its own."""
+    client = docker.DockerClient(base_url=daemon.url, timeout=30)
+    try:
+        created = client.events(since=int(since), until=int(time.time()) + 1, decode=True,
+                                filters={"type": "network", "event": "create"})  # fmt: skip
+        bridges = {f"br-{event['Actor']['ID'][:12]}" for event in created}
+        for network in client.networks.list():
+            named = network.attrs.get("Options", {}).get("com.docker.network.bridge.name")
+            bridges.add(named or f"br-{network.id[:12]}")
+    finally:
+        client.close()
+    return {f"{table}:{chain_of(bridge)}" for bridge in bridges for table in ("filter", "nat")}
+
+
+@contextlib.contextmanager
+def _checked_dockerd(runtimes: dict[str, list[str]] | None = None) -> Iterator[Dockerd]:
+    """A private dockerd (skips where it cannot start); no iptables chain of its networks left after."""
+    chains_before, since = _iptables_chains(), time.time()
+    with private_dockerd(runtimes=runtimes) as daemon:
         if isinstance(daemon, str):
             pytest.skip(daemon)
         yield daemon
-    assert _iptables_chains() == chains_before
+        own = _own_chains(daemon, since)
+    assert (_iptables_chains() - chains_before) & own == set()
+
+
+@pytest.fixture(scope="module")
+def dockerd() -> Iterator[Dockerd]:
+    """A private dockerd for the module (skips where it cannot start); nothing of it left in iptables after."""
+    with _checked_dockerd() as daemon:
+        yield daemon
 
 
 # gVisor as an OCI runtime of the engine. Its default network mode (its own netstack) refuses to
@@ -109,12 +137,8 @@ def runsc_dockerd() -> Iterator[Dockerd]:
     """A private dockerd offering gVisor (``runsc``, apt-get install runsc) as a runtime."""
     if problem := runsc_problem():
         pytest.skip(problem)
-    chains_before = _iptables_chains()
-    with private_dockerd(runtimes=RUNSC) as daemon:
-        if isinstance(daemon, str):
-            pytest.skip(daemon)
+    with _checked_dockerd(RUNSC) as daemon:
         yield daemon
-    assert _iptables_chains() == chains_before
 
 
 def docker_env(daemon: Dockerd, **extra: str) -> dict[str, str]:

@@ -11,7 +11,6 @@ import torch
 
 from tests.trainer.conftest import TINY
 from tests.trainer.test_packing import sample
-from trainer_client.attention import SegmentAttention
 from trainer_client.model import ModelConfig, ParallelConfig, build_gpt, init_parallel, token_logprobs
 from trainer_client.packing import MicroBatch, length, micro_batches
 
@@ -91,6 +90,8 @@ def test_sequences_of_a_packed_row_do_not_see_each_other() -> None:
 def test_segment_attention_refuses_what_it_does_not_compute() -> None:
     from megatron.core.packed_seq_params import PackedSeqParams
 
+    from trainer_client.attention import SegmentAttention  # in the test: Megatron's import costs every collection
+
     model = tiny_model(seed=13)
     core = model.decoder.layers[0].self_attention.core_attention
     assert isinstance(core, SegmentAttention)
@@ -100,7 +101,7 @@ def test_segment_attention_refuses_what_it_does_not_compute() -> None:
 
 
 def test_transformer_engine_attention_is_refused_where_it_cannot_run() -> None:
-    from trainer_client.attention import core_attention
+    from trainer_client.attention import SegmentAttention, core_attention
 
     if torch.cuda.is_available():
         pytest.skip("this host may have Transformer Engine")
