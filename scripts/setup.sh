@@ -45,18 +45,56 @@ fi
 # thousands of files most of it); Python compiles a module at its first import instead, only those that
 # are imported. Where this environment forbids writing those caches (PYTHONDONTWRITEBYTECODE; `make`
 # unsets it), every start would compile from source again: the venv is then compiled here, on every core.
+# (uv, below, does not byte-compile either.)
 PIP=("$VENV/bin/python" -m pip install -q --no-compile)
-"${PIP[@]}" -U pip
-if ! command -v nvidia-smi >/dev/null; then
-  # CPU machine: the CPU build of torch, from local disk where it is cached
-  "${PIP[@]}" "torch==2.13.0"
-fi
-"${PIP[@]}" -e ".[all,dev]"
 # Two distributions ship the module `connectrpc`: `connectrpc` (e2b's) and `connect-python`, the same project's
-# older release under its former name, which verifiers' prime-sandboxes pulls. Whichever pip writes last wins, and
+# older release under its former name, which verifiers' prime-sandboxes pulls. Whichever is written last wins, and
 # connect-python's lacks what e2b imports. connectrpc's module serves both, so its files are written again last.
-CONNECTRPC=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("connectrpc"))')
-"${PIP[@]}" --force-reinstall --no-deps "connectrpc==$CONNECTRPC"
+connectrpc_version() { "$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("connectrpc"))'; }
+
+with_pip() {
+  "${PIP[@]}" -U pip
+  if ! command -v nvidia-smi >/dev/null; then
+    # CPU machine: the CPU build of torch, from local disk where it is cached
+    "${PIP[@]}" "torch==2.13.0"
+  fi
+  "${PIP[@]}" -e ".[all,dev]"
+  "${PIP[@]}" --force-reinstall --no-deps "connectrpc==$(connectrpc_version)"
+}
+
+# uv (pip's interface, in Rust) installs the same requirements in 15 s where pip takes 50 s here. It reads
+# none of pip's configuration, so pip's (its files and PIP_* variables: constraints, find-links, indexes,
+# certificate) is handed to it, and it weighs every index as pip does (--index-strategy unsafe-best-match:
+# the best version wherever it is, not the first index that has the project). Where uv cannot be installed
+# or fails, pip does it all.
+with_uv() {
+  "${PIP[@]}" uv || return 1
+  local args=(--python "$VENV/bin/python" --index-strategy unsafe-best-match -q) key value item
+  while IFS= read -r line; do
+    key=${line%%=*}; key=${key#*.}; value=${line#*=}; value=${value#\'}; value=${value%\'}
+    for item in $value; do
+      case $key in
+        constraint) args+=(--constraint "$item") ;;
+        find-links) args+=(--find-links "$item") ;;
+        extra-index-url) args+=(--extra-index-url "$item") ;;
+        index-url) args+=(--index-url "$item") ;;
+        cert) export SSL_CERT_FILE=$item ;;
+      esac
+    done
+  done < <("$VENV/bin/python" -m pip config list 2>/dev/null)
+  local UV=("$VENV/bin/uv" pip install "${args[@]}")
+  "${UV[@]}" -U pip || return 1
+  if ! command -v nvidia-smi >/dev/null; then
+    "${UV[@]}" "torch==2.13.0" || return 1
+  fi
+  "${UV[@]}" -e ".[all,dev]" || return 1
+  "${UV[@]}" --reinstall --no-deps "connectrpc==$(connectrpc_version)" || return 1
+}
+
+if [[ -n ${ROLLOUT_SETUP_PIP:-} ]] || ! with_uv; then
+  [[ -n ${ROLLOUT_SETUP_PIP:-} ]] || echo "== uv did not install the environment: pip does" >&2
+  with_pip
+fi
 if [[ -n ${PYTHONDONTWRITEBYTECODE:-} ]]; then
   echo "== byte-compiling $VENV (PYTHONDONTWRITEBYTECODE is set)"
   "$VENV/bin/python" -m compileall -q -j 0 "$VENV/lib" >/dev/null || true
