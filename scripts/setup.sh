@@ -52,21 +52,25 @@ PIP=("$VENV/bin/python" -m pip install -q --no-compile)
 # connect-python's lacks what e2b imports. connectrpc's module serves both, so its files are written again last.
 connectrpc_version() { "$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("connectrpc"))'; }
 
-with_pip() {
-  "${PIP[@]}" -U pip
+# Every step with one installer (``$@``: pip's or uv's install command; REINSTALL: its flag to write a
+# package's files again). Each step's failure is returned: under ``if``, `set -e` does not stop a function.
+install_all() {
+  "$@" -U pip || return 1
   if ! command -v nvidia-smi >/dev/null; then
     # CPU machine: the CPU build of torch, from local disk where it is cached
-    "${PIP[@]}" "torch==2.13.0"
+    "$@" "torch==2.13.0" || return 1
   fi
-  "${PIP[@]}" -e ".[all,dev]"
-  "${PIP[@]}" --force-reinstall --no-deps "connectrpc==$(connectrpc_version)"
+  "$@" -e ".[all,dev]" || return 1
+  "$@" "$REINSTALL" --no-deps "connectrpc==$(connectrpc_version)" || return 1
 }
 
-# uv (pip's interface, in Rust) installs the same requirements in 15 s where pip takes 50 s here. It reads
-# none of pip's configuration, so pip's (its files and PIP_* variables: constraints, find-links, indexes,
-# certificate) is handed to it, and it weighs every index as pip does (--index-strategy unsafe-best-match:
-# the best version wherever it is, not the first index that has the project). Where uv cannot be installed
-# or fails, pip does it all.
+with_pip() { REINSTALL=--force-reinstall install_all "${PIP[@]}"; }
+
+# uv (pip's interface, in Rust) installs the same requirements in 13 s with its cache warm (33 s cold) where
+# pip took 50-78 s here. It reads none of pip's configuration, so pip's (its files and PIP_* variables:
+# constraints, find-links, indexes, certificate) is handed to it, and it weighs every index as pip does
+# (--index-strategy unsafe-best-match: the best version wherever it is, not the first index that has the
+# project). Where uv cannot be installed or fails, pip does it all.
 with_uv() {
   "${PIP[@]}" uv || return 1
   local args=(--python "$VENV/bin/python" --index-strategy unsafe-best-match -q) key value item
@@ -82,13 +86,7 @@ with_uv() {
       esac
     done
   done < <("$VENV/bin/python" -m pip config list 2>/dev/null)
-  local UV=("$VENV/bin/uv" pip install "${args[@]}")
-  "${UV[@]}" -U pip || return 1
-  if ! command -v nvidia-smi >/dev/null; then
-    "${UV[@]}" "torch==2.13.0" || return 1
-  fi
-  "${UV[@]}" -e ".[all,dev]" || return 1
-  "${UV[@]}" --reinstall --no-deps "connectrpc==$(connectrpc_version)" || return 1
+  REINSTALL=--reinstall install_all "$VENV/bin/uv" pip install "${args[@]}"
 }
 
 if [[ -n ${ROLLOUT_SETUP_PIP:-} ]] || ! with_uv; then
