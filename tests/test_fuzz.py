@@ -34,14 +34,16 @@ JOB_TOKEN = "fuzz-job-token"
 MAX_TIME_S = 25
 
 
-def fuzz(base_url: str, token: str, *extra: str) -> subprocess.CompletedProcess[str]:
+def fuzz(base_url: str, token: str, *extra: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """schemathesis runs in ``cwd`` (the module's log directory): it keeps its example cache in a
+    ``.schemathesis`` directory there, which in the checkout was a file the tests rewrote."""
     argv = [
         sys.executable, "-m", "schemathesis.cli", "run", f"{base_url}/openapi.json", "--url", base_url,
         "--checks", "not_a_server_error", "--mode", "all", "--max-examples", "25", "--max-time", str(MAX_TIME_S),
         "--request-timeout", "20", "--seed", "9", "--header", f"Authorization: Bearer {token}",
         "--suppress-health-check", "all", *extra,
     ]  # fmt: skip
-    return subprocess.run(argv, capture_output=True, text=True, timeout=MAX_TIME_S + 120, check=False)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=MAX_TIME_S + 120, check=False, cwd=cwd)
 
 
 def assert_no_server_error(result: subprocess.CompletedProcess[str]) -> None:
@@ -75,7 +77,7 @@ def test_fuzz_the_rollout_api(seeded: str, logs: Path) -> None:
     env = {**SECRETS.env(), "ROLLOUT_REDIS_URL": seeded}
     for api in _service(["api", "--port", "{port}"], logs, env, "api"):
         assert httpx.get(api.url + "/jobs/fuzz", timeout=10).status_code == 401
-        assert_no_server_error(fuzz(api.url, SECRETS.admin_token))
+        assert_no_server_error(fuzz(api.url, SECRETS.admin_token, cwd=logs))
 
 
 def test_fuzz_the_broker(seeded: str, logs: Path) -> None:
@@ -86,9 +88,9 @@ def test_fuzz_the_broker(seeded: str, logs: Path) -> None:
            "ROLLOUT_BROKER_TEMPLATE_ROOTS": str(state)}  # fmt: skip
     try:
         for broker in _service(["broker", "--port", "{port}"], logs, env, "broker"):
-            result = fuzz(broker.url, SECRETS.admin_token, "--exclude-path-regex", "^/leases(/batch)?$")
+            result = fuzz(broker.url, SECRETS.admin_token, "--exclude-path-regex", "^/leases(/batch)?$", cwd=logs)
             assert_no_server_error(result)
-            assert_no_server_error(fuzz(broker.url, JOB_TOKEN, "--exclude-path-regex", "^/leases(/batch)?$"))
+            assert_no_server_error(fuzz(broker.url, JOB_TOKEN, "--exclude-path-regex", "^/leases(/batch)?$", cwd=logs))
     finally:
         assert remove_state_dir(state) == [], "mounts leaked under the state dir"
 
@@ -103,7 +105,7 @@ def test_fuzz_the_proxy(seeded: str, logs: Path) -> None:
     try:
         argv = ["proxy", "--port", "{port}", "--workers", "1", "--engines", urls[0]]
         for proxy in _service(argv, logs, env, "proxy"):
-            result = fuzz(proxy.url, SECRETS.service_token, "--header", f"{HEADER_JOB}: fuzz")
+            result = fuzz(proxy.url, SECRETS.service_token, "--header", f"{HEADER_JOB}: fuzz", cwd=logs)
             assert_no_server_error(result)
     finally:
         engines.stop()

@@ -44,13 +44,19 @@ class Admission:
 
     async def admit(self, job: str, reserve: Reserve, wait_s: float) -> None:
         """Return once ``reserve`` succeeded; raise 429 (job quota) or 503 (capacity) after ``wait_s``."""
-        reason = GLOBAL_FULL
-        if not self._queues:
-            reason = await reserve()
-            if reason == ADMITTED:
-                return
-        waiter = _Waiter(job, reserve, reason=reason)  # a refusal at once (wait_s 0) names this reason
+        queued = bool(self._queues)
+        reason = GLOBAL_FULL if queued else await reserve()
+        if reason == ADMITTED:
+            return
+        waiter = _Waiter(job, reserve, reason=reason)  # a refusal names the reason of its last round
         self._enqueue(waiter)
+        if queued:  # others wait: a round now, in the queue's order, so that a request with little or no
+            # wait is served where capacity is free (a job at its quota holds up no other job) and is
+            # refused for what is full: its own job's quota (429) or the capacity (503)
+            async with self._lock:
+                await self._round()
+            if waiter.done.done():
+                return
         self.poke()
         try:
             await asyncio.wait_for(asyncio.shield(waiter.done), wait_s)
@@ -79,7 +85,10 @@ class Admission:
                 await asyncio.sleep(POLL_S)
 
     async def _round(self) -> None:
-        """Offer capacity to each job in turn until one is refused for global or backend capacity."""
+        """Offer capacity to each job in turn until one is refused for global or backend capacity. Every
+        waiter is left with the reason it would be refused for now: its job's quota where its job's first
+        waiter was refused for that, else the capacity that was full."""
+        quota_full: set[str] = set()
         for job in list(self._rotation):
             queue = self._queues.get(job)
             while queue:
@@ -89,8 +98,13 @@ class Admission:
                     continue
                 waiter.reason = await waiter.reserve()
                 if waiter.reason == JOB_FULL:
+                    quota_full.add(job)
+                    self._tell(job, JOB_FULL)
                     break
                 if waiter.reason != ADMITTED:
+                    for other in self._queues:
+                        if other not in quota_full:
+                            self._tell(other, waiter.reason)
                     return
                 queue.popleft()
                 waiter.done.set_result(None)
@@ -99,6 +113,10 @@ class Admission:
                 break
             if not queue:
                 self._drop(job)
+
+    def _tell(self, job: str, reason: int) -> None:
+        for waiter in self._queues.get(job, ()):
+            waiter.reason = reason
 
     def _enqueue(self, waiter: _Waiter) -> None:
         if waiter.job not in self._queues:

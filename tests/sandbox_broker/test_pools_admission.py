@@ -121,6 +121,42 @@ async def test_the_wait_queue_takes_jobs_in_turn() -> None:
     await admission.close()
 
 
+async def test_a_request_behind_waiters_is_served_or_refused_for_what_is_full() -> None:
+    """Job a waits at its quota. A request with no time to wait (wait_s 0) is admitted where capacity is
+    free (job b), refused 429 for its own job's quota (job a again) and 503 once the capacity is full."""
+    admission = Admission()
+    free = 2
+
+    async def quota_full() -> int:
+        return JOB_FULL
+
+    async def take() -> int:
+        nonlocal free
+        if free == 0:
+            return GLOBAL_FULL
+        free -= 1
+        return ADMITTED
+
+    waiting = asyncio.create_task(admission.admit("a", quota_full, 10))
+    await asyncio.sleep(0.01)
+    assert admission.waiting == 1
+    await admission.admit("b", take, 0)  # another job's quota holds nobody else
+    assert free == 1
+    with pytest.raises(Exception, match="quota") as refused:
+        await admission.admit("a", quota_full, 0)
+    assert getattr(refused.value, "status", None) == 429
+    await admission.admit("c", take, 0)
+    with pytest.raises(Exception, match="capacity") as refused:
+        await admission.admit("d", take, 0)
+    assert getattr(refused.value, "status", None) == 503
+    assert admission.waiting == 1  # the refused left the queue; job a still waits
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert admission.waiting == 0
+    await admission.close()
+
+
 async def test_the_create_rate_limit_spaces_creates_and_refuses_past_the_deadline() -> None:
     bucket = TokenBucket(rate=20, burst=1)
     started = time.monotonic()
