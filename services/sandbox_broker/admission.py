@@ -53,8 +53,13 @@ class Admission:
         if queued:  # others wait: a round now, in the queue's order, so that a request with little or no
             # wait is served where capacity is free (a job at its quota holds up no other job) and is
             # refused for what is full: its own job's quota (429) or the capacity (503)
-            async with self._lock:
-                await self._round()
+            try:
+                async with self._lock:
+                    await self._round()
+            except BaseException as exc:  # a reservation failed (Redis) or the caller went away
+                if not waiter.done.done() or not isinstance(exc, Exception):  # nobody is left to take its turn
+                    self._remove(waiter)  # (admitted, then cancelled: as a cancelled wait below)
+                    raise
             if waiter.done.done():
                 return
         self.poke()

@@ -150,6 +150,13 @@ async def test_a_request_behind_waiters_is_served_or_refused_for_what_is_full() 
         await admission.admit("d", take, 0)
     assert getattr(refused.value, "status", None) == 503
     assert admission.waiting == 1  # the refused left the queue; job a still waits
+
+    async def store_down() -> int:
+        raise ConnectionError("redis is away")
+
+    with pytest.raises(ConnectionError):
+        await admission.admit("e", store_down, 5)
+    assert admission.waiting == 1  # a request whose try failed is not left in the queue
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
