@@ -71,7 +71,7 @@ def test_claude_code_shaped_tool_use_with_thinking_is_one_token_exact_segment(fl
     )
     with client.messages.stream(model="policy", messages=follow, system=SYSTEM, tools=[BASH], **CLAUDE_CODE) as stream:
         second = stream.get_final_message()
-    assert [b.type for b in second.content] == ["text"] and second.content[0].text == "There are two files."  # type: ignore[union-attr]
+    assert [b.type for b in second.content] == ["text"] and second.content[0].text == "There are two files."
 
     calls = fleet.calls(sid)
     assert [c.route for c in calls] == ["messages", "messages"]

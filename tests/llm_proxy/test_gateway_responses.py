@@ -120,10 +120,10 @@ def test_streamed_function_call_events_and_previous_response_id(fleet: GatewayFl
         "response.completed",
     ]
     assert [e.sequence_number for e in events] == list(range(len(events)))
-    done: Any = events[-1].response  # type: ignore[union-attr]
+    done: Any = events[-1].response
     (fc,) = done.output
     assert fc.type == "function_call" and json.loads(fc.arguments) == {"command": "ls -la"}
-    assert events[4].arguments == fc.arguments  # type: ignore[union-attr]
+    assert events[4].arguments == fc.arguments
 
     answer: Any = {"type": "function_call_output", "call_id": fc.call_id, "output": "a.txt\nb.txt"}
     second = client.responses.create(model="policy", previous_response_id=done.id, input=[answer], tools=[TOOL])

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
 from services.protocol.sandboxes import ExecRequest, Resources
+from services.sandbox_broker.backends.agents import ExecAgent, Spawned, _only_child
 from services.sandbox_broker.backends.base import SandboxSpec
 from services.sandbox_broker.backends.local import LocalBackend
 from services.sandbox_broker.settings import BrokerSettings
@@ -71,5 +73,87 @@ def test_forked_agents_commands_are_isolated_as_a_bubblewraps(state_dir: Path) -
         finally:
             await backend.close()
         assert backend.agents.zygote is None or backend.agents.zygote.proc is None
+
+    asyncio.run(scenario())
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _zombies_of(pid: int) -> list[str]:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [c for c in children if Path(f"/proc/{c}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"]
+
+
+def test_the_zygote_starts_each_sandboxs_bubblewrap_in_its_cgroups_limits_and_namespaces(state_dir: Path) -> None:
+    """The zygote's child does what the shell, nsenter and setpriv did before bubblewrap: the stub is in
+    the sandbox's cgroups (which its own cgroup namespace hides), under its rlimits, in the egress
+    namespace, as the sandbox uid; bubblewrap is the zygote's child; the broker watches it by pidfd, and
+    the zygote reaps it."""
+
+    async def scenario() -> None:
+        settings = BrokerSettings(state_dir=state_dir)
+        backend = LocalBackend(settings)
+        await backend.start()
+        try:
+            if backend.agents.zygote is None:
+                pytest.skip("the zygote needs a root broker")
+            sandbox = await backend.create(SandboxSpec(default_template(settings), Resources(), network="egress"))
+            sid = sandbox.sandbox_id
+            agent, zygote = backend.agents.agents[sid], backend.agents.zygote.proc
+            assert isinstance(agent.proc, Spawned) and zygote is not None
+            bubblewrap = agent.proc.pid
+            assert _parent(bubblewrap) == zygote.pid  # no shell, nsenter or setpriv left between them
+            assert Path(f"/proc/{bubblewrap}/exe").resolve() == Path(shutil.which("bwrap") or "bwrap").resolve()
+            assert Path(f"/proc/{bubblewrap}/status").read_text().count("\t1000\t1000\t1000\t1000") == 2  # uid, gid
+            stub = _only_child(bubblewrap)
+            groups = Path(f"/proc/{stub}/cgroup").read_text()
+            for procs in backend.cgroups.procs_files(sid):  # every hierarchy the sandbox has, the stub is in
+                assert f"/{sid}\n" in groups and procs.parent.name == sid
+                assert str(stub) in procs.read_text().split()
+            limits = Path(f"/proc/{stub}/limits").read_text()
+            assert f"Max open files            {backend.nofile}" in limits
+            netns = os.stat(state_dir / "sandboxes" / sid / "netns").st_ino
+            assert os.stat(f"/proc/{stub}/ns/net").st_ino == netns
+            result = await backend.exec(sid, ExecRequest(shell="cat /proc/self/status", timeout_s=20))
+            assert "NoNewPrivs:\t1" in result.stdout and "CapBnd:\t0000000000000000" in result.stdout
+
+            # bubblewrap killed: the broker sees it end (pidfd), the zygote reaps it, and the sandbox's
+            # next command runs (alone) while a new agent starts
+            agent.proc.kill()
+            await asyncio.wait_for(agent.proc.wait(), 10)
+            assert not agent.alive
+            assert (await backend.exec(sid, ExecRequest(shell="echo again", timeout_s=20))).stdout == "again\n"
+            for _ in range(100):
+                if not _zombies_of(zygote.pid):
+                    break
+                await asyncio.sleep(0.1)
+            assert _zombies_of(zygote.pid) == []
+        finally:
+            await backend.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_bubblewrap_the_zygote_cannot_start_fails_the_agent_not_the_zygote(state_dir: Path) -> None:
+    async def scenario() -> None:
+        settings = BrokerSettings(state_dir=state_dir)
+        backend = LocalBackend(settings)
+        await backend.start()
+        try:
+            zygote = backend.agents.zygote
+            if zygote is None:
+                pytest.skip("the zygote needs a root broker")
+            await zygote.start()
+            log_path = state_dir / "agent.log"
+            launch = {"procs": [], "rlimits": {}, "namespaces": [], "uid": 1000, "sandbox": "nowhere"}
+            with pytest.raises(OSError, match="namespaces were not made"):
+                await ExecAgent.fork(zygote, [str(state_dir / "no-bwrap"), "--version"], {}, log_path, {}, launch)
+            assert "zygote: the sandbox nowhere did not start: FileNotFoundError" in log_path.read_text()
+            sandbox = await backend.create(SandboxSpec(default_template(settings), Resources()))
+            assert isinstance(backend.agents.agents[sandbox.sandbox_id].proc, Spawned)  # the same zygote
+        finally:
+            await backend.close()
 
     asyncio.run(scenario())

@@ -16,12 +16,23 @@ sandbox uid and gid with no supplementary groups, sets no-new-privileges, and fo
 is in the sandbox's pid namespace. The agent starts a session of its own, becomes the subreaper of
 its commands (the stub reaps nothing) and serves.
 
+The zygote also starts each sandbox's bubblewrap (a ``spawn`` request): its child, still root on the
+host, does what ``sh -c 'echo $$ > cgroup.procs; ulimit ...'``, ``nsenter`` and ``setpriv`` did, one
+exec each, before bubblewrap: it joins the sandbox's cgroups, sets its rlimits, starts a session,
+enters the egress and launch namespaces, drops to the sandbox uid with no groups and no capabilities
+(bounding, ambient, effective, permitted, inheritable) and no new privileges, restores the signals
+Python ignores, and execs bubblewrap on the descriptors the broker sent. Three program starts fewer
+per sandbox. The broker gets the child's pidfd back (it is not the broker's child: the zygote reaps
+it), so bubblewrap's ``--die-with-parent`` ties the sandbox to the zygote, whose own end is the
+broker's.
+
 This file runs on the host's python3 (the interpreter the agents run on) with ``exec_agent.py``'s
 source executed first in the same globals; it uses the standard library only.
 """
 
 from __future__ import annotations
 
+import _signal  # not ``signal``, whose enums import more than the zygote needs
 import ctypes
 import gc
 import marshal
@@ -49,11 +60,13 @@ PR_SET_CHILD_SUBREAPER = 36
 CAPABILITY_VERSION_3 = 0x20080522
 RLIMITS = {"n": (resource.RLIMIT_NOFILE, 1), "f": (resource.RLIMIT_FSIZE, 512), "v": (resource.RLIMIT_AS, 1024)}
 MAX_REQUEST = 65_536
+REAP_EVERY_S = 2.0  # with no request coming, ended bubblewraps are collected this often
 
 
 class Zygote:
     def __init__(self) -> None:
         self.libc = ctypes.CDLL(None, use_errno=True)
+        self.spawned: set[int] = set()  # bubblewraps started here, not yet reaped
         with open("/proc/sys/kernel/cap_last_cap") as f:
             self.last_cap = int(f.read())
 
@@ -64,29 +77,65 @@ class Zygote:
 
     def enter(self, request: dict[str, Any]) -> None:
         """As the forked child, root on the host: become one of the sandbox's processes."""
+        self.join(request)
+        stub = request["stub"]
+        opened = [(os.open(f"/proc/{stub}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), name, flag)
+                  for name, flag in NAMESPACES]  # fmt: skip
+        os.setgroups([])  # before the user namespace: bubblewrap denies setgroups in it
+        self.setns(opened)
+        self.drop(int(request["uid"]))
+        os.chdir(str(request["cwd"]))
+
+    def join(self, request: dict[str, Any]) -> None:
+        """Into the sandbox's cgroups, under its rlimits."""
         for path in request["procs"]:
             with open(path, "w") as f:
                 f.write(str(os.getpid()))
         for flag, value in request["rlimits"].items():
             kind, unit = RLIMITS[flag]
             resource.setrlimit(kind, (value * unit, value * unit))
-        stub = request["stub"]
-        opened = [(os.open(f"/proc/{stub}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), name, flag)
-                  for name, flag in NAMESPACES]  # fmt: skip
-        os.setgroups([])  # before the user namespace: bubblewrap denies setgroups in it
+
+    def setns(self, opened: list[tuple[int, str, int]]) -> None:
         for fd, name, flag in opened:
             self.check(self.libc.setns(fd, flag), f"setns({name})")
             os.close(fd)
+
+    def drop(self, uid: int) -> None:
+        """Root to ``uid``: no capability in any set, no new privileges."""
         for cap in range(self.last_cap + 1):
             self.check(self.libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop the capability bounding set")
         self.check(self.libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient capabilities")
-        uid = int(request["uid"])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
         header, data = (ctypes.c_uint32 * 2)(CAPABILITY_VERSION_3, 0), (ctypes.c_uint32 * 6)()
         self.check(self.libc.capset(header, data), "capset")  # none left: effective, permitted, inheritable
         self.check(self.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-        os.chdir(str(request["cwd"]))
+
+    def launch(self, request: dict[str, Any], fds: list[int]) -> None:
+        """In the forked child: become the sandbox's bubblewrap (``fds``: its stdin, stdout, stderr)."""
+        log = fds[2]
+        try:
+            os.setsid()
+            self.join(request)
+            opened = [(os.open(path, os.O_RDONLY | os.O_CLOEXEC), path, flag) for path, flag in request["namespaces"]]
+            os.setgroups([])
+            self.setns(opened)
+            self.drop(int(request["uid"]))
+            for number in (_signal.SIGPIPE, _signal.SIGXFSZ):  # ignored here; restored, as Popen does
+                _signal.signal(number, _signal.SIG_DFL)
+            for target, fd in enumerate(fds[:3]):
+                os.dup2(fd, target)
+            log = 2
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+            argv = list(request["argv"])
+            os.execve(argv[0], argv, dict(request["env"]))
+        except BaseException as exc:
+            try:
+                os.write(log, f"zygote: the sandbox {request.get('sandbox')} did not start: {exc!r}\n".encode())
+            except OSError:
+                pass
+        finally:
+            os._exit(127)
 
     def agent(self, channel: int, log: int) -> None:
         """The forked agent, in the sandbox's pid namespace: serve on ``channel`` until it closes."""
@@ -115,10 +164,17 @@ class Zygote:
             os._exit(0)
 
     def serve(self, control: socket.socket) -> None:
-        """One request per message: a marshal dict and two descriptors (the agent's end, its log)."""
+        """One request per message: a marshal dict and its descriptors. An agent: two (the agent's end,
+        its log). A spawn: four (stdin, stdout and stderr, then a socket on which the child's pid and
+        pidfd go back)."""
         fd_size = ctypes.sizeof(ctypes.c_int)
+        control.settimeout(REAP_EVERY_S)
         while True:
-            message, ancillary, _, _ = control.recvmsg(MAX_REQUEST, socket.CMSG_SPACE(2 * fd_size))
+            self.reap()
+            try:
+                message, ancillary, _, _ = control.recvmsg(MAX_REQUEST, socket.CMSG_SPACE(4 * fd_size))
+            except TimeoutError:
+                continue
             if not message:
                 return
             fds = [int.from_bytes(data[i : i + fd_size], sys.byteorder) for level, kind, data in ancillary
@@ -131,9 +187,40 @@ class Zygote:
                         control.close()
                         self.fork(marshal.loads(message), fds[0], fds[1])
                     os.waitpid(pid, 0)
+                elif len(fds) == 4:
+                    self.spawn(control, marshal.loads(message), fds)
             finally:
                 for fd in fds:
                     os.close(fd)
+
+    def spawn(self, control: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
+        """Fork the sandbox's bubblewrap and answer with its pid and pidfd; a broker that gave up
+        waiting (its end is closed) gets none, and the child is killed."""
+        pid = os.fork()
+        if pid == 0:
+            control.close()
+            self.launch(request, fds)
+        self.spawned.add(pid)
+        try:
+            pidfd = os.pidfd_open(pid)  # before any reap: the pid is still this child's
+            try:
+                with socket.socket(fileno=os.dup(fds[3])) as reply:
+                    rights = pidfd.to_bytes(ctypes.sizeof(ctypes.c_int), sys.byteorder)
+                    reply.sendmsg([str(pid).encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+            finally:
+                os.close(pidfd)
+        except OSError:
+            os.kill(pid, 9)
+
+    def reap(self) -> None:
+        """Collect the spawned children that ended (the broker watches them by pidfd)."""
+        for pid in list(self.spawned):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    continue
+            except ChildProcessError:
+                pass
+            self.spawned.discard(pid)
 
 
 def main(control: socket.socket) -> None:

@@ -21,6 +21,8 @@ import asyncio
 import contextlib
 import logging
 import marshal
+import os
+import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -84,6 +86,29 @@ class AgentRequest:
         return exec_agent.HEADER.pack(len(payload), b"X", rid) + payload
 
 
+async def _readable(fd: int | socket.socket, timeout_s: float) -> None:
+    """Until ``fd`` (non-blocking) has something to read."""
+    loop = asyncio.get_running_loop()
+    readable: asyncio.Future[None] = loop.create_future()
+
+    def ready() -> None:
+        if not readable.done():
+            readable.set_result(None)
+
+    loop.add_reader(fd, ready)
+    try:
+        await asyncio.wait_for(readable, timeout_s)
+    finally:
+        loop.remove_reader(fd)
+
+
+async def _line(fd: int, timeout_s: float) -> bytes:
+    """One line from a pipe (at most 4 KiB, what one write of it brings)."""
+    os.set_blocking(fd, False)
+    await _readable(fd, timeout_s)
+    return os.read(fd, 4096)
+
+
 def _only_child(pid: int) -> int:
     """Bubblewrap's one child, its sandbox's pid 1 (the stub), as the host sees it."""
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
@@ -118,10 +143,28 @@ class AgentZygote:
 
     def fork(self, request: dict[str, object], channel: int, log: int) -> None:
         """Ask for an agent (``request``: agent_zygote.Zygote.enter) on ``channel``, writing to ``log``."""
+        self._send(request, [channel, log])
+
+    async def spawn(self, request: dict[str, object], stdin: int, stdout: int, stderr: int) -> Spawned:
+        """Start a sandbox's bubblewrap (``request``: agent_zygote.Zygote.launch) on these descriptors."""
+        ours, theirs = socket.socketpair()
+        with ours:
+            with theirs:
+                self._send(request, [stdin, stdout, stderr, theirs.fileno()])
+            ours.setblocking(False)
+            await _readable(ours, START_TIMEOUT_S)
+            pid, fds, _, _ = socket.recv_fds(ours, 32, 1)
+        if not pid or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise OSError("the zygote did not start the sandbox's bubblewrap")
+        return Spawned(int(pid), fds[0])
+
+    def _send(self, request: dict[str, object], fds: list[int]) -> None:
         if self.control is None:
             raise OSError("the exec agents' zygote is not running")
-        fds = array.array("i", [channel, log])
-        self.control.sendmsg([marshal.dumps(request)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        rights = array.array("i", fds)
+        self.control.sendmsg([marshal.dumps(request)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
 
     async def close(self) -> None:
         if self.control is not None:
@@ -136,6 +179,36 @@ class AgentZygote:
             self.proc = None
 
 
+class Spawned:
+    """A process the zygote started for this broker (its sandbox's bubblewrap), watched by its pidfd:
+    it is the zygote's child, so its exit status is not this process's to read."""
+
+    def __init__(self, pid: int, pidfd: int) -> None:
+        self.pid = pid
+        self.pidfd = pidfd
+        self.returncode: int | None = None  # -1 once it ended (its status is the zygote's)
+        self.holds: list[int] = []  # descriptors of its own (its stdin's write end) closed when it ends
+        self.ended = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().add_reader(pidfd, self._end)
+
+    def _end(self) -> None:
+        asyncio.get_running_loop().remove_reader(self.pidfd)
+        for fd in (self.pidfd, *self.holds):
+            os.close(fd)
+        self.returncode = -1
+        if not self.ended.done():
+            self.ended.set_result(None)
+
+    def kill(self) -> None:
+        if self.returncode is not None:
+            raise ProcessLookupError(self.pid)
+        signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+
+    async def wait(self) -> int:
+        await asyncio.shield(self.ended)
+        return -1
+
+
 class NotStarted(Exception):
     """The agent ended before it started the command: the command can run elsewhere."""
 
@@ -143,13 +216,15 @@ class NotStarted(Exception):
 class ExecAgent:
     """One running agent: its bubblewrap process and pipes."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, log_path: Path, reader: asyncio.StreamReader | None = None,
+    def __init__(self, proc: asyncio.subprocess.Process | Spawned, log_path: Path,
+                 reader: asyncio.StreamReader | None = None,
                  writer: asyncio.StreamWriter | None = None) -> None:  # fmt: skip
-        self.proc = proc  # bubblewrap: the agent, or (forked by the zygote) the sandbox's stub
+        self.proc = proc  # bubblewrap: the agent, or (started by the zygote) the sandbox's stub's
         self.log_path = log_path
         self.busy = False
         self.next_id = 1
-        reader, writer = reader or proc.stdout, writer or proc.stdin
+        if isinstance(proc, asyncio.subprocess.Process):  # the agent on bubblewrap's pipes
+            reader, writer = reader or proc.stdout, writer or proc.stdin
         assert reader is not None and writer is not None
         self.reader: asyncio.StreamReader = reader
         self.writer: asyncio.StreamWriter = writer
@@ -172,26 +247,36 @@ class ExecAgent:
 
     @classmethod
     async def fork(cls, zygote: AgentZygote, argv: list[str], env: dict[str, str], log_path: Path,
-                   request: dict[str, object]) -> ExecAgent:  # fmt: skip
-        """An agent forked by the zygote into the namespaces of bubblewrap's ``argv`` (ending in ``STUB``)."""
-        with log_path.open("ab") as stderr:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr, env=env,
-                start_new_session=True,
-            )  # fmt: skip
-            try:
-                assert proc.stdout is not None
-                if await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S) != b"\n":
-                    raise OSError(f"the sandbox's namespaces were not made (see {log_path})")
-                ours, theirs = socket.socketpair()
-                with theirs:
-                    zygote.fork({**request, "stub": _only_child(proc.pid)}, theirs.fileno(), stderr.fileno())
-                reader, writer = await asyncio.open_unix_connection(sock=ours, limit=2**20)
-            except BaseException:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
-                raise
+                   request: dict[str, object], launch: dict[str, object]) -> ExecAgent:  # fmt: skip
+        """An agent forked by the zygote into the namespaces of the sandbox's bubblewrap (``argv``,
+        ending in ``STUB``), which the zygote starts first (``launch``: agent_zygote.Zygote.launch)."""
+        stdin, ours = os.pipe()  # the stub reads it until this process closes it (or ends)
+        theirs, ready = os.pipe()
+        try:
+            with log_path.open("ab") as stderr:
+                try:
+                    proc = await zygote.spawn({**launch, "argv": argv, "env": env}, stdin, ready, stderr.fileno())
+                finally:
+                    os.close(stdin)
+                    os.close(ready)
+                proc.holds.append(ours)
+                ours = -1
+                try:
+                    if await _line(theirs, START_TIMEOUT_S) != b"\n":
+                        raise OSError(f"the sandbox's namespaces were not made (see {log_path})")
+                    channel, end = socket.socketpair()
+                    with end:
+                        zygote.fork({**request, "stub": _only_child(proc.pid)}, end.fileno(), stderr.fileno())
+                    reader, writer = await asyncio.open_unix_connection(sock=channel, limit=2**20)
+                except BaseException:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+                    await proc.wait()
+                    raise
+        finally:
+            os.close(theirs)
+            if ours >= 0:
+                os.close(ours)
         agent = cls(proc, log_path, reader, writer)
         try:
             await agent._ready()
@@ -293,6 +378,8 @@ class ExecAgents:
 
     async def _start(self, sandbox_id: str, start: Callable[[], Awaitable[ExecAgent]]) -> None:
         try:
+            if (ended := self.agents.pop(sandbox_id, None)) is not None:  # its bubblewrap was killed
+                await ended.stop()
             self.agents[sandbox_id] = await start()
         except OSError as exc:  # TimeoutError included: a host this loaded is better off without
             log.warning("no exec agent in %s (%r): its commands start a bubblewrap each", sandbox_id, exc)

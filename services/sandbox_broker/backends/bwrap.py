@@ -80,14 +80,15 @@ class SandboxPaths:
 
 def bwrap_argv(
     bwrap: str, paths: SandboxPaths, *, uid: int, network: bool, cwd: str, hostname: str = "sandbox",
-    agents_dir: str | None = None,
+    agents_dir: str | None = None, dropped: bool = False,
 ) -> list[str]:  # fmt: skip
     """bwrap flags: new pid/mount/ipc/uts/user (and net unless ``network``) namespaces, no capabilities,
     the host's /usr read-only, a private /workspace and /tmp, the rest of / read-only.
 
     As root, bwrap itself is started as ``uid`` (setpriv), so the sandbox user is that unprivileged
-    host uid, not root mapped into a user namespace."""
-    argv = privilege_drop(uid)
+    host uid, not root mapped into a user namespace; ``dropped``: its starter has dropped to ``uid``
+    already (the zygote, agent_zygote.py), so no setpriv."""
+    argv = [] if dropped else privilege_drop(uid)
     argv += [bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if not network:
         argv.append("--unshare-net")

@@ -58,6 +58,7 @@ from services.sandbox_broker.backends.local_commands import (
     env_of,
     gvisor_argv,
     sandbox_prefix,
+    zygote_launch,
 )
 from services.sandbox_broker.backends.local_images import LocalImages, image_of, workdir_of
 from services.sandbox_broker.backends.local_known import KnownSandboxes, scan
@@ -335,12 +336,14 @@ class LocalBackend:
         workdir, log_path, zygote = workdir_of(meta), paths.root / "agent.log", self.agents.zygote
         async with launching(self._launch_ns(meta), paths.root, brief=True) as mount_ns:  # until it is up
             if zygote is not None and meta.get("isolation") != "gvisor" and image_of(meta) is None:  # agent_zygote.py
-                argv = await self._argv(sandbox_id, paths, meta, workdir, AGENT_ENV, STUB, "agent", mount_ns)
-                procs = [str(p) for p in self.cgroups.procs_files(sandbox_id)]
-                forked = {"sandbox": sandbox_id, "procs": procs, "rlimits": meta.get("rlimits", {}), "uid": self.uid,
-                          "cwd": workdir}  # fmt: skip
+                assert self._bwrap is not None
+                procs = self.cgroups.procs_files(sandbox_id)
+                argv, launch = zygote_launch(self._bwrap, paths, meta, uid=self.uid, cwd=workdir, cgroup_procs=procs,
+                                             mount_ns=mount_ns)  # fmt: skip
+                forked = {"sandbox": sandbox_id, "procs": launch["procs"], "rlimits": meta.get("rlimits", {}),
+                          "uid": self.uid, "cwd": workdir}  # fmt: skip
                 await zygote.start()
-                return await ExecAgent.fork(zygote, argv, AGENT_ENV, log_path, forked)
+                return await ExecAgent.fork(zygote, [*argv, *STUB], AGENT_ENV, log_path, forked, launch)
             command = agent_command(python)
             argv = await self._argv(sandbox_id, paths, meta, workdir, AGENT_ENV, command, "agent", mount_ns)
             return await ExecAgent.start(argv, AGENT_ENV, log_path)

@@ -15,6 +15,7 @@ from services.sandbox_broker.backends.local_images import image_of, shell_argv, 
 WORKDIR = "/workspace"
 HOST_PYTHON = "/usr/bin/python3"  # the exec agent's interpreter: the host's, where the sandbox sees its /usr
 AGENT_ENV = {"PATH": BASE_PATH, "LANG": "C.UTF-8"}
+CLONE_NEWNET, CLONE_NEWNS = 0x40000000, 0x00020000  # setns(2)'s flags
 
 
 def command_of(request: ExecRequest, meta: dict[str, Any]) -> list[str]:
@@ -48,6 +49,20 @@ def sandbox_prefix(bwrap: str, paths: SandboxPaths, meta: dict[str, Any], *, uid
     if mount_ns:  # one nsenter: it opens every namespace's path (the egress one's too) in the broker's
         enter.append(f"--mount={mount_ns}")
     return [*limits_prefix(meta.get("rlimits", {}), cgroup_procs), *enter, *argv]
+
+
+def zygote_launch(bwrap: str, paths: SandboxPaths, meta: dict[str, Any], *, uid: int, cwd: str,
+                  cgroup_procs: list[Any], mount_ns: str | None) -> tuple[list[str], dict[str, object]]:  # fmt: skip
+    """What the zygote starts for a sandbox (agent_zygote.Zygote.launch): bubblewrap's command line
+    without setpriv, and what ``sandbox_prefix``'s shell, nsenter and setpriv did before it, as data."""
+    network = meta.get("network") == "egress"
+    argv = bwrap_argv(bwrap, paths, uid=uid, network=network, cwd=cwd, agents_dir=meta.get("agents_dir"), dropped=True)
+    namespaces = [(str(netns.ns_file(paths.root)), CLONE_NEWNET)] if meta.get("netns") else []
+    if mount_ns:  # the egress namespace's file is opened first, from the broker's own mount namespace
+        namespaces.append((mount_ns, CLONE_NEWNS))
+    launch: dict[str, object] = {"procs": [str(p) for p in cgroup_procs], "rlimits": meta.get("rlimits", {}),
+                                 "namespaces": namespaces, "uid": uid, "sandbox": paths.root.name}  # fmt: skip
+    return argv, launch
 
 
 def gvisor_argv(runsc: Runsc, paths: SandboxPaths, meta: dict[str, Any], *, uid: int, cwd: str,
