@@ -86,6 +86,19 @@ def _zombies_of(pid: int) -> list[str]:
     return [c for c in children if Path(f"/proc/{c}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"]
 
 
+def _check_from_the_host(bubblewrap: int, cgroup_procs: list[Path], nofile: int, netns: Path) -> None:
+    """The bubblewrap is the sandbox uid's, and its stub is in every cgroup of the sandbox (which the
+    stub's own cgroup namespace hides), under its rlimits, in its egress namespace."""
+    assert Path(f"/proc/{bubblewrap}/exe").resolve() == Path(shutil.which("bwrap") or "bwrap").resolve()
+    assert Path(f"/proc/{bubblewrap}/status").read_text().count("\t1000\t1000\t1000\t1000") == 2  # uid, gid
+    stub = _only_child(bubblewrap)
+    groups = Path(f"/proc/{stub}/cgroup").read_text()
+    for procs in cgroup_procs:
+        assert f"/{procs.parent.name}\n" in groups and str(stub) in procs.read_text().split()
+    assert f"Max open files            {nofile}" in Path(f"/proc/{stub}/limits").read_text()
+    assert os.stat(f"/proc/{stub}/ns/net").st_ino == os.stat(netns).st_ino
+
+
 def test_the_zygote_starts_each_sandboxs_bubblewrap_in_its_cgroups_limits_and_namespaces(state_dir: Path) -> None:
     """The zygote's child does what the shell, nsenter and setpriv did before bubblewrap: the stub is in
     the sandbox's cgroups (which its own cgroup namespace hides), under its rlimits, in the egress
@@ -103,19 +116,9 @@ def test_the_zygote_starts_each_sandboxs_bubblewrap_in_its_cgroups_limits_and_na
             sid = sandbox.sandbox_id
             agent, zygote = backend.agents.agents[sid], backend.agents.zygote.proc
             assert isinstance(agent.proc, Spawned) and zygote is not None
-            bubblewrap = agent.proc.pid
-            assert _parent(bubblewrap) == zygote.pid  # no shell, nsenter or setpriv left between them
-            assert Path(f"/proc/{bubblewrap}/exe").resolve() == Path(shutil.which("bwrap") or "bwrap").resolve()
-            assert Path(f"/proc/{bubblewrap}/status").read_text().count("\t1000\t1000\t1000\t1000") == 2  # uid, gid
-            stub = _only_child(bubblewrap)
-            groups = Path(f"/proc/{stub}/cgroup").read_text()
-            for procs in backend.cgroups.procs_files(sid):  # every hierarchy the sandbox has, the stub is in
-                assert f"/{sid}\n" in groups and procs.parent.name == sid
-                assert str(stub) in procs.read_text().split()
-            limits = Path(f"/proc/{stub}/limits").read_text()
-            assert f"Max open files            {backend.nofile}" in limits
-            netns = os.stat(state_dir / "sandboxes" / sid / "netns").st_ino
-            assert os.stat(f"/proc/{stub}/ns/net").st_ino == netns
+            assert _parent(agent.proc.pid) == zygote.pid  # no shell, nsenter or setpriv left between them
+            _check_from_the_host(agent.proc.pid, backend.cgroups.procs_files(sid), backend.nofile,
+                                 state_dir / "sandboxes" / sid / "netns")  # fmt: skip
             result = await backend.exec(sid, ExecRequest(shell="cat /proc/self/status", timeout_s=20))
             assert "NoNewPrivs:\t1" in result.stdout and "CapBnd:\t0000000000000000" in result.stdout
 
