@@ -4,14 +4,16 @@ same process identity, limits, namespaces and mounts as one run through a bubble
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from services.protocol.sandboxes import ExecRequest, Resources
-from services.sandbox_broker.backends.agents import ExecAgent, Spawned, _only_child
+from services.sandbox_broker.backends.agents import AgentZygote, ExecAgent, Spawned, _only_child
 from services.sandbox_broker.backends.base import SandboxSpec
 from services.sandbox_broker.backends.local import LocalBackend
 from services.sandbox_broker.settings import BrokerSettings
@@ -30,14 +32,23 @@ PROBE = (
 )
 
 
+@contextlib.asynccontextmanager
+async def zygote_backend(state_dir: Path) -> AsyncIterator[tuple[BrokerSettings, LocalBackend, AgentZygote]]:
+    """A started local backend whose agents the zygote forks (skipped where it cannot: not root)."""
+    settings = BrokerSettings(state_dir=state_dir)
+    backend = LocalBackend(settings)
+    await backend.start()
+    try:
+        if backend.agents.zygote is None:
+            pytest.skip("the zygote needs a root broker")
+        yield settings, backend, backend.agents.zygote
+    finally:
+        await backend.close()
+
+
 def test_forked_agents_commands_are_isolated_as_a_bubblewraps(state_dir: Path) -> None:
     async def scenario() -> None:
-        settings = BrokerSettings(state_dir=state_dir)
-        backend = LocalBackend(settings)
-        await backend.start()
-        try:
-            if backend.agents.zygote is None:
-                pytest.skip("the zygote needs a root broker")
+        async with zygote_backend(state_dir) as (settings, backend, agents_zygote):
             sandbox = await backend.create(SandboxSpec(default_template(settings), Resources()))
             sid = sandbox.sandbox_id
 
@@ -46,7 +57,7 @@ def test_forked_agents_commands_are_isolated_as_a_bubblewraps(state_dir: Path) -
                 assert result.exit_code == 0, result.stderr
                 return result.stdout
 
-            assert backend.agents.agents[sid].proc is not None and backend.agents.zygote.proc is not None
+            assert backend.agents.agents[sid].proc is not None and agents_zygote.proc is not None
             # the agent is busy with the first: the second runs through a bubblewrap of its own
             _, alone = await asyncio.gather(sh("sleep 1"), sh(PROBE))
             via_agent = await sh(PROBE)
@@ -64,15 +75,13 @@ def test_forked_agents_commands_are_isolated_as_a_bubblewraps(state_dir: Path) -
             assert (await asyncio.gather(sh("sleep 1"), sh("echo $PPID")))[1] == "1\n"  # bubblewrap's init
 
             # a zygote that died is started again at the next sandbox's agent
-            zygote = backend.agents.zygote.proc
+            zygote = agents_zygote.proc
             zygote.kill()
             await zygote.wait()
             again = (await backend.create(SandboxSpec(default_template(settings), Resources()))).sandbox_id
-            assert again in backend.agents.agents and backend.agents.zygote.proc is not zygote
+            assert again in backend.agents.agents and agents_zygote.proc is not zygote
             assert (await backend.exec(again, ExecRequest(shell="echo $PPID", timeout_s=20))).stdout != "1\n"
-        finally:
-            await backend.close()
-        assert backend.agents.zygote is None or backend.agents.zygote.proc is None
+        assert agents_zygote.proc is None
 
     asyncio.run(scenario())
 
@@ -106,15 +115,10 @@ def test_the_zygote_starts_each_sandboxs_bubblewrap_in_its_cgroups_limits_and_na
     the zygote reaps it."""
 
     async def scenario() -> None:
-        settings = BrokerSettings(state_dir=state_dir)
-        backend = LocalBackend(settings)
-        await backend.start()
-        try:
-            if backend.agents.zygote is None:
-                pytest.skip("the zygote needs a root broker")
+        async with zygote_backend(state_dir) as (settings, backend, agents_zygote):
             sandbox = await backend.create(SandboxSpec(default_template(settings), Resources(), network="egress"))
             sid = sandbox.sandbox_id
-            agent, zygote = backend.agents.agents[sid], backend.agents.zygote.proc
+            agent, zygote = backend.agents.agents[sid], agents_zygote.proc
             assert isinstance(agent.proc, Spawned) and zygote is not None
             assert _parent(agent.proc.pid) == zygote.pid  # no shell, nsenter or setpriv left between them
             _check_from_the_host(agent.proc.pid, backend.cgroups.procs_files(sid), backend.nofile,
@@ -133,30 +137,22 @@ def test_the_zygote_starts_each_sandboxs_bubblewrap_in_its_cgroups_limits_and_na
                     break
                 await asyncio.sleep(0.1)
             assert _zombies_of(zygote.pid) == []
-        finally:
-            await backend.close()
 
     asyncio.run(scenario())
 
 
 def test_a_bubblewrap_the_zygote_cannot_start_fails_the_agent_not_the_zygote(state_dir: Path) -> None:
     async def scenario() -> None:
-        settings = BrokerSettings(state_dir=state_dir)
-        backend = LocalBackend(settings)
-        await backend.start()
-        try:
-            zygote = backend.agents.zygote
-            if zygote is None:
-                pytest.skip("the zygote needs a root broker")
+        async with zygote_backend(state_dir) as (settings, backend, zygote):
             await zygote.start()
+            started = zygote.proc
             log_path = state_dir / "agent.log"
             launch = {"procs": [], "rlimits": {}, "namespaces": [], "uid": 1000, "sandbox": "nowhere"}
             with pytest.raises(OSError, match="namespaces were not made"):
                 await ExecAgent.fork(zygote, [str(state_dir / "no-bwrap"), "--version"], {}, log_path, {}, launch)
             assert "zygote: the sandbox nowhere did not start: FileNotFoundError" in log_path.read_text()
             sandbox = await backend.create(SandboxSpec(default_template(settings), Resources()))
-            assert isinstance(backend.agents.agents[sandbox.sandbox_id].proc, Spawned)  # the same zygote
-        finally:
-            await backend.close()
+            assert isinstance(backend.agents.agents[sandbox.sandbox_id].proc, Spawned)
+            assert zygote.proc is started and started is not None and started.returncode is None  # the same one
 
     asyncio.run(scenario())
