@@ -66,7 +66,6 @@ REAP_EVERY_S = 2.0  # with no request coming, ended bubblewraps are collected th
 class Zygote:
     def __init__(self) -> None:
         self.libc = ctypes.CDLL(None, use_errno=True)
-        self.spawned: set[int] = set()  # bubblewraps started here, not yet reaped
         with open("/proc/sys/kernel/cap_last_cap") as f:
             self.last_cap = int(f.read())
 
@@ -200,7 +199,6 @@ class Zygote:
         if pid == 0:
             control.close()
             self.launch(request, fds)
-        self.spawned.add(pid)
         try:
             pidfd = os.pidfd_open(pid)  # before any reap: the pid is still this child's
             try:
@@ -213,14 +211,14 @@ class Zygote:
             os.kill(pid, 9)
 
     def reap(self) -> None:
-        """Collect the spawned children that ended (the broker watches them by pidfd)."""
-        for pid in list(self.spawned):
-            try:
-                if os.waitpid(pid, os.WNOHANG)[0] == 0:
-                    continue
-            except ChildProcessError:
+        """Collect the spawned children that ended (the broker watches them by pidfd): one call per
+        ended child, whatever the number alive. An agent's forked child is never pending here: each
+        is waited for as soon as it is forked."""
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
                 pass
-            self.spawned.discard(pid)
+        except ChildProcessError:  # no child at all
+            pass
 
 
 def main(control: socket.socket) -> None:
