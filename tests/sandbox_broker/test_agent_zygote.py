@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from services.protocol.sandboxes import ExecRequest, Resources
-from services.sandbox_broker.backends.agents import AgentZygote, ExecAgent, Spawned, _only_child
+from services.sandbox_broker.backends.agents import ExecAgent
 from services.sandbox_broker.backends.base import SandboxSpec
 from services.sandbox_broker.backends.local import LocalBackend
+from services.sandbox_broker.backends.zygote_client import AgentZygote, Spawned, only_child
 from services.sandbox_broker.settings import BrokerSettings
 from services.sandbox_broker.templates import default_template
 from tests.sandbox_broker.conftest import needs_bwrap
@@ -100,7 +101,7 @@ def _check_from_the_host(bubblewrap: int, cgroup_procs: list[Path], nofile: int,
     stub's own cgroup namespace hides), under its rlimits, in its egress namespace."""
     assert Path(f"/proc/{bubblewrap}/exe").resolve() == Path(shutil.which("bwrap") or "bwrap").resolve()
     assert Path(f"/proc/{bubblewrap}/status").read_text().count("\t1000\t1000\t1000\t1000") == 2  # uid, gid
-    stub = _only_child(bubblewrap)
+    stub = only_child(bubblewrap)
     groups = Path(f"/proc/{stub}/cgroup").read_text()
     for procs in cgroup_procs:
         assert f"/{procs.parent.name}\n" in groups and str(stub) in procs.read_text().split()
@@ -149,7 +150,7 @@ def test_a_bubblewrap_the_zygote_cannot_start_fails_the_agent_not_the_zygote(sta
             log_path = state_dir / "agent.log"
             launch = {"procs": [], "rlimits": {}, "namespaces": [], "uid": 1000, "sandbox": "nowhere"}
             with pytest.raises(OSError, match="namespaces were not made"):
-                await ExecAgent.fork(zygote, [str(state_dir / "no-bwrap"), "--version"], {}, log_path, {}, launch)
+                await ExecAgent.fork(zygote, [str(state_dir / "no-bwrap"), "--version"], {}, log_path, launch, "/")
             assert "zygote: the sandbox nowhere did not start: FileNotFoundError" in log_path.read_text()
             sandbox = await backend.create(SandboxSpec(default_template(settings), Resources()))
             assert isinstance(backend.agents.agents[sandbox.sandbox_id].proc, Spawned)

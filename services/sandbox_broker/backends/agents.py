@@ -16,52 +16,40 @@ stdout_truncated, stderr_truncated, duration_s).
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
 import logging
 import marshal
 import os
-import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
 import orjson
 
 from services.protocol.sandboxes import ExecResult
 from services.runtime.tasks import cancel_and_wait
-from services.sandbox_broker.backends import agent_zygote, exec_agent
+from services.sandbox_broker.backends import exec_agent
 from services.sandbox_broker.backends.base import OutputBuffer, OutputSink
+from services.sandbox_broker.backends.zygote_client import (
+    START_TIMEOUT_S,
+    AgentZygote,
+    Spawned,
+    only_child,
+    read_line,
+    source,
+)
 
 log = logging.getLogger(__name__)
 
 BOOTSTRAP = "import sys;n=int(sys.stdin.buffer.readline());exec(compile(sys.stdin.buffer.read(n),'exec_agent','exec'))"
-START_TIMEOUT_S = 30.0
 GRACE_S = 10.0  # past a command's timeout, how long the broker waits for the agent before killing it
 KILLED_EXIT_CODE = 137  # the command killed the agent (and so its own namespace): as if SIGKILLed
-# the zygote's interpreter runs exec_agent.py's source, then agent_zygote.py's, in one namespace (sent
-# on its control socket: its command line, which the sandboxes' ps shows, names no host path)
-ZYGOTE_MAIN = (
-    "import socket;s=socket.socket(fileno=0);g={'__name__':'zygote'}\n"
-    "for n in 'ab':exec(compile(s.recv(1<<20),'zygote','exec'),g)\ng['main'](s)"
-)
 # a zygote-forked agent's sandbox: bubblewrap's command, pid 1 of its namespace, says when it is set up
 # and waits (the shell's own read: no second program to start) until the broker closes its stdin
 STUB = ["--as-pid-1", "/bin/sh", "-c", "echo; read -r _"]
-
-
-@cache
-def _source() -> bytes:
-    return Path(exec_agent.__file__).read_bytes()
-
-
-@cache
-def _zygote_sources() -> tuple[bytes, bytes]:
-    return _source(), Path(agent_zygote.__file__).read_bytes()
 
 
 def agent_command(python: str) -> list[str]:
@@ -84,129 +72,6 @@ class AgentRequest:
                 "timeout_s": self.timeout_s, "max_output_bytes": self.max_output_bytes, "stream": stream}  # fmt: skip
         payload = marshal.dumps(body, exec_agent.MARSHAL_VERSION)  # the agent trusts the broker (exec_agent.py)
         return exec_agent.HEADER.pack(len(payload), b"X", rid) + payload
-
-
-async def _readable(fd: int | socket.socket, timeout_s: float) -> None:
-    """Until ``fd`` (non-blocking) has something to read."""
-    loop = asyncio.get_running_loop()
-    readable: asyncio.Future[None] = loop.create_future()
-
-    def ready() -> None:
-        if not readable.done():
-            readable.set_result(None)
-
-    loop.add_reader(fd, ready)
-    try:
-        await asyncio.wait_for(readable, timeout_s)
-    finally:
-        loop.remove_reader(fd)
-
-
-async def _line(fd: int, timeout_s: float) -> bytes:
-    """One line from a pipe (at most 4 KiB, what one write of it brings)."""
-    os.set_blocking(fd, False)
-    await _readable(fd, timeout_s)
-    return os.read(fd, 4096)
-
-
-def _only_child(pid: int) -> int:
-    """Bubblewrap's one child, its sandbox's pid 1 (the stub), as the host sees it."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    if len(children) != 1:
-        raise OSError(f"bubblewrap {pid} has {len(children)} children, not its sandbox's one")
-    return int(children[0])
-
-
-class AgentZygote:
-    """The zygote (agent_zygote.py) that forks the exec agents: started at its first use, and again
-    at the next one after it ended; it ends when the broker closes its control socket."""
-
-    def __init__(self, python: str, env: dict[str, str]) -> None:
-        self.argv = [python, "-I", "-S", "-c", ZYGOTE_MAIN]
-        self.env = env
-        self.proc: asyncio.subprocess.Process | None = None
-        self.control: socket.socket | None = None
-        self.lock = asyncio.Lock()
-
-    async def start(self) -> None:
-        async with self.lock:
-            if self.proc is not None and self.proc.returncode is None:
-                return
-            await self.close()
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            with theirs:
-                self.proc = await asyncio.create_subprocess_exec(*self.argv, stdin=theirs.fileno(), env=self.env,
-                                                                 start_new_session=True)  # fmt: skip
-            for source in _zygote_sources():
-                ours.send(source)
-            self.control = ours
-
-    def fork(self, request: dict[str, object], channel: int, log: int) -> None:
-        """Ask for an agent (``request``: agent_zygote.Zygote.enter) on ``channel``, writing to ``log``."""
-        self._send(request, [channel, log])
-
-    async def spawn(self, request: dict[str, object], stdin: int, stdout: int, stderr: int) -> Spawned:
-        """Start a sandbox's bubblewrap (``request``: agent_zygote.Zygote.launch) on these descriptors."""
-        ours, theirs = socket.socketpair()
-        with ours:
-            with theirs:
-                self._send(request, [stdin, stdout, stderr, theirs.fileno()])
-            ours.setblocking(False)
-            await _readable(ours, START_TIMEOUT_S)
-            pid, fds, _, _ = socket.recv_fds(ours, 32, 1)
-        if not pid or len(fds) != 1:
-            for fd in fds:
-                os.close(fd)
-            raise OSError("the zygote did not start the sandbox's bubblewrap")
-        return Spawned(int(pid), fds[0])
-
-    def _send(self, request: dict[str, object], fds: list[int]) -> None:
-        if self.control is None:
-            raise OSError("the exec agents' zygote is not running")
-        rights = array.array("i", fds)
-        self.control.sendmsg([marshal.dumps(request)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
-
-    async def close(self) -> None:
-        if self.control is not None:
-            self.control.close()  # the zygote's end of input: it exits
-            self.control = None
-        if self.proc is not None:
-            try:
-                await asyncio.wait_for(self.proc.wait(), 5)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-            self.proc = None
-
-
-class Spawned:
-    """A process the zygote started for this broker (its sandbox's bubblewrap), watched by its pidfd:
-    it is the zygote's child, so its exit status is not this process's to read."""
-
-    def __init__(self, pid: int, pidfd: int) -> None:
-        self.pid = pid
-        self.pidfd = pidfd
-        self.returncode: int | None = None  # -1 once it ended (its status is the zygote's)
-        self.holds: list[int] = []  # descriptors of its own (its stdin's write end) closed when it ends
-        self.ended = asyncio.get_running_loop().create_future()
-        asyncio.get_running_loop().add_reader(pidfd, self._end)
-
-    def _end(self) -> None:
-        asyncio.get_running_loop().remove_reader(self.pidfd)
-        for fd in (self.pidfd, *self.holds):
-            os.close(fd)
-        self.returncode = -1
-        if not self.ended.done():
-            self.ended.set_result(None)
-
-    def kill(self) -> None:
-        if self.returncode is not None:
-            raise ProcessLookupError(self.pid)
-        signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-
-    async def wait(self) -> int:
-        await asyncio.shield(self.ended)
-        return -1
 
 
 class NotStarted(Exception):
@@ -238,7 +103,7 @@ class ExecAgent:
             )  # fmt: skip
         agent = cls(proc, log_path)
         try:
-            agent.writer.write(b"%d\n" % len(_source()) + _source())
+            agent.writer.write(b"%d\n" % len(source()) + source())
             await agent._ready()
         except BaseException:
             await agent.stop()
@@ -247,9 +112,10 @@ class ExecAgent:
 
     @classmethod
     async def fork(cls, zygote: AgentZygote, argv: list[str], env: dict[str, str], log_path: Path,
-                   request: dict[str, object], launch: dict[str, object]) -> ExecAgent:  # fmt: skip
+                   launch: dict[str, object], cwd: str) -> ExecAgent:  # fmt: skip
         """An agent forked by the zygote into the namespaces of the sandbox's bubblewrap (``argv``,
-        ending in ``STUB``), which the zygote starts first (``launch``: agent_zygote.Zygote.launch)."""
+        ending in ``STUB``), which the zygote starts first (``launch``: agent_zygote.Zygote.launch; the
+        agent joins the same cgroups under the same rlimits and uid, in ``cwd``)."""
         stdin, ours = os.pipe()  # the stub reads it until this process closes it (or ends)
         theirs, ready = os.pipe()
         try:
@@ -262,11 +128,11 @@ class ExecAgent:
                 proc.holds.append(ours)
                 ours = -1
                 try:
-                    if await _line(theirs, START_TIMEOUT_S) != b"\n":
+                    if await read_line(theirs, START_TIMEOUT_S) != b"\n":
                         raise OSError(f"the sandbox's namespaces were not made (see {log_path})")
                     channel, end = socket.socketpair()
                     with end:
-                        zygote.fork({**request, "stub": _only_child(proc.pid)}, end.fileno(), stderr.fileno())
+                        zygote.fork({**launch, "cwd": cwd, "stub": only_child(proc.pid)}, end.fileno(), stderr.fileno())
                     reader, writer = await asyncio.open_unix_connection(sock=channel, limit=2**20)
                 except BaseException:
                     with contextlib.suppress(ProcessLookupError):

@@ -37,7 +37,6 @@ from services.sandbox_broker.backends import (
 from services.sandbox_broker.backends.agents import (
     STUB,
     AgentRequest,
-    AgentZygote,
     ExecAgent,
     ExecAgents,
     agent_command,
@@ -63,6 +62,7 @@ from services.sandbox_broker.backends.local_commands import (
 from services.sandbox_broker.backends.local_images import LocalImages, image_of, workdir_of
 from services.sandbox_broker.backends.local_known import KnownSandboxes, scan
 from services.sandbox_broker.backends.process import run_process, watch_children_with_pidfds
+from services.sandbox_broker.backends.zygote_client import AgentZygote
 from services.sandbox_broker.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -337,13 +337,10 @@ class LocalBackend:
         async with launching(self._launch_ns(meta), paths.root, brief=True) as mount_ns:  # until it is up
             if zygote is not None and meta.get("isolation") != "gvisor" and image_of(meta) is None:  # agent_zygote.py
                 assert self._bwrap is not None
-                procs = self.cgroups.procs_files(sandbox_id)
-                argv, launch = zygote_launch(self._bwrap, paths, meta, uid=self.uid, cwd=workdir, cgroup_procs=procs,
-                                             mount_ns=mount_ns)  # fmt: skip
-                forked = {"sandbox": sandbox_id, "procs": launch["procs"], "rlimits": meta.get("rlimits", {}),
-                          "uid": self.uid, "cwd": workdir}  # fmt: skip
+                argv, launch = zygote_launch(self._bwrap, paths, meta, uid=self.uid, cwd=workdir, mount_ns=mount_ns,
+                                             cgroup_procs=self.cgroups.procs_files(sandbox_id))  # fmt: skip
                 await zygote.start()
-                return await ExecAgent.fork(zygote, [*argv, *STUB], AGENT_ENV, log_path, forked, launch)
+                return await ExecAgent.fork(zygote, [*argv, *STUB], AGENT_ENV, log_path, launch, workdir)
             command = agent_command(python)
             argv = await self._argv(sandbox_id, paths, meta, workdir, AGENT_ENV, command, "agent", mount_ns)
             return await ExecAgent.start(argv, AGENT_ENV, log_path)
