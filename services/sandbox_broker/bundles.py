@@ -125,8 +125,8 @@ def _pypi(recipe: Recipe, tree: Path, inside: str, version: str | None, python: 
     venv = tree / "venv"
     _run([python, "-m", "venv", str(venv)])
     spec = f"{recipe.package}=={version}" if version else recipe.package
-    command, env = install_command(str(venv / "bin" / "python"))
-    _run([*command, spec], env)
+    installer, env = install_command(str(venv / "bin" / "python"))
+    _run([*installer, spec], env)
     found = _run([str(venv / "bin" / "python"), "-c",
                   f"import importlib.metadata as m; print(m.version({recipe.package!r}))"]).strip()  # fmt: skip
     for command, script in recipe.commands.items():  # the script itself: its shebang has the build path
