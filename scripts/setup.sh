@@ -67,25 +67,18 @@ install_all() {
 with_pip() { REINSTALL=--force-reinstall install_all "${PIP[@]}"; }
 
 # uv (pip's interface, in Rust) installs the same requirements in 13 s with its cache warm (33 s cold) where
-# pip took 50-78 s here. It reads none of pip's configuration, so pip's (its files and PIP_* variables:
-# constraints, find-links, indexes, certificate) is handed to it, and it weighs every index as pip does
-# (--index-strategy unsafe-best-match: the best version wherever it is, not the first index that has the
-# project). Where uv cannot be installed or fails, pip does it all.
+# pip took 50-78 s here. It reads none of pip's configuration: services/runtime/installer.py (the standard
+# library only) hands pip's to it, as it does for agent bundles. Where uv cannot be installed or fails, pip
+# does it all.
 with_uv() {
   "${PIP[@]}" uv || return 1
-  local args=(--python "$VENV/bin/python" --index-strategy unsafe-best-match -q) key value item
-  while IFS= read -r line; do
-    key=${line%%=*}; key=${key#*.}; value=${line#*=}; value=${value#\'}; value=${value%\'}
-    for item in $value; do
-      case $key in
-        constraint) args+=(--constraint "$item") ;;
-        find-links) args+=(--find-links "$item") ;;
-        extra-index-url) args+=(--extra-index-url "$item") ;;
-        index-url) args+=(--index-url "$item") ;;
-        cert) export SSL_CERT_FILE=$item ;;
-      esac
-    done
-  done < <("$VENV/bin/python" -m pip config list 2>/dev/null)
+  local args=(-q) line
+  while IFS= read -r line; do  # services/runtime/installer.py: pip's configuration as uv's options
+    case $line in
+      --env=*) export "${line#--env=}" ;;
+      *) args+=("$line") ;;
+    esac
+  done < <("$VENV/bin/python" -m services.runtime.installer "$VENV/bin/python")
   REINSTALL=--reinstall install_all "$VENV/bin/uv" pip install "${args[@]}"
 }
 

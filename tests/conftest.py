@@ -103,17 +103,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     its author allowed it, a proxy for its length); the others come last, in their collection order.
 
     xdist hands each of its N processes two files at the start, the second to run after the first:
-    so that no long file waits behind the longest ones, files N+1 to 2N are N short ones."""
+    so that no long file waits behind the longest ones, files N+1 to 2N are N short ones. ``make test``
+    runs the docker tests apart (``-m docker``, after the others), and a file with tests of both kinds
+    is in both phases with other figures: each phase is ordered by its own (``docker_seconds``)."""
     for item in items:  # a test on a private dockerd is a docker test, marked or not (``make test`` runs them apart)
         if {"dockerd", "runsc_dockerd", "daemon"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.docker)
-    measured: dict[str, float] = json.loads(DURATIONS.read_text())["seconds"]
+    docker_phase = config.getoption("markexpr", "").strip() == "docker"
+    figures = json.loads(DURATIONS.read_text())
+    measured: dict[str, float] = figures["docker_seconds" if docker_phase else "seconds"]
     weight: dict[str, float] = {}
-    docker: set[str] = set()
+    phase: set[str] = set()  # the files with tests this phase runs
     for item in items:
         file = item.nodeid.split("::")[0]
-        if item.get_closest_marker("docker"):
-            docker.add(file)
+        if bool(item.get_closest_marker("docker")) == docker_phase:
+            phase.add(file)
         if file in measured:
             weight[file] = measured[file]
         elif item.get_closest_marker("slow"):
@@ -122,9 +126,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             weight[file] = max(weight.get(file, 0.0), allowed / 10)
     files = sorted(dict.fromkeys(item.nodeid.split("::")[0] for item in items), key=lambda f: -weight.get(f, 0.0))
     workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
-    if workers > 1:  # the parallel phase (docker files are deselected there: they take no place)
-        parallel = [f for f in files if f not in docker]
-        short = [f for f in reversed(parallel[workers:]) if not weight.get(f)][:workers]
-        files = parallel[:workers] + short + [f for f in files if f not in short and f not in parallel[:workers]]
+    if workers > 1:  # a file with no test in this phase is deselected: it takes no place
+        ours = [f for f in files if f in phase]
+        short = list(reversed(ours[workers:]))[:workers]
+        files = ours[:workers] + short + [f for f in files if f not in short and f not in ours[:workers]]
     rank = {file: i for i, file in enumerate(files)}
     items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])  # stable: a file's order is kept

@@ -1,17 +1,20 @@
 """Python harnesses from PyPI in a virtual environment of their own, installed once per machine
 under ``~/.cache/rollout-harnesses/<package>-<version>`` (aider pins exact versions of dozens of
-packages, so it never shares the project's environment). Where the interpreter or the registry
+packages, so it never shares the project's environment), with uv where it is installed
+(``services/runtime/installer.py``). Where the interpreter or the registry
 is missing, or the install takes over ``install_s``, :class:`HarnessUnavailable` says why and the
 half-made environment is removed."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from services.benchmarks.npm_harness import HarnessUnavailable
+from services.runtime.installer import install_command
 
 INSTALL_S = 240
 
@@ -24,17 +27,19 @@ def venv_binary(package: str, version: str, binary: str, python: str = sys.execu
         return path
     shutil.rmtree(prefix, ignore_errors=True)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    steps = [[python, "-m", "venv", str(prefix)],
-             [str(prefix / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-              f"{package}=={version}"]]  # fmt: skip
+
+    def step(argv: list[str], env: dict[str, str]) -> None:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=install_s, env={**os.environ, **env})
+        if done.returncode != 0:
+            raise HarnessUnavailable(f"could not install {package}=={version}: {done.stderr.strip()[-300:]}")
+
     try:
-        for argv in steps:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=install_s)
-            if done.returncode != 0:
-                raise HarnessUnavailable(f"could not install {package}=={version}: {done.stderr.strip()[-300:]}")
+        step([python, "-m", "venv", str(prefix)], {})
+        command, env = install_command(str(prefix / "bin" / "python"))  # that environment's pip configuration
+        step([*command, f"{package}=={version}"], env)
     except subprocess.TimeoutExpired:
         shutil.rmtree(prefix, ignore_errors=True)
-        raise HarnessUnavailable(f"pip could not install {package}=={version} within {install_s:g} s") from None
+        raise HarnessUnavailable(f"could not install {package}=={version} within {install_s:g} s") from None
     except HarnessUnavailable:
         shutil.rmtree(prefix, ignore_errors=True)
         raise

@@ -5,7 +5,8 @@ registry and bound at ``/opt/agents/NAME`` into local sandboxes (``BrokerSetting
 small ``sh`` wrapper per command, with the paths the sandbox sees) and the runtime:
 
 - PyPI: ``venv/``, a virtual environment of the interpreter the sandboxes run (the host's
-  ``/usr/bin/python3``, which a local sandbox sees read-only), the package installed with pip;
+  ``/usr/bin/python3``, which a local sandbox sees read-only), the package installed with uv (pip
+  where uv is not installed: ``services/runtime/installer.py``);
 - npm: ``node/``, a copy of the host's ``node`` binary and the package installed with npm.
 
 A bundle is built beside its final place and swapped in whole, so a sandbox never sees half of one.
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from services.protocol.agents import AGENTS_DIR, BUNDLE_MANIFEST, AgentBundle
+from services.runtime.installer import install_command
 
 SANDBOX_PYTHON = "/usr/bin/python3"  # local sandboxes see the host's /usr
 
@@ -123,8 +125,8 @@ def _pypi(recipe: Recipe, tree: Path, inside: str, version: str | None, python: 
     venv = tree / "venv"
     _run([python, "-m", "venv", str(venv)])
     spec = f"{recipe.package}=={version}" if version else recipe.package
-    _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
-          "--quiet", spec])  # fmt: skip
+    installer, env = install_command(str(venv / "bin" / "python"))
+    _run([*installer, spec], env)
     found = _run([str(venv / "bin" / "python"), "-c",
                   f"import importlib.metadata as m; print(m.version({recipe.package!r}))"]).strip()  # fmt: skip
     for command, script in recipe.commands.items():  # the script itself: its shebang has the build path
@@ -160,8 +162,8 @@ def _read_only(tree: Path) -> None:
             path.chmod((mode | 0o444 | (0o111 if path.is_dir() or mode & 0o100 else 0)) & ~0o022)
 
 
-def _run(argv: list[str]) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+def _run(argv: list[str], env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, env={**os.environ, **(env or {})})
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv[:4])} ... exited {done.returncode}: {done.stderr[-2000:]}")
     return done.stdout
