@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Build the platform's images on a machine with no registry: a Debian base root filesystem made by
 # mmdebstrap from Debian's packages and imported into dockerd, then the Dockerfile's targets.
-#   scripts/build-images.sh [--trainer] [--engine] [--relock]
+#   scripts/build-images.sh [--trainer] [--engine] [--relock] [--cached]
 # DOCKER_HOST picks the daemon. Built images are also saved under $ROLLOUT_IMAGE_CACHE (default
 # /var/cache/rollout-platform), keyed by the content of what they are built from, and loaded from
-# there the next time (a test's private dockerd starts empty).
+# there the next time (a test's private dockerd starts empty). --cached: build nothing, exit 0 when every
+# image asked for is in that cache (no daemon needed), 1 when one is not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE=${ROLLOUT_IMAGE_CACHE:-/var/cache/rollout-platform}
@@ -12,12 +13,14 @@ SUITE=bookworm
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 targets=(service)
 relock=0
+cached=0
 for arg in "$@"; do
   case $arg in
     --trainer) targets+=(trainer) ;;
     --engine) targets+=(engine) ;;
     --relock) relock=1 ;;
-    *) echo "usage: $0 [--trainer] [--engine] [--relock]" >&2; exit 2 ;;
+    --cached) cached=1 ;;
+    *) echo "usage: $0 [--trainer] [--engine] [--relock] [--cached]" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$CACHE"
@@ -26,6 +29,18 @@ mkdir -p "$CACHE"
 packages=$(grep -v '^#' deploy/base-packages.txt | paste -sd, -)
 base_key=$(printf '%s %s' "$SUITE" "$packages" | sha256sum | cut -c1-16)
 base_tar="$CACHE/base-$SUITE-$base_key.tar"
+image_keys() {  # the dependencies' key (base + lock) and the targets' (deps + everything they are built from)
+  deps_key=$( { echo "$base_key"; sha256sum deploy/service.lock deploy/deps.Dockerfile; } | sha256sum | cut -c1-16)
+  content_key=$( { echo "$deps_key"; git ls-files -z -- Dockerfile pyproject.toml README.md services trainer_client \
+    | xargs -0 sha256sum; } | sha256sum | cut -c1-16)
+}
+if [[ $cached == 1 ]]; then
+  image_keys
+  for saved in "$base_tar" "$CACHE/deps-$deps_key.tar" "${targets[@]/%/-$content_key.tar}"; do
+    [[ -f $saved || -f $CACHE/$saved ]] || exit 1
+  done
+  exit 0
+fi
 if [[ ! -f $base_tar ]]; then
   command -v mmdebstrap >/dev/null || { echo "mmdebstrap is needed: apt-get install mmdebstrap" >&2; exit 1; }
   echo "== base root filesystem: mmdebstrap $SUITE with $packages (a few minutes, once)"
@@ -75,10 +90,8 @@ load_or_build() {  # name tag key dockerfile target check
   docker save -o "$saved.partial" "$2" && mv "$saved.partial" "$saved"
   find "$CACHE" -name "$1-*.tar" ! -name "$(basename "$saved")" -delete  # keep one of each
 }
-deps_key=$( { echo "$base_key"; sha256sum deploy/service.lock deploy/deps.Dockerfile; } | sha256sum | cut -c1-16)
+image_keys  # after a relock
 load_or_build deps rollout-deps:latest "$deps_key" deploy/deps.Dockerfile "" "import fastapi, uvicorn, redis, aiohttp, pydantic, msgspec"
-content_key=$( { echo "$deps_key"; git ls-files -z -- Dockerfile pyproject.toml README.md services trainer_client \
-  | xargs -0 sha256sum; } | sha256sum | cut -c1-16)
 for target in "${targets[@]}"; do
   load_or_build "$target" "rollout-platform$([[ $target == service ]] || echo "-$target"):latest" "$content_key" Dockerfile "$target" \
     "import services.cli.main, trainer_client"
