@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,6 +126,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             allowed = float(timeout.args[0]) if timeout and timeout.args else 120.0
             weight[file] = max(weight.get(file, 0.0), allowed / 10)
     files = sorted(dict.fromkeys(item.nodeid.split("::")[0] for item in items), key=lambda f: -weight.get(f, 0.0))
+    listing = os.environ.get("ROLLOUT_TEST_DOCKER_FILES")  # make test: the docker phase collects only these
+    if listing and config.getoption("markexpr", "").strip() == "not docker":
+        docker_files = sorted({item.nodeid.split("::")[0] for item in items if item.get_closest_marker("docker")})
+        partial = Path(f"{listing}.{os.getpid()}")
+        partial.write_text("".join(f"{file}\n" for file in docker_files))
+        partial.replace(listing)  # each process writes the same list
     workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
     if workers > 1:  # a file with no test in this phase is deselected: it takes no place
         ours = [f for f in files if f in phase]
