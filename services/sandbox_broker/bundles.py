@@ -15,7 +15,6 @@ A bundle is built beside its final place and swapped in whole, so a sandbox neve
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from services.protocol.agents import AGENTS_DIR, BUNDLE_MANIFEST, AgentBundle
-from services.runtime.installer import install_command
+from services.runtime.installer import exclusive, install_command
 
 SANDBOX_PYTHON = "/usr/bin/python3"  # local sandboxes see the host's /usr
 
@@ -78,8 +77,7 @@ def publish(root: Path, name: str, source: str, commands: list[str], build: Call
     held, an installed bundle that ``keep`` accepts is returned as it is (the one a build that ran
     meanwhile made)."""
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{name}.lock", "a") as lock:  # closing it releases the lock
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive(root / f".{name}.lock"):
         there = [b for b in installed(root) if b.name == name]
         if keep is not None and there and keep(there[0]):
             return there[0]
