@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.sandbox_broker.bundles import install, installed
+from services.sandbox_broker.bundles import install
 
 PINNED = {"openai-sdk": "3.63.0", "mini-swe-agent": "2.4.6", "codex": "0.169.0", "claude-code": "2.1.328",
           "gemini-cli": "0.61.0", "aider": "0.86.2", "qwen-code": "0.15.10", "opencode": "1.18.33"}  # fmt: skip
@@ -122,14 +122,12 @@ def inside(name: str, sdk_example: str = "") -> Inside:
 
 
 def ensure_bundles(root: Path, names: list[str]) -> dict[str, str]:
-    """The pinned bundles of ``names`` under ``root``, built where missing (once per machine); the
-    ones that could not be built, with the reason."""
-    have = {(b.name, b.version) for b in installed(root)} if root.is_dir() else set()
+    """The pinned bundles of ``names`` under ``root``, built where missing (once per machine: a process
+    that finds one being built waits for it); the ones that could not be built, with the reason."""
     failed: dict[str, str] = {}
     for name in names:
-        if (name, PINNED[name]) not in have:
-            try:
-                install(name, root, PINNED[name])
-            except Exception as exc:  # a registry out of reach, a failed build: that harness cannot run
-                failed[name] = f"building the {name} {PINNED[name]} bundle failed: {str(exc)[-500:]}"
+        try:
+            install(name, root, PINNED[name], missing_only=True)
+        except Exception as exc:  # a registry out of reach, a failed build: that harness cannot run
+            failed[name] = f"building the {name} {PINNED[name]} bundle failed: {str(exc)[-500:]}"
     return failed

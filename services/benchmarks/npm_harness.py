@@ -9,6 +9,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from services.runtime.installer import exclusive
+
 INSTALL_S = 75  # the tests allow 240 s: this, the fleet's start and the harness's run (90 s at most)
 
 
@@ -21,15 +23,16 @@ def npm_binary(package: str, version: str, binary: str, install_s: float = INSTA
         raise HarnessUnavailable(f"npm is not installed: {package} is installed from npm")
     prefix = Path.home() / ".cache" / "rollout-harnesses" / f"{package.rsplit('/', 1)[-1]}-{version}"
     path = prefix / "node_modules" / ".bin" / binary
-    if path.exists():
-        return path
-    prefix.mkdir(parents=True, exist_ok=True)
-    argv = ["npm", "install", "--no-audit", "--no-fund", "--fetch-retries=1", "--fetch-timeout=20000",
-            "--prefix", str(prefix), f"{package}@{version}"]  # fmt: skip
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=install_s)
-    except subprocess.TimeoutExpired:
-        raise HarnessUnavailable(f"npm could not install {package}@{version} within {install_s:g} s") from None
-    if done.returncode != 0 or not path.exists():
-        raise HarnessUnavailable(f"npm could not install {package}@{version}: {done.stderr.strip()[-300:]}")
+    with exclusive(prefix.parent / f".{prefix.name}.lock"):  # another process installing it: wait, then use it
+        if path.exists():
+            return path
+        prefix.mkdir(parents=True, exist_ok=True)
+        argv = ["npm", "install", "--no-audit", "--no-fund", "--fetch-retries=1", "--fetch-timeout=20000",
+                "--prefix", str(prefix), f"{package}@{version}"]  # fmt: skip
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=install_s)
+        except subprocess.TimeoutExpired:
+            raise HarnessUnavailable(f"npm could not install {package}@{version} within {install_s:g} s") from None
+        if done.returncode != 0 or not path.exists():
+            raise HarnessUnavailable(f"npm could not install {package}@{version}: {done.stderr.strip()[-300:]}")
     return path

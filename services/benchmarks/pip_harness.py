@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from services.benchmarks.npm_harness import HarnessUnavailable
-from services.runtime.installer import install_command
+from services.runtime.installer import exclusive, install_command
 
 INSTALL_S = 240
 
@@ -23,27 +23,30 @@ def venv_binary(package: str, version: str, binary: str, python: str = sys.execu
                 install_s: float = INSTALL_S) -> Path:  # fmt: skip
     prefix = Path.home() / ".cache" / "rollout-harnesses" / f"{package}-{version}"
     path = prefix / "bin" / binary
-    if path.exists():
-        return path
+    with exclusive(prefix.parent / f".{prefix.name}.lock"):  # another process installing it: wait, then use it
+        if not path.exists():
+            _make(prefix, f"{package}=={version}", binary, python, install_s)
+    return path
+
+
+def _make(prefix: Path, requirement: str, binary: str, python: str, install_s: float) -> None:
     shutil.rmtree(prefix, ignore_errors=True)
-    prefix.parent.mkdir(parents=True, exist_ok=True)
 
     def step(argv: list[str], env: dict[str, str]) -> None:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=install_s, env={**os.environ, **env})
         if done.returncode != 0:
-            raise HarnessUnavailable(f"could not install {package}=={version}: {done.stderr.strip()[-300:]}")
+            raise HarnessUnavailable(f"could not install {requirement}: {done.stderr.strip()[-300:]}")
 
     try:
         step([python, "-m", "venv", str(prefix)], {})
         command, env = install_command(str(prefix / "bin" / "python"))  # that environment's pip configuration
-        step([*command, f"{package}=={version}"], env)
+        step([*command, requirement], env)
     except subprocess.TimeoutExpired:
         shutil.rmtree(prefix, ignore_errors=True)
-        raise HarnessUnavailable(f"could not install {package}=={version} within {install_s:g} s") from None
+        raise HarnessUnavailable(f"could not install {requirement} within {install_s:g} s") from None
     except HarnessUnavailable:
         shutil.rmtree(prefix, ignore_errors=True)
         raise
-    if not path.exists():
+    if not (prefix / "bin" / binary).exists():
         shutil.rmtree(prefix, ignore_errors=True)
-        raise HarnessUnavailable(f"{package}=={version} installed no {binary}")
-    return path
+        raise HarnessUnavailable(f"{requirement} installed no {binary}")

@@ -13,11 +13,25 @@ only: ``scripts/setup.sh`` runs it before anything is installed), it prints uv's
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def exclusive(lock_path: Path) -> Iterator[None]:
+    """One holder at a time across processes (an flock on ``lock_path``, made where missing and kept:
+    removing it would let a third process lock a new file while the second holds the old one). For
+    installs into one place: a second installer waits, then finds the first's work."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as lock:  # closing it releases the lock
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def uv_binary() -> str | None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from services.protocol.agents import AGENTS_DIR, BUNDLE_MANIFEST, AgentBundle
-from services.runtime.installer import install_command
+from services.runtime.installer import exclusive, install_command
 
 SANDBOX_PYTHON = "/usr/bin/python3"  # local sandboxes see the host's /usr
 
@@ -51,8 +51,10 @@ RECIPES: dict[str, Recipe] = {
 }
 
 
-def install(name: str, root: Path, version: str | None = None, python: str = SANDBOX_PYTHON) -> AgentBundle:
-    """Build bundle ``name`` from its recipe under ``root`` (replacing the one there); its manifest."""
+def install(name: str, root: Path, version: str | None = None, python: str = SANDBOX_PYTHON, *,
+            missing_only: bool = False) -> AgentBundle:  # fmt: skip
+    """Build bundle ``name`` from its recipe under ``root`` (replacing the one there); its manifest.
+    ``missing_only``: where ``name`` is installed already (at ``version``, if given), that one, unbuilt."""
     recipe = RECIPES[name]
     inside = f"{AGENTS_DIR}/{name}"
 
@@ -61,13 +63,28 @@ def install(name: str, root: Path, version: str | None = None, python: str = SAN
             return _pypi(recipe, tree, inside, version, python)
         return _npm(recipe, tree, inside, version)
 
-    return publish(root, name, f"{recipe.source}:{recipe.package}", sorted(recipe.commands), build)
+    def current(bundle: AgentBundle) -> bool:
+        return missing_only and version in (None, bundle.version)
+
+    return publish(root, name, f"{recipe.source}:{recipe.package}", sorted(recipe.commands), build, keep=current)
 
 
-def publish(root: Path, name: str, source: str, commands: list[str], build: Callable[[Path], str]) -> AgentBundle:
+def publish(root: Path, name: str, source: str, commands: list[str], build: Callable[[Path], str], *,
+            keep: Callable[[AgentBundle], bool] | None = None) -> AgentBundle:  # fmt: skip
     """``build(tree)`` fills a fresh tree and returns the version; the tree gets its manifest, is made
-    read-only to everyone but its owner, and replaces ``root/name``."""
+    read-only to everyone but its owner, and replaces ``root/name``. One build of a name at a time
+    (an exclusive lock on ``root/.NAME.lock``: another process building it waits); once the lock is
+    held, an installed bundle that ``keep`` accepts is returned as it is (the one a build that ran
+    meanwhile made)."""
     root.mkdir(parents=True, exist_ok=True)
+    with exclusive(root / f".{name}.lock"):
+        there = [b for b in installed(root) if b.name == name]
+        if keep is not None and there and keep(there[0]):
+            return there[0]
+        return _publish(root, name, source, commands, build)
+
+
+def _publish(root: Path, name: str, source: str, commands: list[str], build: Callable[[Path], str]) -> AgentBundle:
     tree, final, old = root / f".{name}.new", root / name, root / f".{name}.old"
     for leftover in (tree, old):
         shutil.rmtree(leftover, ignore_errors=True)
