@@ -23,7 +23,7 @@ def npm_binary(package: str, version: str, binary: str, install_s: float = INSTA
         raise HarnessUnavailable(f"npm is not installed: {package} is installed from npm")
     prefix = Path.home() / ".cache" / "rollout-harnesses" / f"{package.rsplit('/', 1)[-1]}-{version}"
     path = prefix / "node_modules" / ".bin" / binary
-    with exclusive(prefix.parent / f".{prefix.name}.lock"):  # another process installing it: wait, then use it
+    with exclusive(prefix):  # another process installing it: wait, then use it
         if path.exists():
             return path
         prefix.mkdir(parents=True, exist_ok=True)

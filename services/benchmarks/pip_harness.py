@@ -23,7 +23,7 @@ def venv_binary(package: str, version: str, binary: str, python: str = sys.execu
                 install_s: float = INSTALL_S) -> Path:  # fmt: skip
     prefix = Path.home() / ".cache" / "rollout-harnesses" / f"{package}-{version}"
     path = prefix / "bin" / binary
-    with exclusive(prefix.parent / f".{prefix.name}.lock"):  # another process installing it: wait, then use it
+    with exclusive(prefix):  # another process installing it: wait, then use it
         if not path.exists():
             _make(prefix, f"{package}=={version}", binary, python, install_s)
     return path

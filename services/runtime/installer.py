@@ -24,12 +24,12 @@ from pathlib import Path
 
 
 @contextlib.contextmanager
-def exclusive(lock_path: Path) -> Iterator[None]:
-    """One holder at a time across processes (an flock on ``lock_path``, made where missing and kept:
-    removing it would let a third process lock a new file while the second holds the old one). For
-    installs into one place: a second installer waits, then finds the first's work."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as lock:  # closing it releases the lock
+def exclusive(target: Path) -> Iterator[None]:
+    """One installer of ``target`` at a time across processes: an flock on ``.NAME.lock`` beside it
+    (made where missing and kept: removing it would let a third process lock a new file while the
+    second holds the old one). A second installer waits, then finds the first's work."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "a") as lock:  # closing it releases the lock
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 

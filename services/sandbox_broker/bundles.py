@@ -77,7 +77,7 @@ def publish(root: Path, name: str, source: str, commands: list[str], build: Call
     held, an installed bundle that ``keep`` accepts is returned as it is (the one a build that ran
     meanwhile made)."""
     root.mkdir(parents=True, exist_ok=True)
-    with exclusive(root / f".{name}.lock"):
+    with exclusive(root / name):
         there = [b for b in installed(root) if b.name == name]
         if keep is not None and there and keep(there[0]):
             return there[0]
