@@ -1,5 +1,5 @@
-"""Egress namespaces (backends/netns.py): made with their rules in one process, and the host's
-addresses read at most once per burst."""
+"""Egress namespaces (backends/netns.py): made with their rules in one process, the host's
+addresses read at most once per burst, and the host's shared mounts left alone by slirp4netns."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.sandbox_broker.backends import netns
+from services.sandbox_broker.backends import mounts, netns
 
 
 def test_a_namespace_is_made_with_its_rules_and_then_its_nat(tmp_path: Path) -> None:
@@ -25,6 +25,33 @@ def test_a_namespace_is_made_with_its_rules_and_then_its_nat(tmp_path: Path) -> 
     finally:
         netns.close_namespace(tmp_path)
     assert not netns.ns_file(tmp_path).exists()
+
+
+def test_slirp4netns_leaves_every_mount_below_a_shared_mount_of_the_host_in_place(tmp_path: Path) -> None:
+    """A dockerd makes its data root a shared mount, with each running container's root filesystem
+    mounted below it. slirp4netns's own sandbox (``--enable-sandbox``) makes only ``/`` private in
+    its new mount namespace and then detaches the old root, which unmounted those container roots on
+    the host too (their copies were peers): exec into every container failed ("unable to find user
+    root"). Here a shared tmpfs with a mount below it stands in for the data root."""
+    if problem := netns.probe(tmp_path / "probe"):
+        pytest.skip(f"no isolated egress on this host: {problem}")
+    shared, child = tmp_path / "shared", tmp_path / "shared" / "child"
+    shared.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "shared", str(shared)], check=True)
+    try:
+        subprocess.run(["mount", "--make-shared", str(shared)], check=True)
+        child.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "child", str(child)], check=True)
+        sandbox = tmp_path / "sandbox"
+        sandbox.mkdir()
+        try:
+            netns.open_namespace(sandbox, netns.ruleset([], []))  # slirp4netns is up: its sandbox is made
+        finally:
+            netns.close_namespace(sandbox)
+        assert str(child) in mounts.mount_points(), "slirp4netns unmounted a mount of the host's"
+    finally:
+        mounts.detach(child)
+        mounts.detach(shared)
 
 
 def test_the_hosts_networks_are_read_again_only_past_their_age(monkeypatch: pytest.MonkeyPatch) -> None:

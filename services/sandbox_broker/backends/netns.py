@@ -139,9 +139,16 @@ def open_namespace(root: Path, rules: str) -> int:
 
 def _spawn_slirp(netns: Path, ready_fd: int) -> int:
     """slirp4netns in a session of its own (it outlives a killed broker, like the sandbox), its ready
-    fd as fd 3. posix_spawn, not Popen: no object that warns while the process runs on."""
-    binary = shutil.which("slirp4netns") or "slirp4netns"
-    argv = [binary, "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-sandbox", "--enable-seccomp",
+    fd as fd 3. posix_spawn, not Popen: no object that warns while the process runs on.
+
+    It starts in a mount namespace of its own whose mounts are all private (``unshare --mount``, which
+    execs it: the pid stays slirp4netns's). ``--enable-sandbox`` makes only ``/`` private in the
+    namespace it creates, then detaches the old root: every mount below a shared mount of the host's
+    was then unmounted on the host as well (propagation), e.g. the root filesystem of every running
+    container of a dockerd, whose data root is a shared mount."""
+    binary = shutil.which("unshare") or "unshare"
+    argv = [binary, "--mount", "--propagation", "private", "--", shutil.which("slirp4netns") or "slirp4netns",
+            "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-sandbox", "--enable-seccomp",
             "--ready-fd", "3", "--netns-type=path", str(netns), "tap0"]  # fmt: skip
     fd = ready_fd if ready_fd != 3 else os.dup(ready_fd)  # dup2(3, 3) would keep close-on-exec
     actions = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
