@@ -39,30 +39,25 @@ typecheck:
 # The suite in PYTEST_WORKERS processes, a test file per process at a time (module-scoped fleets start
 # once; each process has its own Redis, ports and tmp dirs; the files with the longest tests first, as
 # tests/conftest.py orders them: without --no-loadscope-reorder xdist sends the files with the most tests
-# first, and the few-test files that take minutes each then ran last, alone),
-# then the tests on private dockerds, two files at a time (each file its own dockerd), after the others: a
-# dockerd's container roots are host mounts that vanished under concurrent local sandbox churn (exec then
-# failed with "unable to find user root"). Two at a time: 98 s instead of 144 s here (three: 89 s).
+# first, and the few-test files that take minutes each then ran last, alone). The tests on private
+# dockerds run among the others: until the egress fix of 2026-12-06 (slirp4netns in a private mount
+# namespace) they ran after them, because an egress sandbox's slirp4netns unmounted every running
+# container's root filesystem on the host (exec then failed with "unable to find user root").
 # A failed test runs once more (pytest-rerunfailures) and is listed as RERUN in the summary: four
 # fresh-clone runs each failed a different test once (a port race, a readmission race, a container
 # list race, a chaos scenario's 120 s wait), the first three fixed; PYTEST_RERUNS=0 turns it off.
 PYTEST_WORKERS ?= 4
 PYTEST_RERUNS ?= 1
-# Beside the parallel phase, the platform's images are built into their cache (tests/support/prebuild_images.py,
-# nothing when they are there already), so that the docker phase's compose test only loads them: on a fresh
-# machine that build was 110 s of the docker phase, run alone at its end. Its log is printed before the
-# docker phase; where it could not build them, the compose test does, as before.
-# The parallel phase lists the files that hold docker tests (tests/conftest.py): the docker phase collects
-# only those (each of its processes imported all 180 files, about 10 s of CPU each; with none listed, all).
+# Beside the tests, the platform's images are built into their cache (tests/support/prebuild_images.py,
+# nothing when they are there already), so that the compose test only loads them (scripts/build-images.sh
+# takes a lock on the cache: a compose test that starts first waits for that build instead of making
+# its own). On a fresh machine that build was 110 s of the compose test. Its log's last line is printed
+# at the end; where it could not build them, the compose test does, as before.
 PREBUILD_LOG := $(VENV)/prebuild-images.log
-DOCKER_FILES := $(VENV)/docker-test-files.txt
 pytest:
-	rm -f $(DOCKER_FILES); $(BIN)/python -m tests.support.prebuild_images > $(PREBUILD_LOG) 2>&1 & prebuild=$$!; \
-	ROLLOUT_TEST_DOCKER_FILES=$(abspath $(DOCKER_FILES)) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile \
-	  --no-loadscope-reorder --reruns $(PYTEST_RERUNS) -m "not docker"; \
-	rc=$$?; wait $$prebuild; echo "== images for the docker phase: $$(tail -1 $(PREBUILD_LOG))"; [ $$rc -eq 0 ] || exit $$rc
-	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --reruns $(PYTEST_RERUNS) -m docker \
-	  $$(cat $(DOCKER_FILES) 2>/dev/null)
+	$(BIN)/python -m tests.support.prebuild_images > $(PREBUILD_LOG) 2>&1 & prebuild=$$!; \
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --reruns $(PYTEST_RERUNS); \
+	rc=$$?; wait $$prebuild; echo "== images built beside the tests: $$(tail -1 $(PREBUILD_LOG))"; exit $$rc
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

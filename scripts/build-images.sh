@@ -41,6 +41,10 @@ if [[ $cached == 1 ]]; then
   done
   exit 0
 fi
+# one build at a time into the cache (make test builds the images beside the tests; a compose test that
+# starts first waits here, then loads what that build saved instead of building it a second time)
+exec 9>"$CACHE/.build.lock"
+flock 9
 if [[ ! -f $base_tar ]]; then
   command -v mmdebstrap >/dev/null || { echo "mmdebstrap is needed: apt-get install mmdebstrap" >&2; exit 1; }
   echo "== base root filesystem: mmdebstrap $SUITE with $packages (a few minutes, once)"

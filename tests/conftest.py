@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,7 +95,8 @@ def tarpit() -> Iterator[str]:
 DURATIONS = Path(__file__).with_name("durations.json")  # measured seconds per file (its "about" says how)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
     """Files with the longest tests run first: in a parallel run (``make test``, which keeps this order
     with ``--no-loadscope-reorder``) the longest files then overlap the many short ones instead of
     finishing alone at the end. A file's weight is its measured seconds in ``durations.json``; a file
@@ -104,21 +104,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     its author allowed it, a proxy for its length); the others come last, in their collection order.
 
     xdist hands each of its N processes two files at the start, the second to run after the first:
-    so that no long file waits behind the longest ones, files N+1 to 2N are N short ones. ``make test``
-    runs the docker tests apart (``-m docker``, after the others), and a file with tests of both kinds
-    is in both phases with other figures: each phase is ordered by its own (``docker_seconds``)."""
-    for item in items:  # a test on a private dockerd is a docker test, marked or not (``make test`` runs them apart)
+    so that no long file waits behind the longest ones, files N+1 to 2N are N short ones. Only the
+    files with a test selected take a place: this orders what is left after ``-m``, ``-k`` and the
+    paths deselected the others (the hooks this one wraps)."""
+    for item in items:  # a test on a private dockerd is a docker test, marked or not (``-m "not docker"``)
         if {"dockerd", "runsc_dockerd", "daemon"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.docker)
-    docker_phase = config.getoption("markexpr", "").strip() == "docker"
-    figures = json.loads(DURATIONS.read_text())
-    measured: dict[str, float] = figures["docker_seconds" if docker_phase else "seconds"]
+    yield
+    measured: dict[str, float] = json.loads(DURATIONS.read_text())["seconds"]
     weight: dict[str, float] = {}
-    phase: set[str] = set()  # the files with tests this phase runs
     for item in items:
         file = item.nodeid.split("::")[0]
-        if bool(item.get_closest_marker("docker")) == docker_phase:
-            phase.add(file)
         if file in measured:
             weight[file] = measured[file]
         elif item.get_closest_marker("slow"):
@@ -126,16 +122,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             allowed = float(timeout.args[0]) if timeout and timeout.args else 120.0
             weight[file] = max(weight.get(file, 0.0), allowed / 10)
     files = sorted(dict.fromkeys(item.nodeid.split("::")[0] for item in items), key=lambda f: -weight.get(f, 0.0))
-    listing = os.environ.get("ROLLOUT_TEST_DOCKER_FILES")  # make test: the docker phase collects only these
-    if listing and config.getoption("markexpr", "").strip() == "not docker":
-        docker_files = sorted({item.nodeid.split("::")[0] for item in items if item.get_closest_marker("docker")})
-        partial = Path(f"{listing}.{os.getpid()}")
-        partial.write_text("".join(f"{file}\n" for file in docker_files))
-        partial.replace(listing)  # each process writes the same list
     workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
-    if workers > 1:  # a file with no test in this phase is deselected: it takes no place
-        ours = [f for f in files if f in phase]
-        short = list(reversed(ours[workers:]))[:workers]
-        files = ours[:workers] + short + [f for f in files if f not in short and f not in ours[:workers]]
+    if workers > 1:
+        short = list(reversed(files[workers:]))[:workers]
+        files = files[:workers] + short + [f for f in files if f not in short and f not in files[:workers]]
     rank = {file: i for i, file in enumerate(files)}
     items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])  # stable: a file's order is kept

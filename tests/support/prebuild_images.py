@@ -1,7 +1,8 @@
-"""``make test`` runs this beside the parallel phase: the platform's images built into their cache
-(``scripts/build-images.sh`` against a private dockerd), so that the docker phase's compose test only
-loads them. On a fresh machine that build (a Debian base by mmdebstrap, the pinned dependencies, the
-service) was 110 s of the compose test, which ran alone for most of it: the docker phase ends with it.
+"""``make test`` runs this beside the tests: the platform's images built into their cache
+(``scripts/build-images.sh`` against a private dockerd), so that the compose test only loads them
+(``build-images.sh`` locks the cache: a compose test that starts first waits for this build). On a
+fresh machine that build (a Debian base by mmdebstrap, the pinned dependencies, the service) was 110 s
+of the compose test.
 
 Nothing depends on this succeeding: where the images are already in the cache it does nothing, and
 where it cannot build them (no dockerd, no registry, a failed build) it says why and exits 0, and the
