@@ -14,7 +14,6 @@ A bundle is built beside its final place and swapped in whole, so a sandbox neve
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -64,9 +63,10 @@ def install(name: str, root: Path, version: str | None = None, python: str = SAN
         return _npm(recipe, tree, inside, version)
 
     def current(bundle: AgentBundle) -> bool:
-        return missing_only and version in (None, bundle.version)
+        return version in (None, bundle.version)
 
-    return publish(root, name, f"{recipe.source}:{recipe.package}", sorted(recipe.commands), build, keep=current)
+    return publish(root, name, f"{recipe.source}:{recipe.package}", sorted(recipe.commands), build,
+                   keep=current if missing_only else None)  # fmt: skip
 
 
 def publish(root: Path, name: str, source: str, commands: list[str], build: Callable[[Path], str], *,
@@ -78,9 +78,9 @@ def publish(root: Path, name: str, source: str, commands: list[str], build: Call
     meanwhile made)."""
     root.mkdir(parents=True, exist_ok=True)
     with exclusive(root / name):
-        there = [b for b in installed(root) if b.name == name]
-        if keep is not None and there and keep(there[0]):
-            return there[0]
+        there = _manifest(root / name / BUNDLE_MANIFEST) if keep is not None else None
+        if there is not None and keep is not None and keep(there):
+            return there
         return _publish(root, name, source, commands, build)
 
 
@@ -104,11 +104,15 @@ def _publish(root: Path, name: str, source: str, commands: list[str], build: Cal
 
 
 def installed(root: Path) -> list[AgentBundle]:
-    found = []
-    for manifest in sorted(root.glob(f"*/{BUNDLE_MANIFEST}")):
-        with contextlib.suppress(OSError, ValueError):
-            found.append(AgentBundle.model_validate_json(manifest.read_text()))
-    return found
+    return [bundle for path in sorted(root.glob(f"*/{BUNDLE_MANIFEST}")) if (bundle := _manifest(path)) is not None]
+
+
+def _manifest(path: Path) -> AgentBundle | None:
+    """The bundle a manifest describes; None where it is missing or unreadable."""
+    try:
+        return AgentBundle.model_validate_json(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def digest_of(tree: Path) -> str:
