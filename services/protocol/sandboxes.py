@@ -81,6 +81,9 @@ class Template(_Model):
     host_usr: bool = False  # local + image: also bind the host's /usr read-only over the image's
     rootfs: Text | None = None  # local, no image: a host directory seeding /workspace, inside template_roots
     setup: list[Text] = Field(default_factory=list)  # run once when a sandbox is created, before pooling
+    # local: run the setup once per resources, network and isolation, and start the template's other
+    # sandboxes from a copy of its result (as an image's layers); False: run it in every sandbox
+    share_setup: bool = True
     resources: Resources = Field(default_factory=Resources)
     warm_pool: int = Field(0, ge=0, le=10_000)  # sandboxes kept started and ready
     # destinations an egress sandbox may reach although they are private, link-local or the host's:

@@ -97,6 +97,7 @@ class Broker:
         await self.admission.close()
         await self.pools.close(self.settings.create_timeout_s)
         await self.setups.close()
+        await self.starts.template_setups.close()
 
     async def close(self) -> None:
         await self.quiesce()

@@ -7,13 +7,18 @@ snapshot instead of running the setup again, and is marked ``setup_shared``. A k
 job and to the exact setup, template, resources and network, so a lease can only ever share a setup
 it would have run itself. Where the backend cannot fork, or the first setup failed, each lease
 runs the setup itself. Snapshots are dropped once unused for ``ttl_s``.
+
+A template's setup is shared the same way (``TemplateSetups``), by every sandbox of that template
+with the same resources, network and isolation, cold leases and warm-pool refills alike.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -22,11 +27,12 @@ from dataclasses import dataclass, field
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import ExecRequest, LeaseRequest, SandboxSetup
 from services.protocol.status import ErrorCode
-from services.sandbox_broker.backends.base import Backend, ForkingBackend, Sandbox
+from services.sandbox_broker.backends.base import Backend, ForkingBackend, Sandbox, SandboxSpec
 
 log = logging.getLogger(__name__)
 
 Create = Callable[[str | None], Awaitable[Sandbox]]  # a sandbox for the lease, from a snapshot or fresh
+CreateSpec = Callable[[SandboxSpec], Awaitable[Sandbox]]  # the backend's create
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,56 +48,46 @@ class _Entry:
     used_at: float = field(default_factory=time.monotonic)
 
 
-class SharedSetups:
+class SharedSnapshots:
+    """Snapshots shared by key: the first caller of a key makes its sandbox and snapshots it, the
+    callers that come meanwhile wait for that, later ones get the snapshot at once. A snapshot is
+    dropped once unused for ``ttl_s``; a first that failed leaves no entry (the next one tries again)."""
+
     def __init__(self, backend: Backend, ttl_s: float) -> None:
         self.backend = backend
         self.ttl_s = ttl_s
         self.entries: dict[str, _Entry] = {}
 
-    async def sandbox_for(self, request: LeaseRequest, create: Create) -> SetUp:
-        """A set-up sandbox for ``request`` (which has a setup): the first of its key, or a fork."""
-        assert request.setup is not None
+    async def first_or_snapshot(self, key: str, first: Callable[[], Awaitable[Sandbox]]) -> tuple[bool, str | None]:
+        """``(True, None)`` for the key's first caller, which ran ``first`` (its sandbox is
+        snapshotted), else ``(False, the snapshot id)``, None when the first made none."""
         await self._expire()
-        if not isinstance(self.backend, ForkingBackend):
-            return await self._own(request.setup, await create(None))
-        key = _key(request)
         entry = self.entries.get(key)
-        if entry is None:
-            entry = self.entries[key] = _Entry(asyncio.get_running_loop().create_future())
-            return await self._first(key, entry, request.setup, create)
-        snapshot_id = await asyncio.shield(entry.ready)
-        entry.used_at = time.monotonic()
-        if snapshot_id is None:
-            return await self._own(request.setup, await create(None))
-        sandbox = await create(snapshot_id)
-        return SetUp(sandbox, sandbox.cloned_s, True)
-
-    async def _first(self, key: str, entry: _Entry, setup: SandboxSetup, create: Create) -> SetUp:
+        if entry is not None:
+            shared = await asyncio.shield(entry.ready)
+            entry.used_at = time.monotonic()
+            return False, shared
+        entry = self.entries[key] = _Entry(asyncio.get_running_loop().create_future())
         snapshot_id: str | None = None
         try:
-            done = await self._own(setup, await create(None))
+            sandbox = await first()
             assert isinstance(self.backend, ForkingBackend)
-            snapshot_id = await self.backend.snapshot(done.sandbox.sandbox_id)
-            return done
-        except Exception:
-            self.entries.pop(key, None)  # the next lease of the key tries again
+            try:
+                snapshot_id = await self.backend.snapshot(sandbox.sandbox_id)
+            except OSError as exc:  # the sandbox is set up all the same; the others run their own
+                log.warning("no snapshot of %s to share (%s): each sandbox of its key sets itself up",
+                            sandbox.sandbox_id, exc)  # fmt: skip
+                self.entries.pop(key, None)
+            return True, None
+        except BaseException:
+            self.entries.pop(key, None)  # the next caller of the key tries again
             raise
         finally:
             entry.ready.set_result(snapshot_id)
 
-    async def _own(self, setup: SandboxSetup, sandbox: Sandbox) -> SetUp:
-        """Run the setup in ``sandbox`` (destroyed if the setup fails)."""
-        started = time.monotonic()
-        try:
-            await run_setup(self.backend, sandbox, setup)
-        except BaseException:
-            await self.backend.destroy(sandbox.sandbox_id)
-            raise
-        return SetUp(sandbox, time.monotonic() - started, False)
-
     async def _expire(self) -> None:
         """Drop the snapshots unused for ``ttl_s``. Every expired entry leaves the table before the
-        first await: leases expiring at once never drop one twice, nor one made since for the key."""
+        first await: callers expiring at once never drop one twice, nor one made since for the key."""
         now = time.monotonic()
         expired = [k for k, e in self.entries.items() if e.ready.done() and now - e.used_at > self.ttl_s]
         for entry in [self.entries.pop(key) for key in expired]:
@@ -109,6 +105,67 @@ class SharedSetups:
                 await self.backend.drop_snapshot(snapshot_id)
 
 
+class SharedSetups(SharedSnapshots):
+    async def sandbox_for(self, request: LeaseRequest, create: Create) -> SetUp:
+        """A set-up sandbox for ``request`` (which has a setup): the first of its key, or a fork."""
+        assert request.setup is not None
+        setup = request.setup
+        if not isinstance(self.backend, ForkingBackend):
+            return await self._own(setup, await create(None))
+
+        done: list[SetUp] = []
+
+        async def first() -> Sandbox:
+            done.append(await self._own(setup, await create(None)))
+            return done[0].sandbox
+
+        ran, snapshot_id = await self.first_or_snapshot(_key(request), first)
+        if ran:
+            return done[0]
+        if snapshot_id is None:
+            return await self._own(setup, await create(None))
+        sandbox = await create(snapshot_id)
+        return SetUp(sandbox, sandbox.cloned_s, True)
+
+    async def _own(self, setup: SandboxSetup, sandbox: Sandbox) -> SetUp:
+        """Run the setup in ``sandbox`` (destroyed if the setup fails)."""
+        started = time.monotonic()
+        try:
+            await run_setup(self.backend, sandbox, setup)
+        except BaseException:
+            await self.backend.destroy(sandbox.sandbox_id)
+            raise
+        return SetUp(sandbox, time.monotonic() - started, False)
+
+
+class TemplateSetups(SharedSnapshots):
+    """A template's setup, run once per key: the first sandbox of a template (with given resources,
+    network and isolation) runs it and is snapshotted, the others start from a copy of that
+    (``SandboxSpec.clone_of``) instead of running it again, as a container image's layers are built
+    once. Only on a backend that can fork, for a template that shares its setup (``share_setup``)."""
+
+    async def create(self, spec: SandboxSpec, create: CreateSpec) -> tuple[Sandbox, str]:
+        """The sandbox, and how its template's setup came: ``ran`` (here, shared from now on),
+        ``shared`` (a copy of the first's), ``own`` (ran here, not shared: none to share)."""
+        template = spec.template
+        if not template.setup or not template.share_setup or spec.clone_of is not None \
+                or not isinstance(self.backend, ForkingBackend):  # fmt: skip
+            return await create(spec), "own"
+
+        done: list[Sandbox] = []
+
+        async def first() -> Sandbox:
+            done.append(await create(spec))
+            return done[0]
+
+        ran, snapshot_id = await self.first_or_snapshot(_template_key(spec), first)
+        if ran:
+            return done[0], "ran"
+        if snapshot_id is None:
+            return await create(spec), "own"
+        return await create(dataclasses.replace(spec, clone_of=snapshot_id)), "shared"
+
+
 async def run_setup(backend: Backend, sandbox: Sandbox, setup: SandboxSetup) -> None:
     """The setup's files, then its commands (each must exit 0) in ``sandbox``."""
     cwd = setup.cwd or sandbox.workdir
@@ -121,6 +178,14 @@ async def run_setup(backend: Backend, sandbox: Sandbox, setup: SandboxSetup) -> 
             output = (result.stdout + result.stderr)[-300:]
             raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED,
                                 f"setup command {command[:200]!r} exited {result.exit_code}: {output}")  # fmt: skip
+
+
+def _template_key(spec: SandboxSpec) -> str:
+    """Everything a template's setup ran with: the template itself, resources, network, isolation."""
+    made_by = spec.template.model_dump(mode="json", exclude={"warm_pool", "resources"})  # not what the setup sees
+    scope = {"template": made_by, "resources": spec.resources.model_dump(mode="json"),
+             "network": spec.network, "isolation": spec.isolation_level}  # fmt: skip
+    return hashlib.sha256(json.dumps(scope, sort_keys=True).encode()).hexdigest()
 
 
 def _key(request: LeaseRequest) -> str:

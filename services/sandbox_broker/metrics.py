@@ -37,6 +37,9 @@ class BrokerMetrics:
         )
         self.pool_claims = Counter("rollout_broker_pool_claims", "warm sandboxes workers claimed straight from Redis "
                                    "(no broker request; counted in pool_hits too)", ["pool"], registry=r)  # fmt: skip
+        self.template_setups = Counter("rollout_broker_template_setups", "sandboxes of a template with a setup, "
+                                       "by how it came: ran (and shared from then on), shared (a copy of "
+                                       "that), own (ran, nothing to share)", ["outcome"], registry=r)  # fmt: skip
         self.pool_dead = Counter("rollout_broker_pool_dead", "pooled sandboxes that failed the liveness check",
                                  ["pool"], registry=r)  # fmt: skip
         self.reaped = Counter(

@@ -92,7 +92,8 @@ class BrokerSettings(UsesRedis, UsesAdminToken, UsesServiceToken, ServesHttp):
     reap_interval_s: float = Field(2.0, gt=0)  # expired-lease sweep
     orphan_interval_s: float = Field(15.0, gt=0)  # sweep for sandboxes with no lease
     ttl_grace_s: float = Field(60.0, ge=0)  # a lease record outlives its expiry this long (for the reaper)
-    shared_setup_ttl_s: float = Field(900.0, gt=0)  # a group's set-up snapshot is dropped once unused this long
+    # a group's or a template's set-up snapshot is dropped once unused this long
+    shared_setup_ttl_s: float = Field(900.0, gt=0)
 
     # admission control
     max_leases: int = Field(4096, gt=0)  # all replicas together

@@ -23,7 +23,7 @@ from services.sandbox_broker.backends.base import (
     Sandbox,
     SandboxSpec,
 )
-from services.sandbox_broker.forks import SetUp
+from services.sandbox_broker.forks import SetUp, TemplateSetups
 from services.sandbox_broker.leases import LeaseRecord, LeaseStore
 from services.sandbox_broker.metrics import BrokerMetrics
 from services.sandbox_broker.pools import PoolKey
@@ -51,6 +51,7 @@ class SandboxStarts:
         self.metrics = metrics
         self.instance = instance
         self.bucket = TokenBucket(settings.create_rate, settings.create_burst)
+        self.template_setups = TemplateSetups(backend, settings.shared_setup_ttl_s)  # each template's, once
         self._activating = Outage("Redis (leases going live)", log)  # one line per outage, not per lease
 
     def record(self, lease_id: str, template: Template, request: LeaseRequest, sandbox: Sandbox, warm: bool,
@@ -103,7 +104,8 @@ class SandboxStarts:
         await self.bucket.acquire(rate_deadline)
         started = time.monotonic()
         try:
-            sandbox = await asyncio.wait_for(self.backend.create(spec), self.settings.create_timeout_s)
+            creating = self.template_setups.create(spec, self.backend.create)
+            sandbox, setup = await asyncio.wait_for(creating, self.settings.create_timeout_s)
         except PlatformError:
             raise
         except TimeoutError:
@@ -113,4 +115,6 @@ class SandboxStarts:
             log.exception("sandbox create failed on %s", self.backend.name)
             raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, f"sandbox create failed: {exc}") from exc
         self.metrics.sandbox_create.labels(self.backend.name).observe(time.monotonic() - started)
+        if spec.template.setup and spec.clone_of is None:
+            self.metrics.template_setups.labels(setup).inc()
         return sandbox

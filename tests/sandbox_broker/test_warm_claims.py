@@ -262,7 +262,8 @@ async def test_healthz_counts_a_pool_without_the_sandboxes_workers_claimed(
 ) -> None:
     broker = start_broker()
     async with httpx.AsyncClient(base_url=broker.url, timeout=60) as http:
-        slow = {"name": "slow", "setup": ["sleep 2"], "warm_pool": 3}  # a refill takes 2 s at least
+        # a refill takes 2 s at least (each runs the setup: none starts from a copy of another's)
+        slow = {"name": "slow", "setup": ["sleep 2"], "warm_pool": 3, "share_setup": False}
         assert (await http.post("/templates", json=slow)).status_code == 201
         await _until("the pool", lambda: _sized(http, 3))
         async with _client(broker.url, redis_url) as (client, claims):

@@ -174,7 +174,7 @@ class LocalBackend:
             self.known.add(sandbox_id, paths, json.loads(text))  # as its commands would read it back
             with self.phases.phase("agent"):
                 await self._start_agent(sandbox_id, paths, meta)
-            for command in spec.template.setup:
+            for command in spec.template.setup if spec.clone_of is None else ():  # a clone has its result
                 request = ExecRequest(shell=command, timeout_s=self.setup_timeout_s)
                 with self.phases.phase("setup"):
                     result = await self.exec(sandbox_id, request)

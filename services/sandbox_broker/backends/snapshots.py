@@ -7,10 +7,15 @@ whiteouts (0/0 character devices) and its ``trusted.overlay.*`` xattrs, so a chi
 copy sees the parent's deletions too. A child gets its own copy before its overlay is mounted (the
 layers of a mounted overlay must not change). Processes are not carried over: a child starts idle,
 as after the parent's setup, which ran to its end (its background processes died with it).
+
+A snapshot's id names the broker process that took it (``snap-<pid>-<hex>``): several processes may
+share a state directory (replicas on one host, a benchmark's own backend beside its broker), and one
+that starts removes only the snapshots of processes that are gone.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import subprocess
@@ -25,7 +30,7 @@ def root(state_dir: Path) -> Path:
 
 def take(rw: Path, state_dir: Path) -> str:
     """Copy a sandbox's writable state; return the snapshot's id."""
-    snapshot_id = "snap-" + secrets.token_hex(8)
+    snapshot_id = f"snap-{os.getpid()}-{secrets.token_hex(8)}"
     dest = root(state_dir) / snapshot_id
     dest.mkdir(parents=True)
     entries = [str(p) for p in rw.iterdir() if p.name not in SKIP]
@@ -52,8 +57,15 @@ def drop(snapshot_id: str, state_dir: Path) -> None:
 
 
 def clean(state_dir: Path) -> None:
-    """Remove every snapshot (at start: a killed broker's; they are not shared between replicas)."""
-    shutil.rmtree(root(state_dir), ignore_errors=True)
+    """Remove the snapshots of processes that are gone (at start: a killed broker's; a live replica's
+    stay, it uses them)."""
+    if not root(state_dir).is_dir():
+        return
+    for path in root(state_dir).iterdir():
+        owner = path.name.split("-")[1] if path.name.count("-") == 2 else ""
+        if owner.isdigit() and int(owner) != os.getpid() and Path(f"/proc/{owner}").exists():
+            continue
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _checked(snapshot_id: str) -> str:
