@@ -89,6 +89,33 @@ def test_each_sandbox_gets_its_own_filesystem_from_one_template(disks: disk.Disk
     assert _loop_devices_freed(roots, within_s=30.0)  # autoclear freed them
 
 
+def test_a_frozen_copy_of_a_mounted_disk_holds_what_was_just_written(disks: disk.DiskImages, state_dir: Path) -> None:
+    """A snapshot of a sandbox's disk (``frozen_copy``): what its processes wrote a moment before, still
+    in the page cache and not in the image file yet, is in the copy; a disk made from the copy has it,
+    and is a filesystem of its own from then on."""
+    parent, child = state_dir / "parent", state_dir / "child"
+    snapshot = state_dir / "snapshot.img"
+    try:
+        parent.mkdir()
+        disks.create(parent, parent / "rw", SIZE_MB)
+        (parent / "rw" / "repo").mkdir()
+        payload = os.urandom(3 << 20)
+        (parent / "rw" / "repo" / "data").write_bytes(payload)  # no fsync: the freeze flushes it
+        disk.frozen_copy(parent / "rw", disk.image(parent), snapshot)
+        (parent / "rw" / "after").write_text("thawed")  # writable again once copied
+        child.mkdir()
+        disks.create(child, child / "rw", SIZE_MB, source=snapshot)
+        assert (child / "rw" / "repo" / "data").read_bytes() == payload
+        assert not (child / "rw" / "after").exists()
+        (child / "rw" / "repo" / "data").write_text("the child's")
+        assert (parent / "rw" / "repo" / "data").read_bytes() == payload
+        with pytest.raises(OSError, match="not a 65 MiB disk"):
+            disks.create(state_dir, state_dir / "rw", SIZE_MB + 1, source=snapshot)
+    finally:
+        for root in (parent, child, state_dir):
+            disk.release(root, root / "rw")
+
+
 def test_detaching_what_is_not_mounted_does_nothing(tmp_path: Path) -> None:
     assert mounts.detach(tmp_path) is False and mounts.detach(tmp_path / "absent") is False
     assert tmp_path.is_dir()
