@@ -5,6 +5,7 @@ shared UUID notwithstanding), the size enforced, no loop device left bound after
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import time
 from pathlib import Path
@@ -113,6 +114,27 @@ def test_a_frozen_copy_of_a_mounted_disk_holds_what_was_just_written(disks: disk
             disks.create(state_dir, state_dir / "rw", SIZE_MB + 1, source=snapshot)
     finally:
         for root in (parent, child, state_dir):
+            disk.release(root, root / "rw")
+
+
+def test_a_start_thaws_a_disk_a_killed_broker_left_frozen(disks: disk.DiskImages, state_dir: Path) -> None:
+    sandboxes = state_dir / "sandboxes"
+    roots = [sandboxes / f"sbx-{i}" for i in range(2)]
+    try:
+        for root in roots:
+            root.mkdir(parents=True)
+            disks.create(root, root / "rw", SIZE_MB)
+        fd = os.open(roots[0] / "rw", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.ioctl(fd, disk.FIFREEZE, 0)  # as a snapshot does, then the broker is killed
+            assert disk.thaw_all(sandboxes) == 1  # the frozen one; the other was not
+            fcntl.ioctl(fd, disk.FIFREEZE, 0)  # EBUSY if it were still frozen
+            fcntl.ioctl(fd, disk.FITHAW, 0)
+        finally:
+            os.close(fd)
+        (roots[0] / "rw" / "written").write_text("after the thaw")
+    finally:
+        for root in roots:
             disk.release(root, root / "rw")
 
 

@@ -135,6 +135,25 @@ def frozen_copy(mountpoint: Path, source: Path, dest: Path) -> None:
         os.close(fd)
 
 
+def thaw_all(sandboxes: Path) -> int:
+    """Thaw every sandbox filesystem a killed broker left frozen mid-snapshot (its processes' writes
+    would hang); how many were. A filesystem that is not frozen answers EINVAL and stays as it is."""
+    thawed = 0
+    for mountpoint in sandboxes.glob("*/rw"):
+        with contextlib.suppress(OSError):
+            fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fcntl.ioctl(fd, FITHAW, 0)
+                thawed += 1
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    if thawed:
+        log.warning("thawed %d sandbox filesystems left frozen by a killed broker", thawed)
+    return thawed
+
+
 def release(root: Path, mountpoint: Path) -> None:
     """Unmount (lazily: a process still dying in it cannot block) and delete the image; idempotent."""
     mounts.detach(mountpoint)

@@ -107,6 +107,7 @@ class LocalBackend:
         await asyncio.to_thread(snapshots.clean, self.root.parent)
         await asyncio.to_thread(self.images.clean_leftovers)
         await asyncio.to_thread(self.disks.clean_leftovers)
+        await asyncio.to_thread(disk.thaw_all, self.root)  # a snapshot cut short by a kill -9
         self.cgroups = await asyncio.to_thread(Cgroups.probe, self.pids_max, Cgroups.scope_of(self.root))
         paths = SandboxPaths(self.root.parent / "probe")
         local_prepare.layout(paths, self.uid)
