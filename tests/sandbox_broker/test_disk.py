@@ -5,6 +5,7 @@ shared UUID notwithstanding), the size enforced, no loop device left bound after
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import time
 from pathlib import Path
@@ -87,6 +88,54 @@ def test_each_sandbox_gets_its_own_filesystem_from_one_template(disks: disk.Disk
             disk.release(root, root / "rw")
     assert not [p for p in mounts.mount_points() if p.startswith(str(state_dir))]
     assert _loop_devices_freed(roots, within_s=30.0)  # autoclear freed them
+
+
+def test_a_frozen_copy_of_a_mounted_disk_holds_what_was_just_written(disks: disk.DiskImages, state_dir: Path) -> None:
+    """A snapshot of a sandbox's disk (``frozen_copy``): what its processes wrote a moment before, still
+    in the page cache and not in the image file yet, is in the copy; a disk made from the copy has it,
+    and is a filesystem of its own from then on."""
+    parent, child = state_dir / "parent", state_dir / "child"
+    snapshot = state_dir / "snapshot.img"
+    try:
+        parent.mkdir()
+        disks.create(parent, parent / "rw", SIZE_MB)
+        (parent / "rw" / "repo").mkdir()
+        payload = os.urandom(3 << 20)
+        (parent / "rw" / "repo" / "data").write_bytes(payload)  # no fsync: the freeze flushes it
+        disk.frozen_copy(parent / "rw", disk.image(parent), snapshot)
+        (parent / "rw" / "after").write_text("thawed")  # writable again once copied
+        child.mkdir()
+        disks.create(child, child / "rw", SIZE_MB, source=snapshot)
+        assert (child / "rw" / "repo" / "data").read_bytes() == payload
+        assert not (child / "rw" / "after").exists()
+        (child / "rw" / "repo" / "data").write_text("the child's")
+        assert (parent / "rw" / "repo" / "data").read_bytes() == payload
+        with pytest.raises(OSError, match="not a 65 MiB disk"):
+            disks.create(state_dir, state_dir / "rw", SIZE_MB + 1, source=snapshot)
+    finally:
+        for root in (parent, child, state_dir):
+            disk.release(root, root / "rw")
+
+
+def test_a_start_thaws_a_disk_a_killed_broker_left_frozen(disks: disk.DiskImages, state_dir: Path) -> None:
+    sandboxes = state_dir / "sandboxes"
+    roots = [sandboxes / f"sbx-{i}" for i in range(2)]
+    try:
+        for root in roots:
+            root.mkdir(parents=True)
+            disks.create(root, root / "rw", SIZE_MB)
+        fd = os.open(roots[0] / "rw", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.ioctl(fd, disk.FIFREEZE, 0)  # as a snapshot does, then the broker is killed
+            assert disk.thaw_all(sandboxes) == 1  # the frozen one; the other was not
+            fcntl.ioctl(fd, disk.FIFREEZE, 0)  # EBUSY if it were still frozen
+            fcntl.ioctl(fd, disk.FITHAW, 0)
+        finally:
+            os.close(fd)
+        (roots[0] / "rw" / "written").write_text("after the thaw")
+    finally:
+        for root in roots:
+            disk.release(root, root / "rw")
 
 
 def test_detaching_what_is_not_mounted_does_nothing(tmp_path: Path) -> None:

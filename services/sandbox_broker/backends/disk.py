@@ -21,7 +21,9 @@ is a plain directory and only the per-file size rlimit applies: ``/healthz`` sho
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import hashlib
 import logging
 import os
@@ -38,6 +40,7 @@ MKFS = ["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-m", "0", "-E", "lazy_it
 MOUNT_FLAGS = mounts.MS_NOSUID | mounts.MS_NODEV
 MOUNT_OPTIONS = "noinit_itable"
 KIND = "loop-ext4"
+FIFREEZE, FITHAW = 0xC0045877, 0xC0045878  # _IOWR('X', 119 / 120, int)
 FORMAT = hashlib.sha256(" ".join(MKFS).encode()).hexdigest()[:10]  # templates of other mkfs options are not used
 TEMPLATES = "disk-templates"  # under the state directory
 
@@ -54,13 +57,17 @@ class DiskImages:
         self.directory = directory
         self._lock = threading.Lock()  # one mkfs per size at a time in this process
 
-    def create(self, root: Path, mountpoint: Path, size_mb: int) -> None:
-        """Make and mount the sandbox's filesystem of ``size_mb`` MiB on ``mountpoint``."""
+    def create(self, root: Path, mountpoint: Path, size_mb: int, source: Path | None = None) -> None:
+        """Make and mount the sandbox's filesystem of ``size_mb`` MiB on ``mountpoint``: empty, or a
+        copy of ``source``, another sandbox's image of that size (``frozen_copy``: a snapshot)."""
         img = image(root)
-        copy_sparse(self.template(size_mb), img)
+        copy_sparse(source or self.template(size_mb), img)
+        if source is not None and img.stat().st_size != size_mb * 1024 * 1024:
+            raise OSError(f"the snapshot {source} is not a {size_mb} MiB disk")
         mountpoint.mkdir(exist_ok=True)
         mounts.loop_mount(img, mountpoint, "ext4", MOUNT_FLAGS, MOUNT_OPTIONS)
-        (mountpoint / "lost+found").rmdir()
+        with contextlib.suppress(FileNotFoundError):  # a snapshot's copy has none left
+            (mountpoint / "lost+found").rmdir()
 
     def template(self, size_mb: int) -> Path:
         path = self.directory / f"ext4-{size_mb}mb-{FORMAT}.img"
@@ -111,6 +118,40 @@ def copy_sparse(source: Path, dest: Path) -> None:
                 start += copied
             position = end
         os.ftruncate(dst.fileno(), size)
+
+
+def frozen_copy(mountpoint: Path, source: Path, dest: Path) -> None:
+    """Copy the image ``source``, mounted on ``mountpoint``, to ``dest`` as a consistent filesystem:
+    frozen meanwhile (FIFREEZE: every write flushed through the loop device into ``source``, new
+    ones held until the thaw)."""
+    fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(fd, FIFREEZE, 0)
+        try:
+            copy_sparse(source, dest)
+        finally:
+            fcntl.ioctl(fd, FITHAW, 0)
+    finally:
+        os.close(fd)
+
+
+def thaw_all(sandboxes: Path) -> int:
+    """Thaw every sandbox filesystem a killed broker left frozen mid-snapshot (its processes' writes
+    would hang); how many were. A filesystem that is not frozen answers EINVAL and stays as it is."""
+    thawed = 0
+    for mountpoint in sandboxes.glob("*/rw"):
+        with contextlib.suppress(OSError):
+            fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fcntl.ioctl(fd, FITHAW, 0)
+                thawed += 1
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    if thawed:
+        log.warning("thawed %d sandbox filesystems left frozen by a killed broker", thawed)
+    return thawed
 
 
 def release(root: Path, mountpoint: Path) -> None:

@@ -34,13 +34,7 @@ from services.sandbox_broker.backends import (
     overlay,
     snapshots,
 )
-from services.sandbox_broker.backends.agents import (
-    STUB,
-    AgentRequest,
-    ExecAgent,
-    ExecAgents,
-    agent_command,
-)
+from services.sandbox_broker.backends.agents import STUB, AgentRequest, ExecAgent, ExecAgents, agent_command
 from services.sandbox_broker.backends.base import OutputSink, Sandbox, SandboxSpec, bad_path, sandbox_gone
 from services.sandbox_broker.backends.bwrap import HostProbe, SandboxPaths, probe_bwrap
 from services.sandbox_broker.backends.cgroups import Cgroups
@@ -113,6 +107,7 @@ class LocalBackend:
         await asyncio.to_thread(snapshots.clean, self.root.parent)
         await asyncio.to_thread(self.images.clean_leftovers)
         await asyncio.to_thread(self.disks.clean_leftovers)
+        await asyncio.to_thread(disk.thaw_all, self.root)  # a snapshot cut short by a kill -9
         self.cgroups = await asyncio.to_thread(Cgroups.probe, self.pids_max, Cgroups.scope_of(self.root))
         paths = SandboxPaths(self.root.parent / "probe")
         local_prepare.layout(paths, self.uid)
@@ -202,7 +197,9 @@ class LocalBackend:
         self.gateways.route_task(sandbox_id, task_lease, broker)
 
     async def snapshot(self, sandbox_id: str) -> str:
-        return await asyncio.to_thread(snapshots.take, self._existing(sandbox_id).disk, self.root.parent)
+        paths = self._existing(sandbox_id)  # with a disk quota: its whole image, the filesystem frozen meanwhile
+        return await asyncio.to_thread(snapshots.take, paths.disk, self.root.parent,
+                                       disk.image(paths.root) if self.disk_quota else None)  # fmt: skip
 
     async def drop_snapshot(self, snapshot_id: str) -> None:
         await asyncio.to_thread(snapshots.drop, snapshot_id, self.root.parent)
@@ -210,11 +207,13 @@ class LocalBackend:
     def _prepare(self, paths: SandboxPaths, spec: SandboxSpec, meta: dict[str, object]) -> str:
         """Lay the sandbox out on disk; its meta as written."""
         paths.root.mkdir(parents=True)
+        started = time.monotonic()  # a clone: before any overlay is mounted over the copied upper layer
+        source = snapshots.image_of(spec.clone_of, self.root.parent, self.disk_quota)  # a clone's disk
         if self.disk_quota:  # first: the workspace, /tmp and an image's upper layer all live on it
-            self._timed("disk", self.disks.create, paths.root, paths.disk, spec.resources.disk_mb)
-        if spec.clone_of is not None:  # before any overlay is mounted over the copied upper layer
-            started = time.monotonic()
-            snapshots.restore(spec.clone_of, self.root.parent, paths.disk)
+            self._timed("disk", self.disks.create, paths.root, paths.disk, spec.resources.disk_mb, source)
+        if spec.clone_of is not None:
+            if source is None:  # a tree
+                snapshots.restore(spec.clone_of, self.root.parent, paths.disk)
             meta["cloned_s"] = time.monotonic() - started
         self._timed("layout", local_prepare.layout, paths, self.uid)
         if spec.network == "egress":
@@ -351,7 +350,7 @@ class LocalBackend:
 
     def _unisolated_cwd(self, paths: SandboxPaths, cwd: str) -> Path:
         try:
-            return self._host_path(paths, cwd)
+            return local_files.host_path(paths, cwd)
         except PlatformError:
             return paths.workspace
 
@@ -359,14 +358,14 @@ class LocalBackend:
 
     async def write_file(self, sandbox_id: str, path: str, data: bytes) -> None:
         paths = self._existing(sandbox_id)
-        host = self._host_path(paths, path)
+        host = local_files.host_path(paths, path)
         try:
             await asyncio.to_thread(local_files.write_owned, paths, host, data, self.uid)
         except (IsADirectoryError, NotADirectoryError, FileExistsError):
             raise bad_path(path, "is a directory, or a file stands where a directory must be") from None
 
     async def read_file(self, sandbox_id: str, path: str) -> bytes:
-        host = self._host_path(self._existing(sandbox_id), path)
+        host = local_files.host_path(self._existing(sandbox_id), path)
         try:
             return await asyncio.to_thread(local_files.read_host_file, host)
         except FileNotFoundError:
@@ -375,12 +374,12 @@ class LocalBackend:
             raise bad_path(path, "is a directory") from None
 
     async def put_archive(self, sandbox_id: str, directory: str, tar: bytes) -> None:
-        host = self._host_path(self._existing(sandbox_id), directory)
+        host = local_files.host_path(self._existing(sandbox_id), directory)
         await asyncio.to_thread(local_files.extract_tar, host, tar)
         await asyncio.to_thread(overlay.chown_tree, host, self.uid)
 
     async def get_archive(self, sandbox_id: str, directory: str) -> bytes:
-        host = self._host_path(self._existing(sandbox_id), directory)
+        host = local_files.host_path(self._existing(sandbox_id), directory)
         if not host.is_dir():
             raise PlatformError(ErrorCode.NOT_FOUND, f"no directory {directory!r} in the sandbox")
         return await asyncio.to_thread(local_files.pack_tar, host)
@@ -390,9 +389,6 @@ class LocalBackend:
         if not paths.meta.is_file():
             raise sandbox_gone(sandbox_id)
         return paths
-
-    def _host_path(self, paths: SandboxPaths, path: str) -> Path:
-        return local_files.host_path(paths, path)
 
     def _paths(self, sandbox_id: str) -> SandboxPaths:
         if "/" in sandbox_id or sandbox_id in ("", ".", ".."):
