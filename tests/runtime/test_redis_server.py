@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -34,7 +35,7 @@ def test_stop_ends_the_process_and_frees_the_port() -> None:
     port = server.port
     server.stop()
     with pytest.raises(redis.ConnectionError):
-        redis.Redis(port=port, socket_connect_timeout=0.5).ping()
+        redis.Redis(port=int(port), socket_connect_timeout=0.5).ping()
 
 
 def test_a_server_whose_owner_is_killed_goes_with_it() -> None:
@@ -42,24 +43,25 @@ def test_a_server_whose_owner_is_killed_goes_with_it() -> None:
     its port and password went with the owner, so it could only have stayed as a leak."""
     owner = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\nfrom services.runtime.redis_server import EmbeddedRedis\n"
-         "s = EmbeddedRedis(); s.start(); print(s._proc.pid, s.port, flush=True); time.sleep(600)"],
+         "s = EmbeddedRedis(); s.start(); print(s._proc.pid, s.port, s._tmp.name, flush=True); time.sleep(600)"],
         env=python_env(), cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         assert owner.stdout is not None
-        pid, port = map(int, owner.stdout.readline().split())
+        pid, port, directory = owner.stdout.readline().split()
         assert Path(f"/proc/{pid}").exists()
     finally:
         owner.kill()
         owner.wait()
         if owner.stdout is not None:
             owner.stdout.close()
+    shutil.rmtree(directory, ignore_errors=True)  # the killed owner could not remove it
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _running(pid):
+    while time.monotonic() < deadline and _running(int(pid)):
         time.sleep(0.05)
-    assert not _running(pid), "the server outlived its killed owner"
+    assert not _running(int(pid)), "the server outlived its killed owner"
     with pytest.raises(redis.ConnectionError):
-        redis.Redis(port=port, socket_connect_timeout=0.5).ping()
+        redis.Redis(port=int(port), socket_connect_timeout=0.5).ping()
 
 
 def _running(pid: int) -> bool:
@@ -99,7 +101,7 @@ def test_rollout_redis_runs_in_the_foreground_and_stops_on_sigterm(tmp_path: Pat
     try:
         with pytest.raises(redis.RedisError):  # no password, no access (once it is up)
             _wait_up(port)
-            redis.Redis(port=port, socket_connect_timeout=0.5, protocol=2).ping()
+            redis.Redis(port=int(port), socket_connect_timeout=0.5, protocol=2).ping()
         client = redis.Redis(port=port, password="pw-1", socket_connect_timeout=0.5)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
@@ -112,7 +114,7 @@ def test_rollout_redis_runs_in_the_foreground_and_stops_on_sigterm(tmp_path: Pat
         proc.terminate()
         proc.wait(timeout=10)
         with pytest.raises(redis.ConnectionError):
-            redis.Redis(port=port, socket_connect_timeout=0.5).ping()
+            redis.Redis(port=int(port), socket_connect_timeout=0.5).ping()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -151,7 +153,7 @@ def _wait_up(port: int) -> None:
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         try:
-            redis.Redis(port=port, socket_connect_timeout=0.5, protocol=2).ping()
+            redis.Redis(port=int(port), socket_connect_timeout=0.5, protocol=2).ping()
         except redis.AuthenticationError:
             return
         except redis.ConnectionError:
