@@ -23,6 +23,11 @@ LOOP_CONFIGURE = 0x4C0A  # Linux 5.8: bind the backing file and set its flags in
 LO_FLAGS_AUTOCLEAR = 4
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_PRIVATE = 0x40000
+CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
 MNT_DETACH = 0x2
 UMOUNT_NOFOLLOW = 0x8
 CLAIM_TRIES = 100  # another thread or process may claim the free device first: take the next one
@@ -106,6 +111,27 @@ def _release(fd: int) -> None:
         fcntl.ioctl(fd, 0x4C01)
     except OSError:
         pass
+
+
+def bind(source: Path, target: Path) -> None:
+    """``mount --bind source target``."""
+    _mount(str(source), target, "none", MS_BIND, "")
+
+
+def unshare_private_mounts() -> None:
+    """``unshare --mount --propagation private`` for the calling thread: a mount namespace of its own
+    (and its own root and working directory), every mount in it private, recursively."""
+    unshare(CLONE_NEWNS)
+    if _libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"make / rprivate: {os.strerror(code)}")
+
+
+def unshare(flags: int) -> None:
+    """unshare(2) for the calling thread."""
+    if _libc.unshare(flags) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"unshare({flags:#x}): {os.strerror(code)}")
 
 
 def _mount(source: str, target: Path, fstype: str, flags: int, options: str) -> None:

@@ -1,8 +1,8 @@
 """Egress for local sandboxes: a network namespace of their own, user-space NAT, and rules inside it.
 
 Each egress sandbox gets a network namespace kept alive by a bind mount on ``<sandbox>/netns`` (no
-holder process), an nftables ruleset loaded inside it by the process that makes it (``unshare
---net=<file> nft -f -``: one process, the rules in place before anything else runs there), and a
+holder process), an nftables ruleset loaded inside it by nft, started from a thread of the broker
+that made the namespace its own (the rules in place before anything else runs there), and a
 slirp4netns process that gives it a tap device behind user-space NAT. The commands join the
 namespace with ``nsenter --net`` and then drop to the sandbox uid; the namespace belongs to the
 host's user namespace, so the sandbox (no capabilities there) cannot change its rules.
@@ -31,13 +31,17 @@ import select
 import shutil
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from services.protocol.sandboxes import split_destination
 from services.sandbox_broker.backends import mounts
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DNS = "10.0.2.3"  # slirp4netns's DNS forwarder
 RESOLV_CONF = f"nameserver {DNS}\noptions timeout:2 attempts:2\n"
@@ -47,7 +51,7 @@ KIND = "slirp4netns+nftables"
 DENY4 = ("0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
          "192.0.0.0/24", "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/3")  # fmt: skip
 DENY6 = ("::/127", "::ffff:0:0/96", "64:ff9b::/96", "100::/64", "fc00::/7", "fe80::/10", "ff00::/8")
-TOOLS = ("slirp4netns", "nft", "nsenter", "unshare", "ip")
+TOOLS = ("slirp4netns", "nft", "nsenter", "ip")
 
 
 def ns_file(root: Path) -> Path:
@@ -118,10 +122,10 @@ def open_namespace(root: Path, rules: str) -> int:
     """Create the namespace, start slirp4netns on it and load ``rules``; return slirp4netns's pid."""
     path = ns_file(root)
     path.touch()
-    _run(["unshare", f"--net={path}", "nft", "-f", "-"], "unshare --net, nft", stdin=rules)
+    _in_own_thread(lambda: _make_namespace(path, rules))
     read_fd, write_fd = os.pipe()
     try:
-        pid = _spawn_slirp(path, write_fd)
+        pid = _in_own_thread(lambda: _spawn_slirp(path, write_fd))
         (root / "slirp.pid").write_text(str(pid))
         os.close(write_fd)
         write_fd = -1
@@ -137,18 +141,48 @@ def open_namespace(root: Path, rules: str) -> int:
     return pid
 
 
-def _spawn_slirp(netns: Path, ready_fd: int) -> int:
-    """slirp4netns in a session of its own (it outlives a killed broker, like the sandbox), its ready
-    fd as fd 3. posix_spawn, not Popen: no object that warns while the process runs on.
+def _in_own_thread(work: Callable[[], T]) -> T:
+    """``work()`` in a thread of its own, which it may move to other namespaces (``unshare``): they end
+    with the thread. No other thread of the broker (the thread pool's included) ever changes namespace."""
+    outcome: list[T] = []
+    failure: list[BaseException] = []
 
-    It starts in a mount namespace of its own whose mounts are all private (``unshare --mount``, which
-    execs it: the pid stays slirp4netns's). ``--enable-sandbox`` makes only ``/`` private in the
-    namespace it creates, then detaches the old root: every mount below a shared mount of the host's
-    was then unmounted on the host as well (propagation), e.g. the root filesystem of every running
-    container of a dockerd, whose data root is a shared mount."""
-    binary = shutil.which("unshare") or "unshare"
-    argv = [binary, "--mount", "--propagation", "private", "--", shutil.which("slirp4netns") or "slirp4netns",
-            "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-sandbox", "--enable-seccomp",
+    def run() -> None:
+        try:
+            outcome.append(work())
+        except BaseException as exc:  # raised again in the caller's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="netns")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return outcome[0]
+
+
+def _make_namespace(path: Path, rules: str) -> None:
+    """In a thread of its own: a new network namespace for it, kept alive by a bind mount on ``path``,
+    and ``rules`` loaded there by nft, which starts in the thread's namespace (what ``unshare
+    --net=PATH nft -f -`` did, one program start less)."""
+    mounts.unshare(mounts.CLONE_NEWNET)
+    mounts.bind(Path(f"/proc/self/task/{threading.get_native_id()}/ns/net"), path)
+    _run(["nft", "-f", "-"], "nft", stdin=rules)
+
+
+def _spawn_slirp(netns: Path, ready_fd: int) -> int:
+    """In a thread of its own: slirp4netns in a session of its own (it outlives a killed broker, like
+    the sandbox), its ready fd as fd 3. posix_spawn, not Popen: no object that warns while the process
+    runs on.
+
+    It starts in a mount namespace of its own whose mounts are all private (the thread's, made as
+    ``unshare --mount --propagation private`` would, one program start less). ``--enable-sandbox``
+    makes only ``/`` private in the namespace it creates, then detaches the old root: every mount below
+    a shared mount of the host's was then unmounted on the host as well (propagation), e.g. the root
+    filesystem of every running container of a dockerd, whose data root is a shared mount."""
+    mounts.unshare_private_mounts()
+    binary = shutil.which("slirp4netns") or "slirp4netns"
+    argv = [binary, "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-sandbox", "--enable-seccomp",
             "--ready-fd", "3", "--netns-type=path", str(netns), "tap0"]  # fmt: skip
     fd = ready_fd if ready_fd != 3 else os.dup(ready_fd)  # dup2(3, 3) would keep close-on-exec
     actions = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
