@@ -91,6 +91,10 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
 def _zombies_of(pid: int) -> list[str]:
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     return [c for c in children if Path(f"/proc/{c}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"]
@@ -124,6 +128,15 @@ def test_the_zygote_starts_each_sandboxs_bubblewrap_in_its_cgroups_limits_and_na
             assert _parent(agent.proc.pid) == zygote.pid  # no shell, nsenter or setpriv left between them
             _check_from_the_host(agent.proc.pid, backend.cgroups.procs_files(sid), backend.nofile,
                                  state_dir / "sandboxes" / sid / "netns")  # fmt: skip
+            # the agent is the zygote's other child (no intermediate process), born in the stub's pid
+            # namespace and in the sandbox's cgroups; the zygote's next children are born in its own
+            forked = [c for c in _children(zygote.pid) if c != agent.proc.pid]
+            stub = only_child(agent.proc.pid)
+            assert len(forked) == 1
+            assert os.readlink(f"/proc/{forked[0]}/ns/pid") == os.readlink(f"/proc/{stub}/ns/pid")
+            assert os.readlink(f"/proc/{zygote.pid}/ns/pid_for_children") == os.readlink("/proc/self/ns/pid")
+            for procs in backend.cgroups.procs_files(sid):
+                assert str(forked[0]) in procs.read_text().split()
             result = await backend.exec(sid, ExecRequest(shell="cat /proc/self/status", timeout_s=20))
             assert "NoNewPrivs:\t1" in result.stdout and "CapBnd:\t0000000000000000" in result.stdout
 

@@ -8,13 +8,15 @@ namespace, the mounts, no capabilities, no new privileges, no further user names
 ``--as-pid-1`` and a stub as its command (``agents.STUB``): a shell reading a pipe that the broker
 holds, the namespace's init (its signals are out of the sandbox's reach, and the agent's
 ``kill(-1)`` spares it). The broker hands the zygote the stub's host pid and the agent's end of a
-socket pair (SCM_RIGHTS); the zygote forks, and the child, still root on the host, joins the
-sandbox's cgroups, sets its rlimits, enters the stub's cgroup, ipc, uts, net, pid and mount
-namespaces and, last, its user namespace (bubblewrap's innermost one, which may make no further user
-namespace), drops every capability (bounding, ambient, effective, permitted, inheritable), takes the
-sandbox uid and gid with no supplementary groups, sets no-new-privileges, and forks the agent, which
-is in the sandbox's pid namespace. The agent starts a session of its own, becomes the subreaper of
-its commands (the stub reaps nothing) and serves.
+socket pair (SCM_RIGHTS); the zygote forks the agent straight into the stub's pid namespace (it
+enters that namespace for its children only while it forks, then goes back), and the child, still
+root on the host, joins the sandbox's cgroups, sets its rlimits, enters the stub's cgroup, ipc, uts,
+net and mount namespaces and, last, its user namespace (bubblewrap's innermost one, which may make no
+further user namespace), drops every capability (bounding, ambient, effective, permitted,
+inheritable), takes the sandbox uid and gid with no supplementary groups, sets no-new-privileges and
+serves: it starts a session of its own and becomes the subreaper of its commands (the stub reaps
+nothing). The zygote is its parent and reaps it as it ends (SIGCHLD). One fork per agent: an
+intermediate child, forked to enter the namespaces and fork the agent, cost a fork and an exit more.
 
 The zygote also starts each sandbox's bubblewrap (a ``spawn`` request): its child, still root on the
 host, does what ``sh -c 'echo $$ > cgroup.procs; ulimit ...'``, ``nsenter`` and ``setpriv`` did, one
@@ -52,6 +54,7 @@ if __name__ != "zygote":  # imported on the broker's side (names and checks); th
 # others, which belong to its parent, could no longer be entered)
 NAMESPACES = (("cgroup", 0x02000000), ("ipc", 0x08000000), ("uts", 0x04000000), ("net", 0x40000000),
               ("pid", 0x20000000), ("mnt", 0x00020000), ("user", 0x10000000))  # fmt: skip
+PID_NAMESPACE = 0x20000000
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
@@ -68,6 +71,7 @@ class Zygote:
         self.libc = ctypes.CDLL(None, use_errno=True)
         with open("/proc/sys/kernel/cap_last_cap") as f:
             self.last_cap = int(f.read())
+        self.own_pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
 
     def check(self, rc: int, what: str) -> None:
         if rc != 0:
@@ -75,11 +79,12 @@ class Zygote:
             raise OSError(err, f"{what}: {os.strerror(err)}")
 
     def enter(self, request: dict[str, Any]) -> None:
-        """As the forked child, root on the host: become one of the sandbox's processes."""
+        """As the forked child, root on the host, born in the sandbox's pid namespace: become one of
+        the sandbox's processes."""
         self.join(request)
         stub = request["stub"]
         opened = [(os.open(f"/proc/{stub}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), name, flag)
-                  for name, flag in NAMESPACES]  # fmt: skip
+                  for name, flag in NAMESPACES if name != "pid"]  # fmt: skip
         os.setgroups([])  # before the user namespace: bubblewrap denies setgroups in it
         self.setns(opened)
         self.drop(int(request["uid"]))
@@ -148,19 +153,32 @@ class Zygote:
         with open(0, "rb", closefd=False) as inp, open(1, "wb", closefd=False) as out:
             serve(inp, out)
 
-    def fork(self, request: dict[str, Any], channel: int, log: int) -> None:
-        """In the forked child: enter, fork the agent, exit (the agent's parent becomes the stub)."""
+    def fork(self, control: socket.socket, request: dict[str, Any], channel: int, log: int) -> None:
+        """Fork the agent straight into the sandbox's pid namespace: while the zygote forks, its
+        children are born there (setns(CLONE_NEWPID) moves where its children go, not the zygote),
+        then it goes back to its own; the child enters the sandbox's other namespaces itself. The
+        zygote is the agent's parent (it reaps it); if the sandbox's pid 1 ends first, the agent is
+        the namespace's to kill."""
+        target = os.open(f"/proc/{request['stub']}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            self.enter(request)
+            self.check(self.libc.setns(target, PID_NAMESPACE), "setns(pid)")
+        finally:
+            os.close(target)
+        try:
             if os.fork() == 0:
+                control.close()
                 try:
+                    _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # the zygote's handler is not the agent's
+                    self.enter(request)
                     self.agent(channel, log)
+                except BaseException as exc:
+                    message = f"zygote: the agent of {request.get('sandbox')} did not start: {exc!r}\n"
+                    os.write(log, message.encode())
                 finally:
                     os._exit(0)
-        except BaseException as exc:
-            os.write(log, f"zygote: the agent of {request.get('sandbox')} did not start: {exc!r}\n".encode())
-        finally:
-            os._exit(0)
+        finally:  # back, or never go on: the next bubblewrap would be born in this sandbox's namespace
+            if self.libc.setns(self.own_pid_namespace, PID_NAMESPACE) != 0:
+                os._exit(70)
 
     def serve(self, control: socket.socket) -> None:
         """One request per message: a marshal dict and its descriptors. An agent: two (the agent's end,
@@ -181,11 +199,7 @@ class Zygote:
                    for i in range(0, len(data) - len(data) % fd_size, fd_size)]  # fmt: skip
             try:
                 if len(fds) == 2:
-                    pid = os.fork()
-                    if pid == 0:
-                        control.close()
-                        self.fork(marshal.loads(message), fds[0], fds[1])
-                    os.waitpid(pid, 0)
+                    self.fork(control, marshal.loads(message), fds[0], fds[1])
                 elif len(fds) == 4:
                     self.spawn(control, marshal.loads(message), fds)
             finally:
@@ -195,25 +209,29 @@ class Zygote:
     def spawn(self, control: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
         """Fork the sandbox's bubblewrap and answer with its pid and pidfd; a broker that gave up
         waiting (its end is closed) gets none, and the child is killed."""
-        pid = os.fork()
-        if pid == 0:
-            control.close()
-            self.launch(request, fds)
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGCHLD})  # no reap before its pidfd is open
         try:
-            pidfd = os.pidfd_open(pid)  # before any reap: the pid is still this child's
+            pid = os.fork()
+            if pid == 0:
+                control.close()
+                _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {_signal.SIGCHLD})
+                self.launch(request, fds)
             try:
-                with socket.socket(fileno=os.dup(fds[3])) as reply:
-                    rights = pidfd.to_bytes(ctypes.sizeof(ctypes.c_int), sys.byteorder)
-                    reply.sendmsg([str(pid).encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
-            finally:
-                os.close(pidfd)
-        except OSError:
-            os.kill(pid, 9)
+                pidfd = os.pidfd_open(pid)  # the pid is still this child's: nothing reaps it meanwhile
+                try:
+                    with socket.socket(fileno=os.dup(fds[3])) as reply:
+                        rights = pidfd.to_bytes(ctypes.sizeof(ctypes.c_int), sys.byteorder)
+                        reply.sendmsg([str(pid).encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+                finally:
+                    os.close(pidfd)
+            except OSError:
+                os.kill(pid, 9)
+        finally:
+            _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {_signal.SIGCHLD})
 
     def reap(self) -> None:
-        """Collect the spawned children that ended (the broker watches them by pidfd): one call per
-        ended child, whatever the number alive. An agent's forked child is never pending here: each
-        is waited for as soon as it is forked."""
+        """Collect the children that ended, bubblewraps (the broker watches them by pidfd) and agents:
+        one call per ended child, whatever the number alive. Run at each SIGCHLD and each request."""
         try:
             while os.waitpid(-1, os.WNOHANG)[0]:
                 pass
@@ -226,4 +244,8 @@ def main(control: socket.socket) -> None:
     garbage collection: its forks would copy every page it touched."""
     gc.disable()
     gc.freeze()
-    Zygote().serve(control)
+    zygote = Zygote()
+    # its agents are its children: each is reaped as it ends (a sandbox's pid 1, ending, waits for
+    # every process of its namespace to be reaped), not at the next request
+    _signal.signal(_signal.SIGCHLD, lambda number, frame: zygote.reap())
+    zygote.serve(control)
