@@ -144,12 +144,14 @@ class TemplateSetups(SharedSnapshots):
     (``SandboxSpec.clone_of``) instead of running it again, as a container image's layers are built
     once. Only on a backend that can fork, for a template that shares its setup (``share_setup``)."""
 
-    async def create(self, spec: SandboxSpec, create: CreateSpec) -> tuple[Sandbox, str]:
+    async def create(self, spec: SandboxSpec, create: CreateSpec) -> tuple[Sandbox, str | None]:
         """The sandbox, and how its template's setup came: ``ran`` (here, shared from now on),
-        ``shared`` (a copy of the first's), ``own`` (ran here, not shared: none to share)."""
+        ``shared`` (a copy of the first's), ``own`` (ran here, not shared); None: no setup to run (the
+        template has none, or the sandbox is a clone, whose copy holds its result)."""
         template = spec.template
-        if not template.setup or not template.share_setup or spec.clone_of is not None \
-                or not isinstance(self.backend, ForkingBackend):  # fmt: skip
+        if not template.setup or spec.clone_of is not None:
+            return await create(spec), None
+        if not template.share_setup or not isinstance(self.backend, ForkingBackend):
             return await create(spec), "own"
 
         done: list[Sandbox] = []

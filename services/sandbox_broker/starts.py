@@ -115,6 +115,6 @@ class SandboxStarts:
             log.exception("sandbox create failed on %s", self.backend.name)
             raise PlatformError(ErrorCode.SANDBOX_CREATE_FAILED, f"sandbox create failed: {exc}") from exc
         self.metrics.sandbox_create.labels(self.backend.name).observe(time.monotonic() - started)
-        if spec.template.setup and spec.clone_of is None:
+        if setup is not None:
             self.metrics.template_setups.labels(setup).inc()
         return sandbox

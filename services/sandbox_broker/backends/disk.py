@@ -140,15 +140,17 @@ def thaw_all(sandboxes: Path) -> int:
     would hang); how many were. A filesystem that is not frozen answers EINVAL and stays as it is."""
     thawed = 0
     for mountpoint in sandboxes.glob("*/rw"):
-        with contextlib.suppress(OSError):
+        try:
             fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                fcntl.ioctl(fd, FITHAW, 0)
-                thawed += 1
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+        except OSError:  # not a directory (a sandbox half made or half removed)
+            continue
+        try:
+            fcntl.ioctl(fd, FITHAW, 0)
+            thawed += 1
+        except OSError:  # EINVAL: not frozen
+            pass
+        finally:
+            os.close(fd)
     if thawed:
         log.warning("thawed %d sandbox filesystems left frozen by a killed broker", thawed)
     return thawed

@@ -41,11 +41,10 @@ def take(rw: Path, state_dir: Path, disk_image: Path | None = None) -> str:
     snapshot_id = f"snap-{os.getpid()}-{secrets.token_hex(8)}"
     dest = root(state_dir) / snapshot_id
     dest.mkdir(parents=True)
-    entries = [str(p) for p in rw.iterdir() if p.name not in SKIP] if disk_image is None else []
     try:
         if disk_image is not None:
             disk.frozen_copy(rw, disk_image, dest / IMAGE)
-        elif entries:
+        elif entries := [str(p) for p in rw.iterdir() if p.name not in SKIP]:
             _cp([*entries, str(dest)])
     except OSError:
         shutil.rmtree(dest, ignore_errors=True)
@@ -59,9 +58,11 @@ def image_of(snapshot_id: str | None, state_dir: Path, disk_quota: bool) -> Path
     if snapshot_id is None:
         return None
     path = root(state_dir) / _checked(snapshot_id) / IMAGE
-    if path.is_file() and not disk_quota:
+    if not path.is_file():
+        return None
+    if not disk_quota:
         raise OSError(f"the snapshot {snapshot_id} is a disk image, and this broker has no disk quota")
-    return path if path.is_file() else None
+    return path
 
 
 def restore(snapshot_id: str, state_dir: Path, rw: Path) -> None:
