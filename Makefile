@@ -33,8 +33,12 @@ lint:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# mypy's cache lives beside uv's, outside the checkout: a fresh clone's check then reads the modules it
+# checked before (a file whose time changed is compared by its hash, so a changed one is checked again):
+# 1 s instead of 41 s of one core, which `make test` spends beside the tests. `make clean` keeps it.
+MYPY_CACHE ?= $(HOME)/.cache/rollout/mypy
 typecheck:
-	$(BIN)/mypy
+	$(BIN)/mypy --cache-dir $(MYPY_CACHE)
 
 # The suite in PYTEST_WORKERS processes, a test file per process at a time (module-scoped fleets start
 # once; each process has its own Redis, ports and tmp dirs; the files with the longest tests first, as

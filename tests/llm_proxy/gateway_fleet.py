@@ -9,10 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
-import openai
 import redis
 
 from services.protocol import keys
@@ -20,6 +18,10 @@ from services.protocol.gateway import GatewayCall, GatewaySession, decode_call, 
 from services.runtime.chat import ChatTemplate
 from services.runtime.tokenizer import write_tokenizer_dir
 from tests.support.processes import ServiceProcess, start_service
+
+if TYPE_CHECKING:  # the SDKs are imported by the tests that use them: 2 s of every xdist worker's collection
+    import anthropic
+    import openai
 
 
 @dataclass
@@ -31,11 +33,15 @@ class GatewayFleet:
     clients: list[openai.OpenAI | anthropic.Anthropic] = field(default_factory=list)
 
     def openai(self, sid: str, token: str) -> openai.OpenAI:
+        import openai
+
         client = openai.OpenAI(base_url=self.openai_url(sid), api_key=token, max_retries=0)
         self.clients.append(client)
         return client
 
     def anthropic(self, sid: str, token: str) -> anthropic.Anthropic:
+        import anthropic
+
         client = anthropic.Anthropic(base_url=self.anthropic_url(sid), api_key=token, max_retries=0)
         self.clients.append(client)
         return client

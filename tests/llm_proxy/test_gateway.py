@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
 from services.llm_proxy.gateway.sessions import SessionStore
@@ -178,6 +177,8 @@ def test_sessions_need_their_token_and_end(fleet: GatewayFleet) -> None:
 
 
 def test_turn_and_token_caps_are_api_errors_and_truncate_the_session(fleet: GatewayFleet) -> None:
+    import openai  # here, not at the top: its import is a second of every xdist worker's collection
+
     sid, token = fleet.session(max_turns=1)
     client = fleet.openai(sid, token)
     ask: list[Any] = [{"role": "user", "content": "plain question"}]
