@@ -26,14 +26,8 @@ def redis_commands(client: redis.Redis) -> dict[str, float]:
 
 
 def broker_leases(http: httpx.Client, stack: Stack) -> float:
-    total = 0.0
-    for service in stack.services:
-        if service.role != "broker":
-            continue
-        for line in http.get(f"{service.url}/metrics").text.splitlines():
-            if line.startswith("rollout_broker_lease_start_seconds_count"):
-                total += float(line.split()[-1])
-    return total
+    return sum(fleet.metric_total(http.get(f"{s.url}/metrics").text, "rollout_broker_lease_start_seconds_count")
+               for s in stack.services if s.role == "broker")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +59,7 @@ class Window:
     @classmethod
     def between(cls, n: int, before: Sample, after: Sample) -> Window:
         cpu = {r: after.cpu.get(r, 0.0) - before.cpu.get(r, 0.0) for r in ROLES}
+        cpu["broker"] -= after.cpu.get("commands", 0.0) - before.cpu.get("commands", 0.0)  # the tasks' (fleet.py)
         commands = {k: v - before.commands.get(k, 0.0) for k, v in after.commands.items()}
         return cls(n, after.wall - before.wall, after.turns - before.turns, cpu,
                    {k: v for k, v in commands.items() if v > 0}, after.leases - before.leases)  # fmt: skip

@@ -7,8 +7,10 @@ job's ``max_in_flight`` is N and the queue is kept topped up, then a window is m
 
 - ``trajectories_per_hour``: LLM calls per second x 3600 / mean turns of the workload (steady
   state without waiting for 80-turn episodes); ``completed_per_hour`` counts finishes directly;
-- ``control_plane_cpu_ms_per_turn``: CPU of workers, proxy, broker (sandboxes included), API and
-  Redis per LLM call (engines excluded: they stand in for GPUs);
+- ``control_plane_cpu_ms_per_turn``: CPU of workers, proxy, broker (sandboxes and their exec agents
+  included), API and Redis per LLM call (engines excluded: they stand in for GPUs; so are the
+  commands the episodes run in their sandboxes, the tasks' own work: ``cpu_ms_per_turn_by_role``
+  shows them as ``commands``);
 - phase shares and the turn-cap hit rate over trajectories finished in the window;
 - ``tail_share_after_90pct`` and the turn-cap rate of one synchronous batch (``--tail-batch``
   episodes submitted at once and waited for), run at its own time scale because 80-turn episodes at
@@ -139,19 +141,25 @@ def _base_env() -> dict[str, str]:
 
 
 def llm_calls(http: httpx.Client, workers: list[str]) -> float:
-    total = 0.0
-    for url in workers:
-        for line in http.get(f"{url}/metrics").text.splitlines():
-            if line.startswith("rollout_worker_llm_calls_total "):
-                total += float(line.split()[1])
-    return total
+    return sum(metric_total(http.get(f"{url}/metrics").text, "rollout_worker_llm_calls_total") for url in workers)
 
 
 def cpu_snapshot(fleet: Fleet, client: redis.Redis) -> dict[str, float]:
+    """CPU seconds by role, and ``commands``: the CPU of the commands run in sandboxes (the brokers'
+    ``rollout_broker_command_cpu_seconds_total``), held in the broker's share (the exec agents reap
+    them) and taken out of it in :func:`measure`: the tasks' own work, as the engines' is theirs."""
     cpu = fleet.stack.cpu_seconds()
     info: Any = client.info("cpu")
     cpu["redis"] = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    cpu["commands"] = sum(metric_total(httpx.get(f"{s.url}/metrics", timeout=30.0).text,
+                                       "rollout_broker_command_cpu_seconds_total")
+                          for s in fleet.stack.services if s.role == "broker")  # fmt: skip
     return cpu
+
+
+def metric_total(text: str, name: str) -> float:
+    """The sum of a Prometheus metric's series in an exposition ``text``."""
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith((name + " ", name + "{")))
 
 
 @dataclass(frozen=True)
@@ -258,7 +266,9 @@ def measure(
     client.close()
     turns = after.calls - before.calls
     seconds = after.wall - before.wall
-    cpu = {role: after.cpu.get(role, 0.0) - before.cpu.get(role, 0.0) for role in (*CONTROL_PLANE, "redis", "engine")}
+    cpu = {role: after.cpu.get(role, 0.0) - before.cpu.get(role, 0.0)
+           for role in (*CONTROL_PLANE, "redis", "engine", "commands")}  # fmt: skip
+    cpu["broker"] -= cpu["commands"]  # the tasks' commands: reported apart, like the engines (cpu_snapshot)
     control = sum(cpu[r] for r in (*CONTROL_PLANE, "redis"))
     capped = sum(1 for t in done if t.truncation is not None and t.truncation.value == "turns")
     return {

@@ -1,5 +1,6 @@
 """The processes of a fleet benchmark (scripted engines, proxy, broker, API, workers) and the CPU
-time they use, read from /proc per process session (each service runs in its own session)."""
+time they use, read from /proc per service's process tree (the broker's holds its agent zygote, which
+runs in a session of its own, with the sandboxes and exec agents it forks and reaps)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.benchmarks.procstat import session_cpu_s
+from services.benchmarks.procstat import trees_total_cpu_s
 from services.runtime.net import free_port
 from services.runtime.processes import stop_group, wait_healthy
 
@@ -45,6 +46,7 @@ class Stack:
             service.stop()
 
     def cpu_seconds(self) -> dict[str, float]:
-        """CPU seconds used so far by each role: live processes of its sessions plus reaped children."""
-        sessions = {s.proc.pid: s.role for s in self.services if s.proc.poll() is None}  # session leaders
-        return {**dict.fromkeys({s.role for s in self.services}, 0.0), **session_cpu_s(sessions)}
+        """CPU seconds used so far by each role: the live processes of its services' trees, each with
+        the children it reaped."""
+        roots = {s.proc.pid: s.role for s in self.services if s.proc.poll() is None}
+        return {**dict.fromkeys({s.role for s in self.services}, 0.0), **trees_total_cpu_s(roots)}

@@ -59,14 +59,23 @@ def session_cpu_s(sessions: dict[int, str]) -> dict[str, float]:
 def tree_total_cpu_s(pid: int) -> float:
     """CPU seconds of ``pid`` and its live descendants, each with the children it reaped: a process
     tree's whole cost so far, its exited members included once they were waited for."""
+    return trees_total_cpu_s({pid: "tree"})["tree"]
+
+
+def trees_total_cpu_s(roots: dict[int, str]) -> dict[str, float]:
+    """:func:`tree_total_cpu_s` of each root pid, summed per name, from one read of ``/proc``. A tree
+    holds the descendants that started sessions of their own (a broker's zygote and its sandboxes),
+    which :func:`session_cpu_s` leaves out."""
     table = processes()
     children: dict[int, list[int]] = {}
     for p in table:
         children.setdefault(p.ppid, []).append(p.pid)
     total_of = {p.pid: p.own_s + p.reaped_children_s for p in table}
-    total, todo = 0.0, [pid]
-    while todo:
-        current = todo.pop()
-        total += total_of.get(current, 0.0)
-        todo += children.get(current, [])
-    return total
+    totals = dict.fromkeys(roots.values(), 0.0)
+    for root, name in roots.items():
+        todo = [root]
+        while todo:
+            current = todo.pop()
+            totals[name] += total_of.get(current, 0.0)
+            todo += children.get(current, [])
+    return totals

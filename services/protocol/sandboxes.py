@@ -233,6 +233,9 @@ class ExecResult(_Model):
     timed_out: bool = False
     duration_s: float  # inside the sandbox
     broker_s: float = 0.0  # total time in the broker, duration_s included
+    # the command's CPU seconds (user + system, with the children it waited for), where its backend
+    # measures them (local sandboxes' exec agents); None elsewhere
+    cpu_s: float | None = None
 
 
 class ExecChunk(_Model):

@@ -25,14 +25,7 @@ from services.protocol.sandboxes import (
 from services.protocol.status import ErrorCode
 from services.runtime.generation import StoreGeneration
 from services.sandbox_broker.admission import Admission
-from services.sandbox_broker.backends.base import (
-    Backend,
-    GatewayBinder,
-    OutputSink,
-    Sandbox,
-    TaskRouter,
-    no_gateway,
-)
+from services.sandbox_broker.backends.base import Backend, GatewayBinder, OutputSink, Sandbox, TaskRouter, no_gateway
 from services.sandbox_broker.forks import SetUp, SharedSetups
 from services.sandbox_broker.lease_cache import LeaseCache
 from services.sandbox_broker.leases import LeaseRecord, LeaseStore
@@ -72,6 +65,7 @@ class Broker:
         self._quiet = False
         # the labelled series of the hot paths, looked up once (``labels()`` is a locked dict lookup)
         self._exec_latency = metrics.exec_latency.labels(backend.name)
+        self._command_cpu = metrics.command_cpu.labels(backend.name)
         self._lease_start = {warm: metrics.lease_start.labels(backend.name, "warm" if warm else "cold")
                              for warm in (True, False)}  # fmt: skip
 
@@ -347,6 +341,7 @@ class Broker:
         result = await self._backend_call(self.backend.exec(record.lease.sandbox_id, request, sink))
         result.broker_s = time.monotonic() - started
         self._exec_latency.observe(result.broker_s)
+        self._command_cpu.inc(result.cpu_s or 0.0)  # None: the backend does not measure it
         return result
 
     async def bind_gateway(self, lease_id: str, binding: GatewayBinding) -> None:

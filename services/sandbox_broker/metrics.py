@@ -24,6 +24,9 @@ class BrokerMetrics:
                                     buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
         self.exec_latency = Histogram("rollout_broker_exec_seconds", "exec through the broker", ["backend"],
                                       buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
+        self.command_cpu = Counter("rollout_broker_command_cpu_seconds", "CPU the commands run in sandboxes took "
+                                   "(user + system, with the children each waited for), where the backend measures "
+                                   "it: the tasks' own work, not the platform's", ["backend"], registry=r)  # fmt: skip
         self.sandbox_create = Histogram("rollout_broker_sandbox_create_seconds", "backend sandbox create", ["backend"],
                                         buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
         self.pool_size = Gauge("rollout_broker_pool_size", "ready sandboxes in a warm pool", ["pool"], registry=r)

@@ -26,6 +26,15 @@ def test_lease_exec_files_and_release(start_broker: BrokerFactory) -> None:
         assert (failed["exit_code"], failed["stdout"], failed["stderr"]) == (3, "out\n", "err\n")
         assert failed["timed_out"] is False and failed["broker_s"] >= failed["duration_s"] > 0
 
+        # the command's own CPU (with the children it waited for), not its wall time; counted in /metrics
+        busy = run(client, lid, "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; (sleep 0.3)")
+        idle = run(client, lid, "sleep 0.5")
+        assert busy["cpu_s"] >= 0.1 and busy["cpu_s"] <= busy["duration_s"] + 0.05, busy
+        assert idle["cpu_s"] < 0.1 < 0.5 <= idle["duration_s"], idle
+        assert _counter(client.get("/metrics").text, 'rollout_broker_command_cpu_seconds_total{backend="local"}') >= (
+            busy["cpu_s"] + idle["cpu_s"]
+        )
+
         argv = client.post(f"/leases/{lid}/exec", json={"argv": ["cat"], "stdin": "piped", "env": {"X": "1"}}).json()
         assert argv["stdout"] == "piped" and argv["exit_code"] == 0
         env = run(client, lid, 'echo "$X $HOME $(pwd)"', env={"X": "42"}, cwd="/tmp")
@@ -130,3 +139,7 @@ def test_template_rootfs_is_layered_under_a_private_workspace(
 def _mounts_under(path: Path) -> int:
     with open("/proc/self/mountinfo") as mountinfo:
         return sum(1 for line in mountinfo if line.split()[4].startswith(str(path)))
+
+
+def _counter(text: str, series: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(series + " "))

@@ -52,6 +52,11 @@ KILLED_EXIT_CODE = 137  # the command killed the agent (and so its own namespace
 STUB = ["--as-pid-1", "/bin/sh", "-c", "echo; read -r _"]
 
 
+def _seconds(value: object) -> float | None:
+    """A duration the agent reported: a finite number of seconds, else None (its frames are the sandbox's)."""
+    return float(value) if isinstance(value, int | float) and 0 <= value < float("inf") else None
+
+
 def agent_command(python: str) -> list[str]:
     """The agent's argv inside the sandbox: its source comes first on stdin."""
     return [python, "-I", "-S", "-c", BOOTSTRAP]
@@ -185,6 +190,7 @@ class ExecAgent:
             stdout_truncated=out.truncated or bool(done.get("stdout_truncated")),
             stderr_truncated=err.truncated or bool(done.get("stderr_truncated")),
             timed_out=bool(done["timed_out"]), duration_s=float(done.get("duration_s", time.monotonic() - started)),
+            cpu_s=_seconds(done.get("cpu_s")),
         )  # fmt: skip
 
     async def _collect(self, out: OutputBuffer, err: OutputBuffer, sink: OutputSink | None) -> dict[str, float]:

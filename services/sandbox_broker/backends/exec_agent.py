@@ -94,9 +94,8 @@ def read_frame(inp: BinaryIO) -> tuple[bytes, int, bytes] | None:
 
 def sweep() -> None:
     """SIGKILL every process of the namespace but its init and this agent, until none is left."""
-    me = os.getpid()
     for _ in range(100):
-        with_pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
+        with_pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid())]
         if not any(_alive(pid) for pid in with_pids):
             return
         try:
@@ -117,8 +116,7 @@ def _alive(pid: int) -> bool:
 
 def spawn_error(request: dict[str, Any], exc: OSError) -> bytes:
     """What bubblewrap printed when it could not start a command (it exited 1)."""
-    cwd = request["cwd"]
-    if not os.path.isdir(cwd):
+    if not os.path.isdir(cwd := request["cwd"]):
         return f"bwrap: Can't chdir to {cwd}: {os.strerror(exc.errno or 2)}\n".encode()
     return f"bwrap: execvp {request['argv'][0]}: {os.strerror(exc.errno or 2)}\n".encode()
 
@@ -132,12 +130,15 @@ class Child:
         self.stdout = stdout
         self.stderr = stderr
         self.popen = popen  # the Popen that started it, where it is Popen's to reap
+        self.cpu_s: float | None = None  # once reaped: its CPU, with the children it waited for
 
     def wait(self) -> int:
         """The exit code as ``Popen.returncode`` gives it (-N: killed by signal N)."""
         if self.popen is not None:
             return int(self.popen.wait())
-        return os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        _, status, usage = os.wait4(self.pid, 0)
+        self.cpu_s = usage.ru_utime + usage.ru_stime
+        return os.waitstatus_to_exitcode(status)
 
 
 def spawn(argv: list[str], env: dict[str, str], cwd: str, with_stdin: bool, user: Any = None) -> Child:
@@ -232,7 +233,8 @@ def run(out: BinaryIO, rid: int, request: dict[str, Any]) -> None:
     code = child.wait()
     if os.getpid() == 1 or REAPER:
         reap_orphans()
-    done(out, rid, TIMEOUT_EXIT_CODE if timed_out else code if code >= 0 else 128 - code, timed_out, outputs, started)
+    done(out, rid, TIMEOUT_EXIT_CODE if timed_out else code if code >= 0 else 128 - code, timed_out, outputs, started,
+         child.cpu_s)  # fmt: skip
 
 
 class Pump:
@@ -356,12 +358,12 @@ def _read(out: BinaryIO, rid: int, fd: int, output: Output, fds: Pump) -> None:
         fds.drop(fd)
 
 
-def done(out: BinaryIO, rid: int, code: int, timed_out: bool, outputs: list[Output], started: float) -> None:
-    flags = (timed_out, bool(outputs and outputs[0].truncated), bool(outputs and outputs[1].truncated))
-    true_false = [b"true" if flag else b"false" for flag in flags]
-    result = b'{"exit_code": %d, "timed_out": %s, "duration_s": %s, "stdout_truncated": %s, "stderr_truncated": %s}' % (
-        code, true_false[0], repr(time.monotonic() - started).encode(), true_false[1], true_false[2])  # fmt: skip
-    write_frame(out, b"D", rid, result)
+def done(out: BinaryIO, rid: int, code: int, timed_out: bool, outputs: list[Output], started: float,
+         cpu_s: float | None = None) -> None:  # fmt: skip
+    flags = [b"true" if f else b"false" for f in (timed_out, *(o.truncated for o in outputs))] + [b"false"] * 2
+    write_frame(out, b"D", rid, b'{"exit_code": %d, "timed_out": %s, "duration_s": %s, "stdout_truncated": %s, '
+                b'"stderr_truncated": %s, "cpu_s": %s}' % (code, flags[0], repr(time.monotonic() - started).encode(),
+                flags[1], flags[2], b"null" if cpu_s is None else repr(cpu_s).encode()))  # fmt: skip
 
 
 def non_dumpable() -> None:
