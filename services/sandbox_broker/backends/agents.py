@@ -11,7 +11,7 @@ Frames, both ways: a header (payload length, kind, request id) and the payload. 
 ``X`` a request (marshal: argv, env, cwd, stdin, timeout_s, max_output_bytes, stream, user). Agent to
 broker: ``R`` ready (once), ``S`` taken (from here on the command may have run), ``o``/``e`` output
 bytes (up to the cap, all of it when streaming), ``D`` done (JSON: exit_code, timed_out,
-stdout_truncated, stderr_truncated, duration_s).
+stdout_truncated, stderr_truncated, duration_s, cpu_s: the command's CPU from the agent's ``wait4``).
 """
 
 from __future__ import annotations
