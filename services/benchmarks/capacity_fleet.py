@@ -59,7 +59,6 @@ class Window:
     @classmethod
     def between(cls, n: int, before: Sample, after: Sample) -> Window:
         cpu = {r: after.cpu.get(r, 0.0) - before.cpu.get(r, 0.0) for r in ROLES}
-        cpu["broker"] -= after.cpu.get("commands", 0.0) - before.cpu.get("commands", 0.0)  # the tasks' (fleet.py)
         commands = {k: v - before.commands.get(k, 0.0) for k, v in after.commands.items()}
         return cls(n, after.wall - before.wall, after.turns - before.turns, cpu,
                    {k: v for k, v in commands.items() if v > 0}, after.leases - before.leases)  # fmt: skip

@@ -146,14 +146,16 @@ def llm_calls(http: httpx.Client, workers: list[str]) -> float:
 
 def cpu_snapshot(fleet: Fleet, client: redis.Redis) -> dict[str, float]:
     """CPU seconds by role, and ``commands``: the CPU of the commands run in sandboxes (the brokers'
-    ``rollout_broker_command_cpu_seconds_total``), held in the broker's share (the exec agents reap
-    them) and taken out of it in :func:`measure`: the tasks' own work, as the engines' is theirs."""
+    ``rollout_broker_command_cpu_seconds_total``), which the broker's process tree holds (the exec
+    agents reap them) and which are taken out of the broker's share here: the tasks' own work, as
+    the engines' is theirs."""
     cpu = fleet.stack.cpu_seconds()
     info: Any = client.info("cpu")
     cpu["redis"] = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
     cpu["commands"] = sum(metric_total(httpx.get(f"{s.url}/metrics", timeout=30.0).text,
                                        "rollout_broker_command_cpu_seconds_total")
                           for s in fleet.stack.services if s.role == "broker")  # fmt: skip
+    cpu["broker"] = cpu.get("broker", 0.0) - cpu["commands"]
     return cpu
 
 
@@ -268,7 +270,6 @@ def measure(
     seconds = after.wall - before.wall
     cpu = {role: after.cpu.get(role, 0.0) - before.cpu.get(role, 0.0)
            for role in (*CONTROL_PLANE, "redis", "engine", "commands")}  # fmt: skip
-    cpu["broker"] -= cpu["commands"]  # the tasks' commands: reported apart, like the engines (cpu_snapshot)
     control = sum(cpu[r] for r in (*CONTROL_PLANE, "redis"))
     capped = sum(1 for t in done if t.truncation is not None and t.truncation.value == "turns")
     return {

@@ -94,8 +94,9 @@ def read_frame(inp: BinaryIO) -> tuple[bytes, int, bytes] | None:
 
 def sweep() -> None:
     """SIGKILL every process of the namespace but its init and this agent, until none is left."""
+    me = os.getpid()
     for _ in range(100):
-        with_pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid())]
+        with_pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
         if not any(_alive(pid) for pid in with_pids):
             return
         try:
