@@ -2,12 +2,15 @@
 seed's fleet (24 engines, 384 sandboxes, about 75 turns/s) needs, and 10x and 100x of it.
 
 Costs are measured in the same run, on the fleet bench's stack (``fleet.start_fleet``): a window of
-the idle stack, then a window at a small N in flight give each role's idle CPU and marginal CPU per
-LLM turn, Redis commands per turn (INFO commandstats), sandbox leases per turn, and what one Redis
-core serves of this command mix (marginal commands per marginal Redis CPU second). The model is in
-``capacity_model``. The check runs the largest N this machine holds (``--check-in-flight``) in the
-same stack and compares the control-plane CPU the small-N costs predict at its measured turn rate
-with the CPU it measured.
+the idle stack, a window at a small N of the workload's episodes and a window of short episodes
+(two turns each, so a lease per two turns) give each role's idle CPU, marginal CPU per LLM turn and
+per sandbox lease (the two busy windows solved together), Redis commands per turn and per lease
+(INFO commandstats), and what one Redis core serves of this command mix (marginal commands per
+marginal Redis CPU second). The model is in ``capacity_model``. The check runs the largest N this
+machine holds (``--check-in-flight``) in the same stack, at a pace (``--check-time-scale``) that
+keeps the machine below saturation, as the model's deployments are (a starved process serves more
+events per wake-up, so its CPU per turn falls), and compares the control-plane CPU the costs predict
+at its measured turn and lease rates with the CPU it measured.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from services.benchmarks.capacity_model import (
     Costs,
     Scale,
     parse_replicas,
+    per_turn_and_per_lease,
     plan,
 )
 from services.benchmarks.report import write_json
@@ -45,7 +49,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("capacity", help="cores, Redis ops/s and shards for 1x, 10x and 100x the seed's fleet")
     p.add_argument("--in-flight", type=int, default=64, help="episodes in flight of the cost measurement")
     p.add_argument("--check-in-flight", type=int, default=384, help="N of the check (0: skip it)")
+    p.add_argument(
+        "--short-in-flight",
+        type=int,
+        default=16,
+        help="short episodes in flight of the per-lease cost (0: all the cost is per turn)",
+    )
     p.add_argument("--time-scale", type=float, default=10.0, help="divide every field duration by this")
+    p.add_argument(
+        "--check-time-scale",
+        type=float,
+        default=3.0,
+        help="the check's time scale: a pace the machine holds below saturation (0: --time-scale)",
+    )
     p.add_argument("--warmup-s", type=float, default=45.0, help="before each window (about one episode at 1/10)")
     p.add_argument("--window-s", type=float, default=45.0, help="measured window per N")
     p.add_argument("--idle-s", type=float, default=15.0, help="measured window of the idle stack")
@@ -70,9 +86,10 @@ def run(args: argparse.Namespace) -> int:
         costs, windows = Costs(**json.loads(args.costs_from.read_text())["costs"]), {}
     else:
         windows = measure(args)
-        costs = costs_from(windows["idle"], windows["small"])
+        costs = costs_from(windows["idle"], windows["small"], windows.get("short"), workload_leases_per_turn(args))
     scales = [plan(costs, factor, args.utilisation, replicas) for factor in SCALE_FACTORS]
-    check = check_against(costs, windows["check"]) if "check" in windows else None
+    check_scale = args.check_time_scale or args.time_scale
+    check = check_against(costs, windows["check"], check_scale) if "check" in windows else None
     report(args, costs, scales, check, windows, replicas, (load_before, os.getloadavg()))
     return 0
 
@@ -89,10 +106,14 @@ def measure(args: argparse.Namespace) -> dict[str, Window]:
                 windows["idle"] = measure_window(stack, 0, args.warmup_s, args.idle_s, "")
                 print(f"measuring costs at N={args.in_flight} ...", flush=True)
                 windows["small"] = measure_window(stack, args.in_flight, args.warmup_s, args.window_s, "cap-costs")
+                if args.short_in_flight:
+                    print(f"measuring the cost of a lease: N={args.short_in_flight} short episodes ...", flush=True)
+                    windows["short"] = measure_window(stack, args.short_in_flight, args.warmup_s, args.window_s,
+                                                      "cap-short", stack.short_classes)  # fmt: skip
                 if args.check_in_flight:
                     print(f"checking at N={args.check_in_flight} ...", flush=True)
                     windows["check"] = measure_window(stack, args.check_in_flight, args.warmup_s, args.window_s,
-                                                      "cap-check")  # fmt: skip
+                                                      "cap-check", stack.capacity_classes)  # fmt: skip
             finally:
                 stack.stack.stop()
     finally:  # the broker keeps the sandboxes of leases still live when it stops: they go here
@@ -105,7 +126,9 @@ def fleet_args(args: argparse.Namespace) -> argparse.Namespace:
     """The fleet bench's defaults with this command's stack settings (no tail batch)."""
     parser = argparse.ArgumentParser()
     fleet.register(parser.add_subparsers())
+    check = args.check_time_scale or args.time_scale  # the fleet's capacity classes are the check's workload
     return parser.parse_args(["fleet", "--time-scale", str(args.time_scale), "--tail-batch", "0",
+                              "--capacity-time-scale", str(check),
                               "--workers", str(args.workers), "--proxy-workers", str(args.proxy_workers)])  # fmt: skip
 
 
@@ -115,38 +138,57 @@ def workload_leases_per_turn(args: argparse.Namespace) -> float:
     return 1 / workload.mean_turns(workload.sample_classes(shape.classes, shape.time_scale, shape.seed))
 
 
-def costs_from(idle: Window, busy: Window) -> Costs:
-    """Marginal costs: the busy window minus the idle one, per turn of the busy window."""
+def costs_from(idle: Window, busy: Window, short: Window | None, steady_leases_per_turn: float) -> Costs:
+    """Marginal costs: each busy window minus the idle one, split per turn and per lease
+    (``per_turn_and_per_lease``); leases per turn are the workload's steady state."""
     if busy.turns <= 0:
         raise RuntimeError("no LLM turns in the measured window: lengthen --window-s")
-    turns_s = busy.turns_per_s
-    idle_cores, busy_cores = idle.cores, busy.cores
-    ms = {r: max(0.0, busy_cores[r] - idle_cores[r]) * 1000 / turns_s for r in ROLES}
-    idle_ops, busy_ops = idle.commands / idle.seconds, busy.commands / busy.seconds
-    extra_ops, extra_redis = busy_ops - idle_ops, busy_cores["redis"] - idle_cores["redis"]
-    if extra_ops > 0 and extra_redis > 0:
-        shard = extra_ops / extra_redis
-    elif busy_cores["redis"] > 0:  # too short to tell the idle stack's share apart: the average
-        shard = busy_ops / busy_cores["redis"]
-    else:
-        raise RuntimeError("Redis used no CPU in the measured window: lengthen --window-s")
+    if short is not None and short.turns <= 0:
+        raise RuntimeError("no LLM turns in the short episodes' window: lengthen --window-s")
+    idle_cores = idle.cores
+    ms_turn, ms_lease = {}, {}
+    for r in ROLES:
+        rates = [(w.cores[r] - idle_cores[r], w.turns_per_s, w.leases_per_s) for w in (busy, short) if w]
+        per_turn, per_lease = per_turn_and_per_lease(rates[0], rates[1] if short else None)
+        ms_turn[r], ms_lease[r] = 1000 * per_turn, 1000 * per_lease
+    idle_ops = idle.commands / idle.seconds
+    ops = [(w.commands / w.seconds - idle_ops, w.turns_per_s, w.leases_per_s) for w in (busy, short) if w]
+    ops_turn, ops_lease = per_turn_and_per_lease(ops[0], ops[1] if short else None)
     return Costs(
-        ms_per_turn=ms,
+        ms_per_turn=ms_turn,
         idle_cores=idle_cores,
-        redis_ops_per_turn=max(0.0, extra_ops) / turns_s,
+        redis_ops_per_turn=ops_turn,
         redis_idle_ops_per_s=idle_ops,
-        leases_per_turn=busy.leases / busy.turns,
-        shard_ops_per_s=shard,
+        leases_per_turn=steady_leases_per_turn,
+        shard_ops_per_s=shard_rate(idle, [w for w in (busy, short) if w]),
+        ms_per_lease=ms_lease,
+        redis_ops_per_lease=ops_lease,
     )
 
 
-def check_against(costs: Costs, measured: Window) -> dict[str, Any]:
-    """The small-N costs' prediction of the check window's control-plane CPU, at its turn rate."""
-    predicted = costs.cores_used(measured.turns_per_s)
+def shard_rate(idle: Window, busy: list[Window]) -> float:
+    """What one Redis core serves of the platform's mix: marginal commands per marginal Redis CPU
+    second over the busy windows (their average where the idle stack's share cannot be told apart)."""
+    idle_ops, idle_redis = idle.commands / idle.seconds, idle.cores["redis"]
+    extra_ops = sum(w.commands / w.seconds - idle_ops for w in busy)
+    extra_redis = sum(w.cores["redis"] - idle_redis for w in busy)
+    if extra_ops > 0 and extra_redis > 0:
+        return extra_ops / extra_redis
+    busy_redis = sum(w.cores["redis"] for w in busy)
+    if busy_redis > 0:
+        return sum(w.commands / w.seconds for w in busy) / busy_redis
+    raise RuntimeError("Redis used no CPU in the measured window: lengthen --window-s")
+
+
+def check_against(costs: Costs, measured: Window, time_scale: float) -> dict[str, Any]:
+    """The costs' prediction of the check window's control-plane CPU, at its turn and lease rates."""
+    predicted = costs.cores_used(measured.turns_per_s, leases_per_s=measured.leases_per_s)
     total, actual = sum(predicted.values()), measured.control_plane_cores
     return {
         "in_flight": measured.in_flight,
+        "time_scale": time_scale,
         "turns_per_s": measured.turns_per_s,
+        "leases_per_s": measured.leases_per_s,
         "predicted_cpu_cores": total,
         "measured_cpu_cores": actual,
         "ratio": total / actual if actual else None,
@@ -164,12 +206,15 @@ def report(
     replicas: dict[str, int],
     load: tuple[tuple[float, ...], tuple[float, ...]],
 ) -> None:
-    print_table("measured costs (marginal CPU ms per turn, idle cores)", [
-        {"role": r, "ms/turn": costs.ms_per_turn[r], "idle cores": costs.idle_cores[r]} for r in ROLES
+    print_table("measured costs (marginal CPU ms per turn and per lease, idle cores)", [
+        {"role": r, "ms/turn": costs.ms_per_turn[r], "ms/lease": costs.ms_per_lease.get(r, 0.0),
+         "idle cores": costs.idle_cores[r]} for r in ROLES
     ])  # fmt: skip
     steady = workload_leases_per_turn(args)
-    print(f"Redis: {costs.redis_ops_per_turn:.2f} commands/turn, {costs.shard_ops_per_s:,.0f} commands/s per shard "
-          f"core; {costs.leases_per_turn:.4f} leases/turn (the workload's steady state: {steady:.4f})")  # fmt: skip
+    measured = ", ".join(f"{name} {w.leases / w.turns:.4f}" for name, w in windows.items() if w.turns)
+    print(f"Redis: {costs.redis_ops_per_turn:.2f} commands/turn and {costs.redis_ops_per_lease:.1f}/lease, "
+          f"{costs.shard_ops_per_s:,.0f} commands/s per shard core; leases/turn: the workload's steady state "
+          f"{costs.leases_per_turn:.4f}{f' (measured: {measured})' if measured else ''}")  # fmt: skip
     if "small" in windows and windows["small"].turns:
         small = windows["small"]
         top = sorted(small.commands_by_name.items(), key=lambda kv: -kv[1])[:8]
@@ -184,7 +229,8 @@ def report(
               f"{s.leases_per_s:.1f} leases/s; first to saturate: {s.first_to_saturate}"
               f"{' (past the target)' if s.saturated else ''}")  # fmt: skip
     if check:
-        print(f"\ncheck at N={check['in_flight']} ({check['turns_per_s']:.1f} turns/s): predicted "
+        print(f"\ncheck at N={check['in_flight']}, time scale 1/{check['time_scale']:g} "
+              f"({check['turns_per_s']:.1f} turns/s, {check['leases_per_s']:.2f} leases/s): predicted "
               f"{check['predicted_cpu_cores']:.3f} cores, measured {check['measured_cpu_cores']:.3f}, "
               f"ratio {check['ratio']:.3f}")  # fmt: skip
     print(f"load average before {load[0][0]:.2f}, after {load[1][0]:.2f}")

@@ -5,7 +5,7 @@ commands (INFO commandstats) and sandbox leases (the broker's lease-start histog
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +13,7 @@ import httpx
 import redis
 
 from services.benchmarks import fleet
+from services.benchmarks import fleet_workload as workload
 from services.benchmarks.capacity_model import ROLES
 from services.benchmarks.fleet_stack import Stack
 
@@ -72,6 +73,10 @@ class Window:
         return self.turns / self.seconds
 
     @property
+    def leases_per_s(self) -> float:
+        return self.leases / self.seconds
+
+    @property
     def cores(self) -> dict[str, float]:
         return {r: v / self.seconds for r, v in self.cpu_s.items()}
 
@@ -89,18 +94,27 @@ class Window:
             "control_plane_cpu_ms_per_turn": 1000 * sum(self.cpu_s.values()) / self.turns if self.turns else None,
             "redis_ops_per_s": self.commands / self.seconds,
             "redis_commands_by_name": self.commands_by_name,
-            "leases_per_s": self.leases / self.seconds,
+            "leases_per_s": self.leases_per_s,
+            "leases_per_turn": self.leases / self.turns if self.turns else None,
         }
 
 
-def measure_window(stack: fleet.Fleet, n: int, warmup_s: float, window_s: float, job: str) -> Window:
-    """``n`` episodes kept in flight (the fleet bench's submitter) for a warm-up, then a window. With
-    episodes in flight, the warm-up lasts at least until the first turn and the window until it
-    holds one (each at most ``WAIT_S`` longer): a loaded machine starts sandboxes slowly."""
+def measure_window(
+    stack: fleet.Fleet,
+    n: int,
+    warmup_s: float,
+    window_s: float,
+    job: str,
+    classes: Sequence[workload.EpisodeClass] | None = None,
+) -> Window:
+    """``n`` episodes of ``classes`` (default the fleet's workload) kept in flight (the fleet bench's
+    submitter) for a warm-up, then a window. With episodes in flight, the warm-up lasts at least
+    until the first turn and the window until it holds one (each at most ``WAIT_S`` longer): a loaded
+    machine starts sandboxes slowly."""
     client = redis.Redis.from_url(stack.redis_url)
     try:
         with httpx.Client(base_url=stack.api, timeout=60.0) as http:
-            submitter = fleet.Submitter(http, stack.classes, job, n) if n else None
+            submitter = fleet.Submitter(http, list(classes or stack.classes), job, n) if n else None
             hold = submitter.keep_up if submitter else time.sleep
             if submitter:
                 submitter.submit(n)

@@ -45,6 +45,7 @@ from services.sandbox_broker.backends.leftovers import remove_state_dir
 SECRETS = FleetSecrets.generate()  # measured with authentication on, as deployed
 ADMIN = SECRETS.admin_token
 CONTROL_PLANE = ("worker", "proxy", "broker", "api")
+SHORT_TURNS = 2
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -89,6 +90,7 @@ class Fleet:
     tail_classes: list[workload.EpisodeClass]  # the synchronous tail batch
     field_classes: list[workload.EpisodeClass]  # the same workload at the field's own pace (time scale 1)
     capacity_classes: list[workload.EpisodeClass]  # compressed until the machine, not the workload, limits
+    short_classes: list[workload.EpisodeClass]  # two turns each: a lease per two turns (the capacity bench)
 
 
 def start_fleet(args: argparse.Namespace, root: Path, redis_url: str, max_n: int) -> Fleet:
@@ -97,7 +99,8 @@ def start_fleet(args: argparse.Namespace, root: Path, redis_url: str, max_n: int
     tail = workload.sample_classes(args.tail_batch, args.tail_time_scale, args.seed + 1, prefix="TAIL")
     paced = workload.sample_classes(args.classes, 1.0, args.seed, prefix="FIELD")
     capacity = workload.sample_classes(args.classes, args.capacity_time_scale or 1.0, args.seed, prefix="CAP")
-    script = workload.write_script(root / "script.json", classes + tail + paced + capacity)
+    short = workload.sample_classes(args.classes, args.time_scale, args.seed + 2, prefix="SHORT", turns=SHORT_TURNS)
+    script = workload.write_script(root / "script.json", classes + tail + paced + capacity + short)
     state = root / "sandboxes"  # removed after the run (run()); both reachable by the sandbox user
     root.chmod(0o755)
     state.mkdir(mode=0o755)
@@ -110,7 +113,7 @@ def start_fleet(args: argparse.Namespace, root: Path, redis_url: str, max_n: int
     except BaseException:
         stack.stop()  # nothing started is left behind
         raise
-    return Fleet(stack, api, workers, redis_url, classes, tail, paced, capacity)
+    return Fleet(stack, api, workers, redis_url, classes, tail, paced, capacity, short)
 
 
 def start_services(

@@ -56,11 +56,16 @@ def _lognormal(rng: random.Random, median: float, sigma: float) -> float:
     return median * math.exp(rng.gauss(0.0, sigma))
 
 
-def sample_class(rng: random.Random, index: int, time_scale: float, prefix: str = "CLASS") -> EpisodeClass:
-    succeeds = rng.random() >= CAP_SHARE
-    turns = TURN_CAP
-    if succeeds:
-        turns = int(min(TURN_CAP, max(1, round(_lognormal(rng, SUCCESS_TURNS_MEDIAN, SUCCESS_TURNS_SIGMA)))))
+def sample_class(
+    rng: random.Random, index: int, time_scale: float, prefix: str = "CLASS", turns: int | None = None
+) -> EpisodeClass:
+    """One class of the field's shape; ``turns`` set: an episode of that many turns that succeeds
+    (the capacity bench's short episodes, which lease a sandbox per turn or two)."""
+    succeeds = rng.random() >= CAP_SHARE or turns is not None
+    if turns is None:
+        turns = TURN_CAP
+        if succeeds:
+            turns = int(min(TURN_CAP, max(1, round(_lognormal(rng, SUCCESS_TURNS_MEDIAN, SUCCESS_TURNS_SIGMA)))))
     speed = math.exp(rng.gauss(0.0, SPEED_SIGMA))
     llm = [_lognormal(rng, LLM_MEDIAN_S, LLM_SIGMA) * (1 + t / TURN_CAP) * speed / time_scale for t in range(turns)]
     commands = [_lognormal(rng, COMMAND_MEDIAN_S, COMMAND_SIGMA) * speed / time_scale for _ in range(turns)]
@@ -75,9 +80,11 @@ def sample_class(rng: random.Random, index: int, time_scale: float, prefix: str 
     )
 
 
-def sample_classes(count: int, time_scale: float, seed: int, prefix: str = "CLASS") -> list[EpisodeClass]:
+def sample_classes(
+    count: int, time_scale: float, seed: int, prefix: str = "CLASS", turns: int | None = None
+) -> list[EpisodeClass]:
     rng = random.Random(seed)
-    return [sample_class(rng, i, time_scale, prefix) for i in range(count)]
+    return [sample_class(rng, i, time_scale, prefix, turns) for i in range(count)]
 
 
 def write_script(path: Path, classes: list[EpisodeClass]) -> Path:

@@ -19,16 +19,19 @@ pytestmark = [needs_bwrap, pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeou
 
 def test_capacity_benchmark_writes_a_consistent_model(tmp_path: Path) -> None:
     path = tmp_path / "capacity.json"
-    argv = ["bench", "capacity", "--in-flight", "2", "--check-in-flight", "4", "--time-scale", "50",
-            "--warmup-s", "1", "--window-s", "2", "--idle-s", "1", "--workers", "1", "--proxy-workers", "1",
-            "--json", str(path)]  # fmt: skip
+    argv = ["bench", "capacity", "--in-flight", "2", "--check-in-flight", "4", "--short-in-flight", "2",
+            "--time-scale", "50", "--check-time-scale", "50", "--warmup-s", "1", "--window-s", "2", "--idle-s", "1",
+            "--workers", "1", "--proxy-workers", "1", "--json", str(path)]  # fmt: skip
     out = subprocess.run([sys.executable, "-m", "services.cli", *argv], cwd=REPO_ROOT, env=python_env(),
                          capture_output=True, text=True, timeout=380)  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert "first to saturate" in out.stdout and "check at N=4" in out.stdout
     doc = json.loads(path.read_text())
-    assert set(doc["costs"]["ms_per_turn"]) == set(ROLES)
-    assert set(doc["windows"]) == {"idle", "small", "check"}
+    assert set(doc["costs"]["ms_per_turn"]) == set(doc["costs"]["ms_per_lease"]) == set(ROLES)
+    assert set(doc["windows"]) == {"idle", "small", "short", "check"}
+    small, short = doc["windows"]["small"], doc["windows"]["short"]
+    assert short["leases_per_turn"] >= small["leases_per_turn"]  # two turns per episode: a lease per two turns
+    assert doc["costs"]["leases_per_turn"] == doc["workload_leases_per_turn"]
     seed, ten, hundred = doc["scales"]
     assert [s["factor"] for s in doc["scales"]] == [1, 10, 100]
     assert [s["turns_per_s"] for s in doc["scales"]] == [75.0, 750.0, 7500.0]
@@ -40,11 +43,10 @@ def test_capacity_benchmark_writes_a_consistent_model(tmp_path: Path) -> None:
         assert scale["cores_total"] == pytest.approx(sum(scale["cores_by_role"].values()))
     assert seed["redis_shards"] <= ten["redis_shards"] <= hundred["redis_shards"]
     check = doc["check"]
-    assert check["in_flight"] == 4 and check["turns_per_s"] > 0
+    assert check["in_flight"] == 4 and check["turns_per_s"] > 0 and check["leases_per_s"] >= 0
     assert check["predicted_cpu_cores"] > 0 and check["measured_cpu_cores"] > 0
     assert check["ratio"] == pytest.approx(check["predicted_cpu_cores"] / check["measured_cpu_cores"])
     assert doc["costs"]["shard_ops_per_s"] > 0 and 0 < doc["workload_leases_per_turn"] <= 1
-    small = doc["windows"]["small"]
     assert sum(small["redis_commands_by_name"].values()) == pytest.approx(small["redis_ops_per_s"] * small["seconds"])
     assert "Redis commands per turn at N=2" in out.stdout
 
