@@ -63,6 +63,13 @@ def run(args: argparse.Namespace) -> int:
         server.password = settings.password
     url_file = (args.url_file or DEFAULT_URL_FILE).expanduser()
     server.start()
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        server.terminate()
+
+    # before the "listening" line: a SIGTERM sent on reading it (a test, a supervisor) ends the server
+    # through ``finally``, which removes its temporary data directory; the default action skipped that
+    signal.signal(signal.SIGTERM, _stop)
     try:
         write_private(url_file, server.url + "\n")
         where = f"full URL in {url_file} (ROLLOUT_REDIS_URL_FILE={url_file})"
@@ -73,11 +80,6 @@ def run(args: argparse.Namespace) -> int:
             return 1
         where = f"the full URL could not be written to {url_file}: {exc.strerror}"
     print(f"redis listening: {masked(server.url)}  ({where}; Ctrl-C to stop)", flush=True)
-
-    def _stop(signum: int, frame: FrameType | None) -> None:
-        server.terminate()
-
-    signal.signal(signal.SIGTERM, _stop)
     try:
         return server.wait()
     except KeyboardInterrupt:

@@ -132,9 +132,11 @@ def test_rollout_redis_writes_its_url_where_asked_and_masks_it(tmp_path: Path) -
     url_file.chmod(0o644)  # an existing file is made private too
     assert masked("redis://user:secret@[::1]:6379/0") == "redis://:***@[::1]:6379/0"
     assert masked("redis://h:1/0") == "redis://h:1/0"
+    tmp = tmp_path / "tmp"  # where its data directory goes
+    tmp.mkdir()
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "redis", "--port", str(free_port()), "--url-file", str(url_file)],
-        cwd=REPO_ROOT, env=python_env({"ROLLOUT_REDIS_PASSWORD": "pw-2"}), stdout=subprocess.PIPE,
+        cwd=REPO_ROOT, env=python_env({"ROLLOUT_REDIS_PASSWORD": "pw-2", "TMPDIR": str(tmp)}), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -144,9 +146,11 @@ def test_rollout_redis_writes_its_url_where_asked_and_masks_it(tmp_path: Path) -
             line = proc.stdout.readline()
         assert "redis listening: redis://:***@" in line and "pw-2" not in line, line
         assert url_file.read_text().startswith("redis://:pw-2@") and url_file.stat().st_mode & 0o777 == 0o600
+        assert [d.name[:13] for d in tmp.iterdir()] == ["rollout-redis"]
     finally:
-        proc.terminate()
+        proc.terminate()  # at once on the line: SIGTERM stops the server and removes its data directory
         proc.communicate(timeout=10)
+    assert proc.returncode == 0 and list(tmp.iterdir()) == []
 
 
 def _wait_up(port: int) -> None:
