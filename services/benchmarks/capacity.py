@@ -212,9 +212,10 @@ def report(
     ])  # fmt: skip
     steady = workload_leases_per_turn(args)
     measured = ", ".join(f"{name} {w.leases / w.turns:.4f}" for name, w in windows.items() if w.turns)
+    measured = f" (measured: {measured})" if measured else ""
     print(f"Redis: {costs.redis_ops_per_turn:.2f} commands/turn and {costs.redis_ops_per_lease:.1f}/lease, "
-          f"{costs.shard_ops_per_s:,.0f} commands/s per shard core; leases/turn: the workload's steady state "
-          f"{costs.leases_per_turn:.4f}{f' (measured: {measured})' if measured else ''}")  # fmt: skip
+          f"{costs.shard_ops_per_s:,.0f} commands/s per shard core; leases/turn: {costs.leases_per_turn:.4f} in "
+          f"the model, {steady:.4f} the workload's steady state{measured}")  # fmt: skip
     if "small" in windows and windows["small"].turns:
         small = windows["small"]
         top = sorted(small.commands_by_name.items(), key=lambda kv: -kv[1])[:8]

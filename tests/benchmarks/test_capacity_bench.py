@@ -55,3 +55,17 @@ def test_bad_replicas_are_refused() -> None:
     out = subprocess.run([sys.executable, "-m", "services.cli", "bench", "capacity", "--replicas", "redis=2"],
                          cwd=REPO_ROOT, env=python_env(), capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 2 and "ROLE=N" in out.stdout
+
+
+def test_costs_of_an_earlier_run_without_costs_per_lease_still_plan(tmp_path: Path) -> None:
+    costs = {"ms_per_turn": dict.fromkeys(ROLES, 1.0), "idle_cores": dict.fromkeys(ROLES, 0.01),
+             "redis_ops_per_turn": 2.0, "redis_idle_ops_per_s": 10.0, "leases_per_turn": 0.02,
+             "shard_ops_per_s": 50_000.0}  # fmt: skip
+    (tmp_path / "old.json").write_text(json.dumps({"costs": costs}))
+    out = subprocess.run([sys.executable, "-m", "services.cli", "bench", "capacity", "--costs-from",
+                          str(tmp_path / "old.json"), "--json", str(tmp_path / "new.json")], cwd=REPO_ROOT,
+                         env=python_env(), capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    seed = json.loads((tmp_path / "new.json").read_text())["scales"][0]
+    assert seed["cores_by_role"]["worker"] == pytest.approx((0.01 + 75 * 1.0 / 1000) / 0.7)  # no lease term
+    assert seed["leases_per_s"] == pytest.approx(75 * 0.02)
