@@ -293,7 +293,8 @@ def pump(out: BinaryIO, rid: int, child: Child, outputs: list[Output], stdin: by
             fds.drop(fd, close=fd != pidfd)
         if pidfd >= 0:
             os.close(pidfd)
-    sweep()
+    if watching:  # the drain ran out before the leader's exit was seen (``_end`` sweeps where it was)
+        sweep()
     return timed_out
 
 
