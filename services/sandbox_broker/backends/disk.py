@@ -1,12 +1,13 @@
 """A local sandbox's disk quota: its whole writable state lives on one size-limited filesystem.
 
 Each sandbox gets a sparse file ``<sandbox>/disk.img`` formatted as ext4 (no journal, no reserved
-blocks, inode tables initialised lazily and never in the background) and loop-mounted on
+blocks, no blocks reserved for an online resize, inode tables initialised lazily and never in the
+background) and loop-mounted on
 ``<sandbox>/rw`` (with the system calls: ``mounts.py``). The workspace, ``/tmp`` and the overlay's
 upper and work directories (a task image's private writable layer) are directories inside it, so
 everything the sandbox writes counts against ``disk_mb`` and writing past it fails with ENOSPC
 inside the sandbox, while the host's filesystem and the broker are untouched. The image is sparse:
-it costs only the blocks written (a fresh 10 GiB image holds about 4 MB), and it is deleted with
+it costs only the blocks written (a fresh 10 GiB image holds about 0.2 MB), and it is deleted with
 the sandbox.
 
 The image is not formatted per sandbox: ``mkfs.ext4`` runs once per size and state directory, into
@@ -36,7 +37,7 @@ from services.sandbox_broker.backends import mounts
 
 log = logging.getLogger(__name__)
 
-MKFS = ["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-m", "0", "-E", "lazy_itable_init=1,nodiscard"]
+MKFS = ["mkfs.ext4", "-q", "-F", "-O", "^has_journal,^resize_inode", "-m", "0", "-E", "lazy_itable_init=1,nodiscard"]
 MOUNT_FLAGS = mounts.MS_NOSUID | mounts.MS_NODEV
 MOUNT_OPTIONS = "noinit_itable"
 KIND = "loop-ext4"
