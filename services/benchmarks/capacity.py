@@ -88,8 +88,7 @@ def run(args: argparse.Namespace) -> int:
         windows = measure(args)
         costs = costs_from(windows["idle"], windows["small"], windows.get("short"), workload_leases_per_turn(args))
     scales = [plan(costs, factor, args.utilisation, replicas) for factor in SCALE_FACTORS]
-    check_scale = args.check_time_scale or args.time_scale
-    check = check_against(costs, windows["check"], check_scale) if "check" in windows else None
+    check = check_against(costs, windows["check"], check_time_scale(args)) if "check" in windows else None
     report(args, costs, scales, check, windows, replicas, (load_before, os.getloadavg()))
     return 0
 
@@ -126,10 +125,13 @@ def fleet_args(args: argparse.Namespace) -> argparse.Namespace:
     """The fleet bench's defaults with this command's stack settings (no tail batch)."""
     parser = argparse.ArgumentParser()
     fleet.register(parser.add_subparsers())
-    check = args.check_time_scale or args.time_scale  # the fleet's capacity classes are the check's workload
     return parser.parse_args(["fleet", "--time-scale", str(args.time_scale), "--tail-batch", "0",
-                              "--capacity-time-scale", str(check),
+                              "--capacity-time-scale", str(check_time_scale(args)),  # the check's workload
                               "--workers", str(args.workers), "--proxy-workers", str(args.proxy_workers)])  # fmt: skip
+
+
+def check_time_scale(args: argparse.Namespace) -> float:
+    return float(args.check_time_scale or args.time_scale)
 
 
 def workload_leases_per_turn(args: argparse.Namespace) -> float:
@@ -145,22 +147,25 @@ def costs_from(idle: Window, busy: Window, short: Window | None, steady_leases_p
         raise RuntimeError("no LLM turns in the measured window: lengthen --window-s")
     if short is not None and short.turns <= 0:
         raise RuntimeError("no LLM turns in the short episodes' window: lengthen --window-s")
-    idle_cores = idle.cores
+    idle_cores, idle_ops = idle.cores, idle.commands / idle.seconds
+    windows = [w for w in (busy, short) if w is not None]
+
+    def split(rates: list[float]) -> tuple[float, float]:  # one rate per window, over the idle stack's
+        rows = [(rate, w.turns_per_s, w.leases_per_s) for rate, w in zip(rates, windows, strict=True)]
+        return per_turn_and_per_lease(rows[0], rows[1] if len(rows) > 1 else None)
+
     ms_turn, ms_lease = {}, {}
     for r in ROLES:
-        rates = [(w.cores[r] - idle_cores[r], w.turns_per_s, w.leases_per_s) for w in (busy, short) if w]
-        per_turn, per_lease = per_turn_and_per_lease(rates[0], rates[1] if short else None)
+        per_turn, per_lease = split([w.cores[r] - idle_cores[r] for w in windows])
         ms_turn[r], ms_lease[r] = 1000 * per_turn, 1000 * per_lease
-    idle_ops = idle.commands / idle.seconds
-    ops = [(w.commands / w.seconds - idle_ops, w.turns_per_s, w.leases_per_s) for w in (busy, short) if w]
-    ops_turn, ops_lease = per_turn_and_per_lease(ops[0], ops[1] if short else None)
+    ops_turn, ops_lease = split([w.commands / w.seconds - idle_ops for w in windows])
     return Costs(
         ms_per_turn=ms_turn,
         idle_cores=idle_cores,
         redis_ops_per_turn=ops_turn,
         redis_idle_ops_per_s=idle_ops,
         leases_per_turn=steady_leases_per_turn,
-        shard_ops_per_s=shard_rate(idle, [w for w in (busy, short) if w]),
+        shard_ops_per_s=shard_rate(idle, windows),
         ms_per_lease=ms_lease,
         redis_ops_per_lease=ops_lease,
     )

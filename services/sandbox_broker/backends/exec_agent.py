@@ -63,9 +63,7 @@ class Output:
     """One output stream of a command: forwarded as frames, up to a cap unless streaming."""
 
     def __init__(self, kind: bytes, cap: int, stream: bool) -> None:
-        self.kind = kind
-        self.room = cap
-        self.stream = stream
+        self.kind, self.room, self.stream = kind, cap, stream
         self.truncated = False
 
     def forward(self, out: BinaryIO, rid: int, data: bytes) -> None:
@@ -96,8 +94,7 @@ def sweep() -> None:
     """SIGKILL every process of the namespace but its init and this agent, until none is left."""
     me = os.getpid()
     for _ in range(100):
-        with_pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
-        if not any(_alive(pid) for pid in with_pids):
+        if not any(_alive(int(p)) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)):
             return
         try:
             os.kill(-1, SIGKILL)
@@ -107,17 +104,16 @@ def sweep() -> None:
 
 
 def _alive(pid: int) -> bool:
-    """A process that is not a zombie (zombies are init's to collect)."""
-    try:  # unbuffered: open, read, close (a buffered file adds fstat, ioctl and seeks on every command)
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
+    """A process that is not a zombie (zombies are init's to collect). Read unbuffered: open, read,
+    close (a buffered file adds fstat, ioctl and seeks on every command)."""
     try:
-        return os.read(fd, 4096).rpartition(b")")[2].split()[:1] != [b"Z"]
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return os.read(fd, 4096).rpartition(b")")[2].split()[:1] != [b"Z"]
+        finally:
+            os.close(fd)
     except OSError:
         return False
-    finally:
-        os.close(fd)
 
 
 def spawn_error(request: dict[str, Any], exc: OSError) -> bytes:
@@ -132,9 +128,7 @@ class Child:
 
     def __init__(self, pid: int, stdin: int | None, stdout: int, stderr: int, popen: Any = None) -> None:
         self.pid = pid
-        self.stdin = stdin
-        self.stdout = stdout
-        self.stderr = stderr
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self.popen = popen  # the Popen that started it, where it is Popen's to reap
         self.cpu_s: float | None = None  # once reaped: its CPU, with the children it waited for
 
@@ -157,8 +151,8 @@ def spawn(argv: list[str], env: dict[str, str], cwd: str, with_stdin: bool, user
     if _fork_exec is None or not (3, 11) <= sys.version_info[:2] < (3, 14):
         return _popen(argv, env, cwd, with_stdin, user)
     head = os.fsencode(argv[0])
-    found = tuple(os.path.join(os.fsencode(d), head) for d in os.get_exec_path(env))  # Popen's own search
-    paths = (head,) if os.path.dirname(head) else found
+    paths = (head,) if os.path.dirname(head) else tuple(  # a bare name: Popen's own search of PATH
+        os.path.join(os.fsencode(d), head) for d in os.get_exec_path(env))  # fmt: skip
     env_list = []
     for key, value in env.items():
         if "=" in key:
@@ -326,12 +320,11 @@ def _end(fds: Pump, pidfd: int) -> bool:
 def reap_orphans() -> None:
     """As the namespace's init (gVisor: the agent is its container's first process) or its commands'
     subreaper (forked by the zygote), collect the zombies of their killed descendants."""
-    while True:
-        try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                return
-        except ChildProcessError:
-            return
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] != 0:
+            continue
+    except ChildProcessError:
+        return
 
 
 def _start_stdin(child: Child, data: bytes | None, fds: Pump) -> bytes:
@@ -358,8 +351,7 @@ def _feed(fd: int, pending: bytes, fds: Pump) -> bytes:
 
 
 def _read(out: BinaryIO, rid: int, fd: int, output: Output, fds: Pump) -> None:
-    data = os.read(fd, READ_CHUNK)
-    if data:
+    if data := os.read(fd, READ_CHUNK):
         output.forward(out, rid, data)
     else:
         fds.drop(fd)
