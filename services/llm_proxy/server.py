@@ -5,7 +5,6 @@ the kernel spreads long-lived connections evenly. A child that dies is started a
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import multiprocessing
 import os
@@ -25,6 +24,7 @@ from services.llm_proxy.limits import MAX_FIELD_BYTES, MAX_HEADERS, MAX_LINE_BYT
 from services.llm_proxy.membership import MembershipStore
 from services.llm_proxy.settings import ProxySettings
 from services.protocol.redis_url import redis_target
+from services.runtime.gc_tuning import tune_gc
 from services.runtime.generation import StoreGeneration
 from services.runtime.limits import raise_fd_limit
 from services.runtime.logs import configure_logging
@@ -36,22 +36,6 @@ from services.runtime.settings import RedisSettings
 from services.runtime.sync_redis import open_sync_redis
 
 log = logging.getLogger(__name__)
-
-
-def tune_gc(young_threshold: int) -> None:
-    """Freeze what start-up allocated and collect young objects far less often.
-
-    A call's objects die by reference counting, not by the cyclic collector, so a collection finds
-    next to no garbage; what it does is walk every live object. With Python's default threshold
-    (700 net new objects) that meant a young collection every few calls and a full one every few
-    seconds, each walking the thousands of calls in flight and the start-up heap (modules, pydantic
-    models): 26% of a worker's CPU with 5,000 calls in flight. Frozen objects are never walked
-    again; the threshold counts net growth, so collections now follow a growing heap, not traffic.
-    """
-    gc.collect()
-    gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(young_threshold, middle, old)
 
 
 async def serve_worker(settings: ProxySettings, redis_url: str) -> None:

@@ -8,10 +8,10 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from services.protocol.tasks import DEFAULT_POOL
-from services.runtime.settings import ServesHttp, UsesAdminToken, UsesRedis, UsesServiceToken
+from services.runtime.settings import ServesHttp, TunesGc, UsesAdminToken, UsesRedis, UsesServiceToken
 
 
-class ProxySettings(UsesRedis, UsesAdminToken, UsesServiceToken, ServesHttp):
+class ProxySettings(UsesRedis, UsesAdminToken, UsesServiceToken, ServesHttp, TunesGc):
     """Times are seconds, sizes tokens. ``engines``/``pools`` seed membership; the admin API changes it."""
 
     model_config = SettingsConfigDict(env_prefix="ROLLOUT_PROXY_")
@@ -45,9 +45,6 @@ class ProxySettings(UsesRedis, UsesAdminToken, UsesServiceToken, ServesHttp):
     # server: explicit limits that the kernel or aiohttp would otherwise set silently
     listen_backlog: int = Field(16_384, ge=1)  # accept queue per process (the kernel caps it at somaxconn)
     max_body_bytes: int = Field(1024**3, ge=1)  # larger request bodies get 413
-    # cyclic GC of a worker, set once it has started (docs/llm_proxy.md): net new container objects before a
-    # young collection (Python's default is 700); 0 turns automatic collection off
-    gc_young_threshold: int = Field(100_000, ge=0)
     # health and load
     health_interval_s: float = Field(1.0, gt=0)
     health_timeout_s: float = Field(2.0, gt=0)

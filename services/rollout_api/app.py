@@ -19,6 +19,7 @@ from services.rollout_api.metrics import ApiMetrics
 from services.rollout_api.redis_scripts import Scripts
 from services.rollout_api.settings import ApiSettings
 from services.rollout_api.templates import TemplateCatalog
+from services.runtime.gc_tuning import tune_gc
 from services.runtime.generation import StoreGeneration
 from services.runtime.http_errors import install_error_handlers
 from services.runtime.redis_pool import observe_pools, open_redis
@@ -61,6 +62,7 @@ def create_app(
             sampling = asyncio.create_task(app.state.dashboard.sampler.run(), name="dashboard-sampler")
             app.state.generation = StoreGeneration("api")
             following = asyncio.create_task(app.state.generation.follow(redis, STORE_CHECK_S), name="generation")
+            tune_gc(settings.gc_young_threshold)
             try:
                 yield
             finally:

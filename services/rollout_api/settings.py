@@ -7,10 +7,10 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from services.runtime.settings import ServesHttp, UsesAdminToken, UsesRedis, UsesServiceToken
+from services.runtime.settings import ServesHttp, TunesGc, UsesAdminToken, UsesRedis, UsesServiceToken
 
 
-class ApiSettings(UsesRedis, UsesAdminToken, UsesServiceToken, ServesHttp):
+class ApiSettings(UsesRedis, UsesAdminToken, UsesServiceToken, ServesHttp, TunesGc):
     """``ROLLOUT_API_*``: the rollout API process."""
 
     model_config = SettingsConfigDict(env_prefix="ROLLOUT_API_")
@@ -43,7 +43,7 @@ class ApiSettings(UsesRedis, UsesAdminToken, UsesServiceToken, ServesHttp):
     allow_host_agents: bool = False  # False: such a submission gets 403 ``forbidden`` (field agent.where)
 
 
-class WorkerSettings(UsesRedis, UsesServiceToken):
+class WorkerSettings(UsesRedis, UsesServiceToken, TunesGc):
     """``ROLLOUT_WORKER_*``: one rollout worker process."""
 
     model_config = SettingsConfigDict(env_prefix="ROLLOUT_WORKER_")

@@ -162,6 +162,12 @@ class UsesServiceToken(ServiceSettings):
         return self.service_token.split(",")[0].strip()
 
 
+class TunesGc(ServiceSettings):
+    # cyclic GC of the serving process, set once it has started (services/runtime/gc_tuning.py): net new
+    # container objects before a young collection (Python's default is 700); 0 turns automatic collection off
+    gc_young_threshold: int = Field(100_000, ge=0)
+
+
 class ServesHttp(ServiceSettings):
     """An HTTP server's limits on slow clients (``services/runtime/slow_clients.py``)."""
 

@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from services.protocol.errors import PlatformError
 from services.protocol.sandboxes import ExecChunk, ExecRequest, GatewayBinding, Lease, Template
 from services.protocol.status import ErrorCode
+from services.runtime.gc_tuning import tune_gc
 from services.runtime.http_errors import install_error_handlers
 from services.runtime.redis_pool import observe_pools, open_redis
 from services.runtime.settings import RedisSettings
@@ -64,6 +65,7 @@ def create_app(
         app.state.redis = client
         app.state.auth = Callers(auth)  # the settings' tokens resolved once
         log.info("broker %s ready: backend %s, isolation %s", broker.instance, settings.backend, broker.capabilities)
+        tune_gc(settings.gc_young_threshold)
         try:
             yield
         finally:

@@ -9,12 +9,12 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from services.runtime.settings import ServesHttp, UsesAdminToken, UsesRedis, UsesServiceToken
+from services.runtime.settings import ServesHttp, TunesGc, UsesAdminToken, UsesRedis, UsesServiceToken
 
 BackendName = Literal["local", "docker", "e2b"]
 
 
-class BrokerSettings(UsesRedis, UsesAdminToken, UsesServiceToken, ServesHttp):
+class BrokerSettings(UsesRedis, UsesAdminToken, UsesServiceToken, ServesHttp, TunesGc):
     """Built once in ``main()`` and passed down."""
 
     model_config = SettingsConfigDict(env_prefix="ROLLOUT_BROKER_")

@@ -25,6 +25,7 @@ from services.rollout_api.worker.proxy_client import ProxyClient
 from services.rollout_api.worker.tokenization import ChatTokenizer
 from services.rollout_api.worker.warm_claims import WarmClaims
 from services.rollout_api.worker.worker import Worker
+from services.runtime.gc_tuning import tune_gc
 from services.runtime.http_client import HttpClient
 from services.runtime.limits import raise_fd_limit
 from services.runtime.logs import configure_logging
@@ -98,6 +99,7 @@ async def serve(settings: WorkerSettings, redis_url: str) -> None:
         port = settings.port or free_port(settings.host)
         await web.TCPSite(runner, settings.host, port).start()
         log.info("worker %s: %d slots, status on http://%s:%d", worker_id, settings.concurrency, settings.host, port)
+        tune_gc(settings.gc_young_threshold)  # its tokenizers' vocabularies above all: never walked again
         try:
             await worker.run()
         finally:
