@@ -105,6 +105,23 @@ def test_the_launch_namespace_holds_a_sandbox_only_while_it_starts(sandboxes: Pa
     asyncio.run(scenario())
 
 
+def test_the_launch_namespace_leaves_out_the_hosts_kernel_filesystems(sandboxes: Path) -> None:
+    """/sys and the mounts below /proc and /dev are not copied into every bubblewrap's namespace;
+    the root, /proc and /dev themselves are (bubblewrap reads /proc and binds nodes from /dev)."""
+    host = mounts.mount_points()
+    assert any(p == "/sys" or p.startswith(("/sys/", "/proc/", "/dev/")) for p in host)  # something to leave out
+    space = LaunchNamespace(sandboxes, HOST_PYTHON)
+    space.start()
+    try:
+        points = holder_points(space)
+        assert not [p for p in points if p == "/sys" or p.startswith(("/sys/", "/proc/", "/dev/"))]
+        assert {"/", "/proc", "/dev"} <= set(points)
+        kept = [p for p in host if not (p == "/sys" or p.startswith(("/sys/", "/proc/", "/dev/", str(sandboxes))))]
+        assert set(kept) <= set(points)  # the host's other mounts all stay
+    finally:
+        space.close()
+
+
 def test_a_dead_holder_means_launches_from_the_brokers_namespace_then_a_new_holder(sandboxes: Path) -> None:
     async def scenario() -> None:
         space = LaunchNamespace(sandboxes, HOST_PYTHON)

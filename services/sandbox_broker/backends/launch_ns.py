@@ -17,6 +17,13 @@ namespace (the agent is up, the command is done) the holder detaches the clone a
 namespace holds the host's own mounts and the sandboxes starting at that moment, whatever the
 number of sandboxes alive. The clone is the same filesystem: nothing else changes for the sandbox.
 
+Of the host's own mounts, it also leaves out the kernel filesystems that no launch reads through
+it: /sys and every mount below it (with cgroup v1, a dozen), and the mounts below /proc and /dev
+(devpts, /dev/shm, mqueue, binfmt_misc). bubblewrap mounts a /proc, a devpts and a /dev/shm of its
+own, binds device nodes from /dev itself and nothing of /sys, and a sandbox's cgroups are joined
+before this namespace is entered. On a host of 21 mounts, 4 are left: about 1 ms of CPU less per
+bubblewrap, which copies the table and reads it once per bind.
+
 Where the holder cannot run (not root, an old kernel, it died), launches start from the broker's
 own namespace, as before.
 """
@@ -64,8 +71,10 @@ check(libc.unshare(0x20000), "unshare(CLONE_NEWNS)")
 check(libc.mount(b"none", b"/", None, 0x4000 | 0x40000, None), "make / rprivate")
 top = sys.argv[1]
 with open("/proc/self/mountinfo", "rb") as f:
-    points = {line.split(b" ")[4].decode("unicode_escape") for line in f.read().splitlines() if line}
-for point in sorted((p for p in points if p.startswith(top + "/")), key=len, reverse=True):
+    points = [line.split(b" ")[4].decode("unicode_escape") for line in f.read().splitlines() if line]
+# a point mounted twice (stacked) is listed twice: each mount is taken out
+unused = [p for p in points if p.startswith((top + "/", "/sys/", "/proc/", "/dev/")) or p == "/sys"]
+for point in sorted(unused, key=len, reverse=True):
     libc.umount2(point.encode(), 2 | 8)
 control = socket.socket(fileno=0)
 control.send(b"ready")
