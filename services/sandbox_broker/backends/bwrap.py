@@ -80,14 +80,15 @@ class SandboxPaths:
 
 def bwrap_argv(
     bwrap: str, paths: SandboxPaths, *, uid: int, network: bool, cwd: str, hostname: str = "sandbox",
-    agents_dir: str | None = None, dropped: bool = False,
+    agents_dir: str | None = None, dropped: bool = False, etc: str | None = None,
 ) -> list[str]:  # fmt: skip
     """bwrap flags: new pid/mount/ipc/uts/user (and net unless ``network``) namespaces, no capabilities,
     the host's /usr read-only, a private /workspace and /tmp, the rest of / read-only.
 
     As root, bwrap itself is started as ``uid`` (setpriv), so the sandbox user is that unprivileged
     host uid, not root mapped into a user namespace; ``dropped``: its starter has dropped to ``uid``
-    already (the zygote, agent_zygote.py), so no setpriv."""
+    already (the zygote, agent_zygote.py), so no setpriv. ``etc``: a directory bound whole at /etc
+    (shared_etc.py) instead of the host's files and the sandbox's own one by one."""
     argv = [] if dropped else privilege_drop(uid)
     argv += [bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if not network:
@@ -99,6 +100,22 @@ def bwrap_argv(
         argv += ["--ro-bind", path, path]
     for target, link in HOST_SYMLINKS:
         argv += ["--symlink", target, link]
+    if etc is not None:
+        argv += ["--ro-bind", etc, "/etc"]
+    else:
+        argv += etc_binds(paths, network)
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--bind", str(paths.workspace), "/workspace", "--bind", str(paths.tmp), "/tmp"]
+    argv += ["--ro-bind-try", str(paths.gateway), GATEWAY_DIR]
+    if agents_dir:
+        argv += ["--ro-bind-try", agents_dir, AGENTS_DIR]
+    argv += ["--remount-ro", "/", "--chdir", cwd]
+    return argv
+
+
+def etc_binds(paths: SandboxPaths, network: bool) -> list[str]:
+    """The host's /etc files and the sandbox's own, one bind each (where no shared /etc is given)."""
+    argv = []
     for path in HOST_ETC:
         argv += ["--ro-bind-try", path, path]
     own_etc = ("passwd", "group") + (SANDBOX_NET_ETC if network else ())
@@ -106,12 +123,6 @@ def bwrap_argv(
         argv += ["--ro-bind", str(paths.etc / name), f"/etc/{name}"]
     if network:
         argv += ["--ro-bind-try", "/etc/gai.conf", "/etc/gai.conf"]
-    argv += ["--proc", "/proc", "--dev", "/dev"]
-    argv += ["--bind", str(paths.workspace), "/workspace", "--bind", str(paths.tmp), "/tmp"]
-    argv += ["--ro-bind-try", str(paths.gateway), GATEWAY_DIR]
-    if agents_dir:
-        argv += ["--ro-bind-try", agents_dir, AGENTS_DIR]
-    argv += ["--remount-ro", "/", "--chdir", cwd]
     return argv
 
 

@@ -56,6 +56,7 @@ from services.sandbox_broker.backends.local_commands import (
 from services.sandbox_broker.backends.local_images import LocalImages, image_of, workdir_of
 from services.sandbox_broker.backends.local_known import KnownSandboxes, scan
 from services.sandbox_broker.backends.process import run_process, watch_children_with_pidfds
+from services.sandbox_broker.backends.shared_etc import SharedEtc
 from services.sandbox_broker.backends.zygote_client import AgentZygote
 from services.sandbox_broker.settings import BrokerSettings
 
@@ -95,6 +96,7 @@ class LocalBackend:
         self.gateways = GatewayForwarders()
         self.gvisor = gvisor.GvisorLevel()
         self.phases = PhaseClock()  # where cold creates go (create_phases.py; the broker's /metrics)
+        self.etc = SharedEtc(self.root.parent / "etc", self.uid)  # the /etc each sandbox binds whole
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -108,6 +110,7 @@ class LocalBackend:
         await asyncio.to_thread(self.images.clean_leftovers)
         await asyncio.to_thread(self.disks.clean_leftovers)
         await asyncio.to_thread(disk.thaw_all, self.root)  # a snapshot cut short by a kill -9
+        await asyncio.to_thread(self.etc.clean_unused, self.root)
         self.cgroups = await asyncio.to_thread(Cgroups.probe, self.pids_max, Cgroups.scope_of(self.root))
         paths = SandboxPaths(self.root.parent / "probe")
         local_prepare.layout(paths, self.uid)
@@ -219,6 +222,7 @@ class LocalBackend:
         if spec.network == "egress":
             meta["netns"] = self._timed("egress", local_prepare.network, paths, spec, self.egress_problem,
                                         self.allow_unisolated)  # fmt: skip
+        meta["etc"] = self.etc.for_sandbox(spec.network, bool(meta.get("netns")))
         self._timed("overlay", self.images.prepare, paths, spec.template, self.overlay, meta)
         gvisor_pids = self.pids_max * gvisor.PIDS_FACTOR if meta.get("isolation") == "gvisor" else None
         self._timed("cgroup", self.cgroups.create, paths.root.name, spec.resources, gvisor_pids)

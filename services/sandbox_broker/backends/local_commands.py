@@ -4,6 +4,7 @@ the sandbox's exec agent."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from services.protocol.sandboxes import ExecRequest
@@ -44,7 +45,8 @@ def sandbox_prefix(bwrap: str, paths: SandboxPaths, meta: dict[str, Any], *, uid
     if image is not None:
         argv = imageroot.bwrap_image_argv(bwrap, paths, image, uid=uid, network=network, cwd=cwd)
     else:
-        argv = bwrap_argv(bwrap, paths, uid=uid, network=network, cwd=cwd, agents_dir=meta.get("agents_dir"))
+        argv = bwrap_argv(bwrap, paths, uid=uid, network=network, cwd=cwd, agents_dir=meta.get("agents_dir"),
+                          etc=shared_etc_of(meta))  # fmt: skip
     enter = netns.enter_prefix(paths.root) if meta.get("netns") else ["nsenter"] if mount_ns else []
     if mount_ns:  # one nsenter: it opens every namespace's path (the egress one's too) in the broker's
         enter.append(f"--mount={mount_ns}")
@@ -56,7 +58,8 @@ def zygote_launch(bwrap: str, paths: SandboxPaths, meta: dict[str, Any], *, uid:
     """What the zygote starts for a sandbox (agent_zygote.Zygote.launch): bubblewrap's command line
     without setpriv, and what ``sandbox_prefix``'s shell, nsenter and setpriv did before it, as data."""
     network = meta.get("network") == "egress"
-    argv = bwrap_argv(bwrap, paths, uid=uid, network=network, cwd=cwd, agents_dir=meta.get("agents_dir"), dropped=True)
+    argv = bwrap_argv(bwrap, paths, uid=uid, network=network, cwd=cwd, agents_dir=meta.get("agents_dir"), dropped=True,
+                      etc=shared_etc_of(meta))  # fmt: skip
     namespaces = [(str(netns.ns_file(paths.root)), CLONE_NEWNET)] if meta.get("netns") else []
     if mount_ns:  # the egress namespace's file is opened first, from the broker's own mount namespace
         namespaces.append((mount_ns, CLONE_NEWNS))
@@ -73,6 +76,13 @@ def gvisor_argv(runsc: Runsc, paths: SandboxPaths, meta: dict[str, Any], *, uid:
     if meta.get("netns"):
         argv = [*netns.enter_prefix(paths.root), *argv]
     return [*limits_prefix({}, cgroup_procs), *argv]
+
+
+def shared_etc_of(meta: dict[str, Any]) -> str | None:
+    """The shared /etc the sandbox was made with (shared_etc.py), while it is there; else None: its
+    files one by one (a sandbox made before it existed)."""
+    etc = meta.get("etc")
+    return etc if isinstance(etc, str) and os.path.isdir(etc) else None
 
 
 def agent_python(meta: dict[str, Any]) -> str | None:
