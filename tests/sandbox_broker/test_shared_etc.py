@@ -88,6 +88,10 @@ def test_the_start_removes_the_copies_no_sandbox_was_made_with(host: Path, tmp_p
     (sandboxes / "loc-1" / "meta.json").write_text(json.dumps({"etc": str(used)}))
     (sandboxes / "loc-2").mkdir()
     (sandboxes / "loc-2" / "meta.json").write_text("{not json")  # unreadable: ignored
+    (sandboxes / "loc-3").mkdir()
+    (sandboxes / "loc-3" / "meta.json").write_text(json.dumps({"etc": None}))  # files one by one
+    (sandboxes / "loc-4").mkdir()
+    (sandboxes / "loc-4" / "meta.json").write_text("[]")  # not a sandbox's meta: ignored
     removed = shared.clean_unused(sandboxes)
     assert sorted(p.name for p in removed) == [".0123-99-1", "0123456789abcdef"]
     assert [p.name for p in (tmp_path / "etc").iterdir()] == [used.parent.name]

@@ -81,7 +81,9 @@ class SharedEtc:
         keep = set()
         for meta in sandboxes.glob("*/meta.json"):
             with contextlib.suppress(OSError, ValueError, AttributeError):
-                keep.add(Path(json.loads(meta.read_text()).get("etc", "")).parent)
+                etc = json.loads(meta.read_text()).get("etc")
+                if isinstance(etc, str):  # None: an egress sandbox on the host's network (its files one by one)
+                    keep.add(Path(etc).parent)
         removed = []
         for entry in self.root.iterdir() if self.root.is_dir() else ():
             if entry not in keep:
