@@ -10,7 +10,7 @@ from pathlib import Path
 
 from services.protocol.errors import PlatformError
 from services.protocol.status import ErrorCode
-from services.sandbox_broker.backends import netns
+from services.sandbox_broker.backends import netns, shared_etc
 from services.sandbox_broker.backends.base import SandboxSpec
 from services.sandbox_broker.backends.bwrap import SandboxPaths
 
@@ -18,8 +18,6 @@ from services.sandbox_broker.backends.bwrap import SandboxPaths
 # gains is denied to the sandboxes made from then on within this long (the private, link-local and
 # reserved ranges, where a host's own addresses mostly sit, are denied whatever it has)
 HOST_NETWORKS_MAX_AGE_S = 2.0
-
-WORKDIR = "/workspace"
 
 
 def own(path: Path, uid: int) -> None:
@@ -35,10 +33,8 @@ def layout(paths: SandboxPaths, uid: int) -> None:
     paths.tmp.chmod(0o1777)
     own(paths.workspace, uid)
     own(paths.tmp, uid)
-    (paths.etc / "passwd").write_text(
-        f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{uid}:{uid}:sandbox:{WORKDIR}:/bin/bash\n"
-    )
-    (paths.etc / "group").write_text(f"root:x:0:\nsandbox:x:{uid}:\n")
+    (paths.etc / "passwd").write_text(shared_etc.passwd(uid))
+    (paths.etc / "group").write_text(shared_etc.group(uid))
 
 
 def network(paths: SandboxPaths, spec: SandboxSpec, egress_problem: str, allow_unisolated: bool) -> bool:

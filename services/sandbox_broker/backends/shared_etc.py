@@ -32,12 +32,14 @@ from services.sandbox_broker.backends import netns
 from services.sandbox_broker.backends.bwrap import HOST_ETC
 
 CHECK_EVERY_S = 1.0
+WORKDIR = "/workspace"  # the sandbox user's home
 KINDS = ("plain", "egress")
 EGRESS_HOST_ETC = ("/etc/gai.conf",)  # an egress sandbox's resolver reads it too
 
 
 def passwd(uid: int) -> str:
-    return f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{uid}:{uid}:sandbox:/workspace:/bin/bash\n"
+    """A sandbox's /etc/passwd (the shared copy's, and a sandbox's own file where it binds them one by one)."""
+    return f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{uid}:{uid}:sandbox:{WORKDIR}:/bin/bash\n"
 
 
 def group(uid: int) -> str:
