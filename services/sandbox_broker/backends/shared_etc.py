@@ -73,7 +73,8 @@ class SharedEtc:
         with self._lock:
             now = time.monotonic()
             if self._current is None or now - self._checked >= CHECK_EVERY_S:
-                self._current = self._build(self._signature())
+                entries = self._entries()  # one lstat each, read once for the digest and the copy
+                self._current = self._build(self._signature(entries), entries)
                 self._checked = now
             return self._current / KINDS[egress]
 
@@ -103,13 +104,13 @@ class SharedEtc:
             found.append((name, st))
         return found
 
-    def _signature(self) -> str:
+    def _signature(self, entries: list[tuple[str, os.stat_result]]) -> str:
         digest = hashlib.sha256(str(self.uid).encode())
-        for name, st in self._entries():
+        for name, st in entries:
             digest.update(f"{name}:{st.st_mode}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino};".encode())
         return digest.hexdigest()[:16]
 
-    def _build(self, signature: str) -> Path:
+    def _build(self, signature: str, entries: list[tuple[str, os.stat_result]]) -> Path:
         done = self.root / signature
         if done.is_dir():
             return done
@@ -119,7 +120,7 @@ class SharedEtc:
         for kind in KINDS:
             etc = building / kind
             etc.mkdir(parents=True)
-            for name, st in self._entries():
+            for name, st in entries:
                 if name in EGRESS_HOST_ETC and kind != "egress":
                     continue
                 self._copy(self.host / name.lstrip("/"), etc / Path(name).name, st)
