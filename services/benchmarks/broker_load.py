@@ -208,6 +208,8 @@ async def run_worker(load: Load, n: int, body: dict[str, Any], window_s: float, 
         client = BrokerClient(session, load.url, TIMEOUT_S, token=load.secrets.service_token, batch_window_s=window_s,
                               claims=WarmClaims(store) if store is not None else None)  # fmt: skip
         request = LeaseRequest.model_validate({"wait_s": 300, "ttl_s": 600, **body})
+        if client.claims is not None:  # open before the burst, as a running worker's is (and the HTTP phases')
+            await client.claims.connect()
 
         def one_in() -> None:
             settled[0] += 1

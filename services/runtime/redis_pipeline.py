@@ -142,10 +142,18 @@ class PipelinedRedis:
             await self.execute("SCRIPT", "LOAD", source)
             return await self.send(*command)
 
-    def _queue(self, packed: bytes, future: asyncio.Future[Any]) -> None:
+    async def connect(self) -> None:
+        """Open the connection now, where it is not open: a first command then waits for no connect."""
+        if self._link is None or self._link.closed:
+            await self._opened()
+
+    def _opened(self) -> asyncio.Task[_Link]:
         if self._opening is None or self._opening.done():
             self._opening = asyncio.ensure_future(self._open())
-        opening = self._opening
+        return self._opening
+
+    def _queue(self, packed: bytes, future: asyncio.Future[Any]) -> None:
+        opening = self._opened()
 
         def written(task: asyncio.Task[_Link]) -> None:
             if future.done():

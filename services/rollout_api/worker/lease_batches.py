@@ -36,13 +36,14 @@ from typing import TYPE_CHECKING
 from services.protocol.sandboxes import MAX_LEASE_BATCH, Lease, LeaseRequest
 from services.protocol.status import ErrorCode
 from services.rollout_api.worker.clients import InfraError
-from services.rollout_api.worker.warm_claims import CHUNK
+from services.rollout_api.worker.warm_claims import CHUNK, Reply
 
 if TYPE_CHECKING:
     from services.rollout_api.worker.broker_client import BrokerClient
 
 log = logging.getLogger(__name__)
 Waiter = tuple[LeaseRequest, asyncio.Future[Lease]]
+Claiming = tuple[set[int], list[Reply]]  # the batch's indices claimed, the chunks' replies
 
 
 class LeaseBatcher:
@@ -83,13 +84,18 @@ class LeaseBatcher:
         batch = [(request, future) for request, future in self._gathering if not future.done()]
         self._gathering = []
         if batch:
-            task = asyncio.get_running_loop().create_task(self._send(batch), name=f"lease batch of {len(batch)}")
+            claiming = self._claim(batch)  # written to Redis now, not once the loop reaches the task below
+            name = f"lease batch of {len(batch)}"
+            task = asyncio.get_running_loop().create_task(self._send(batch, claiming), name=name)
             self.sending.add(task)
             task.add_done_callback(self.sending.discard)
 
-    async def _send(self, batch: list[Waiter]) -> None:
+    async def _send(self, batch: list[Waiter], claiming: Claiming) -> None:
         try:
-            batch = await self._claim(batch)
+            answered, replies = claiming
+            for reply in replies:  # each chunk's leases reach their callers as it comes (``_claim``), even
+                await asyncio.shield(reply)  # where this task is cancelled meanwhile
+            batch = [waiter for i, waiter in enumerate(batch) if i not in answered] if answered else batch
             if not batch:
                 return
             requests = [request for request, _ in batch]
@@ -115,20 +121,21 @@ class LeaseBatcher:
                     future.cancel()
             raise
 
-    async def _claim(self, batch: list[Waiter]) -> list[Waiter]:
+    def _claim(self, batch: list[Waiter]) -> Claiming:
         """Warm sandboxes claimed straight from Redis where the client can (``warm_claims.py``), each
-        caller answered as its chunk is claimed; the waiters left for the broker."""
+        caller answered as its chunk is claimed (also where the batch's task never runs: a client
+        closed meanwhile); the indices answered, filled in as the chunks' replies come, and those
+        replies."""
+        answered: set[int] = set()
         claims = self.client.claims
         if claims is None:
-            return batch
-        answered: set[int] = set()
+            return answered, []
 
         def got(i: int, lease: Lease) -> None:
             answered.add(i)
             self._settle(batch[i], lease)
 
-        await claims.claim([request for request, _ in batch], got)
-        return [waiter for i, waiter in enumerate(batch) if i not in answered] if answered else batch
+        return answered, claims.start([request for request, _ in batch], got)
 
     def _settle(self, waiter: Waiter, outcome: Lease | Exception) -> None:
         future = waiter[1]

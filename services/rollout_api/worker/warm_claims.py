@@ -16,7 +16,7 @@ import functools
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from itertools import groupby
 
 import redis
@@ -27,6 +27,7 @@ from services.protocol.warm_offers import CLAIM, claim_keys, claim_prefixes, cla
 from services.runtime.redis_pipeline import pipelined, script_runner
 
 log = logging.getLogger(__name__)
+Reply = asyncio.Future[list[Lease]]  # a chunk's leases
 CHUNK = 64  # leases per script call: Redis runs nothing else meanwhile (about 10 us a lease)
 RETRY_S = 5.0  # after Redis failed a claim, the broker alone serves leases this long
 
@@ -43,31 +44,39 @@ class WarmClaims:
         if self.link is not None:
             self.link.close()
 
-    async def claim(self, requests: list[LeaseRequest], got: Callable[[int, Lease], None]) -> None:
+    async def connect(self) -> None:
+        """Open the pipelined connection now (a long-running worker's is open when a burst comes)."""
+        if self.link is not None:
+            await self.link.connect()
+
+    def start(self, requests: list[LeaseRequest], got: Callable[[int, Lease], None]) -> list[Reply]:
         """Claim warm sandboxes for those of ``requests`` one can serve; ``got(i, lease)`` for each
-        request ``i`` that has its lease, as soon as its chunk is claimed. The rest are not told.
-        Every chunk's script is sent at once (Redis runs the next while this process reads the
-        last one's leases); a chunk that finds the pool empty or a limit full claims nothing."""
+        request ``i`` that has its lease, as soon as its chunk is claimed (the rest are not told).
+
+        Every chunk's script is written before this returns (over the pipelined connection): Redis
+        runs the first chunks while the caller's event loop still runs the next episodes' requests,
+        not once the loop comes back to a task. The futures (one per chunk, its leases) may be
+        awaited or not: the leases reach ``got`` either way. A chunk that finds the pool empty or a
+        limit full claims nothing."""
         if time.monotonic() < self._resting_until:
-            return
+            return []
         wanted = sorted((i for i, r in enumerate(requests) if claimable(r)), key=lambda i: _pool(requests[i]))
         sent = []
         for _, group in groupby(wanted, key=lambda i: _pool(requests[i])):
             indices = list(group)
             for start in range(0, len(indices), CHUNK):
                 chunk = indices[start : start + CHUNK]
-                sent.append((chunk, asyncio.ensure_future(self._send([requests[i] for i in chunk]))))
-        done = 0
-        try:
-            for chunk, reply in sent:
-                for i, lease in zip(chunk, await reply, strict=False):
-                    got(i, lease)
-                done += 1
-        finally:  # stopped early (cancelled): the leases still coming are handed over as they come
-            for chunk, reply in sent[done:]:
+                reply = self._send([requests[i] for i in chunk])
                 reply.add_done_callback(functools.partial(_hand_over, chunk, got))
+                sent.append(reply)
+        return sent
 
-    async def _send(self, chunk: list[LeaseRequest]) -> list[Lease]:
+    async def claim(self, requests: list[LeaseRequest], got: Callable[[int, Lease], None]) -> None:
+        """:meth:`start`, then wait for every chunk (cancelled meanwhile: the leases still reach ``got``)."""
+        for reply in self.start(requests, got):
+            await asyncio.shield(reply)
+
+    def _send(self, chunk: list[LeaseRequest]) -> Reply:
         first = chunk[0]
         now, started = time.time(), time.monotonic()
         ids = ["lse-" + secrets.token_hex(12) for _ in chunk]
@@ -75,8 +84,11 @@ class WarmClaims:
         for lease_id, request in zip(ids, chunk, strict=True):
             expires_at = now + request.ttl_s
             args += [lease_id, lease_head(lease_id, request, expires_at, 0.0), expires_at, int(request.ttl_s * 1000)]
+        return asyncio.ensure_future(self._receive(self._run(claim_keys(first, ids), args), len(chunk), started))
+
+    async def _receive(self, reply: Awaitable[list[bytes]], asked: int, started: float) -> list[Lease]:
         try:
-            docs = await self._run(claim_keys(first, ids), args)
+            docs = await reply
         except redis.RedisError as exc:
             if time.monotonic() >= self._resting_until:
                 log.warning("claiming warm sandboxes from Redis failed (%s); the broker serves leases alone for "
@@ -89,11 +101,11 @@ class WarmClaims:
             lease.start_s = spent
         self.claimed += len(leases)
         if self.on_claims is not None:
-            self.on_claims(len(leases), len(chunk))
+            self.on_claims(len(leases), asked)
         return leases
 
 
-def _hand_over(chunk: list[int], got: Callable[[int, Lease], None], reply: asyncio.Future[list[Lease]]) -> None:
+def _hand_over(chunk: list[int], got: Callable[[int, Lease], None], reply: Reply) -> None:
     if not reply.cancelled() and reply.exception() is None:
         for i, lease in zip(chunk, reply.result(), strict=False):
             got(i, lease)
