@@ -137,3 +137,36 @@ def test_a_sandbox_sees_the_shared_etc_read_only(state_dir: Path) -> None:
     assert f"sandbox:x:{uid}:{uid}:sandbox:/workspace:/bin/bash" in out
     assert f"{hashlib.sha256(Path('/etc/ld.so.cache').read_bytes()).hexdigest()}  -" in out
     assert "Read-only file system" in " ".join(out) and out[-1] == "1"
+
+
+@needs_bwrap
+def test_a_sandbox_with_a_shared_etc_has_no_etc_of_its_own_until_the_copy_is_gone(state_dir: Path) -> None:
+    """Fewer files on the host per sandbox; where its copy is gone (removed by hand), a new bubblewrap
+    of the sandbox (here a second, concurrent command's) gets its passwd and group one by one."""
+
+    async def scenario() -> tuple[bool, bool, list[str]]:
+        settings = BrokerSettings(state_dir=state_dir / "state", backend="local", redis_url="redis://127.0.0.1:1")
+        backend = LocalBackend(settings)
+        await backend.start()
+        try:
+            spec = SandboxSpec(Template(name="bare"), Resources(), "none", {LABEL_LEASE: "x"})
+            sandbox = await backend.create(spec)
+            root = settings.state_dir / "sandboxes" / sandbox.sandbox_id
+            made_without = not (root / "etc").exists()
+            copy = Path(json.loads((root / "meta.json").read_text())["etc"])
+            copy.rename(copy.with_name("moved"))
+            try:
+                asked = [ExecRequest(shell=f"sleep {s}; grep -c sandbox /etc/passwd", timeout_s=30) for s in (1, 0)]
+                results = await asyncio.gather(*(backend.exec(sandbox.sandbox_id, r) for r in asked))
+            finally:
+                copy.with_name("moved").rename(copy)
+            written = (root / "etc" / "passwd").is_file()
+            await backend.destroy(sandbox.sandbox_id)
+            return made_without, written, [r.stdout.strip() for r in results]
+        finally:
+            await backend.close()
+
+    made_without, written, seen = asyncio.run(scenario())
+    assert made_without
+    assert seen == ["1", "1"]  # the agent's command through the bound copy, the second through its own files
+    assert written

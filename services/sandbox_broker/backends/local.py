@@ -112,8 +112,7 @@ class LocalBackend:
         await asyncio.to_thread(disk.thaw_all, self.root)  # a snapshot cut short by a kill -9
         await asyncio.to_thread(self.etc.clean_unused, self.root)
         self.cgroups = await asyncio.to_thread(Cgroups.probe, self.pids_max, Cgroups.scope_of(self.root))
-        paths = SandboxPaths(self.root.parent / "probe")
-        local_prepare.layout(paths, self.uid)
+        local_prepare.layout(paths := SandboxPaths(self.root.parent / "probe"), self.uid, own_etc=True)
         binary, version, ok, detail = await probe_bwrap(paths, self.uid)
         await asyncio.to_thread(shutil.rmtree, paths.root, True)
         state, pid = self.root.parent, os.getpid()
@@ -218,13 +217,14 @@ class LocalBackend:
             if source is None:  # a tree
                 snapshots.restore(spec.clone_of, self.root.parent, paths.disk)
             meta["cloned_s"] = time.monotonic() - started
-        self._timed("layout", local_prepare.layout, paths, self.uid)
+        gvisor_level = meta.get("isolation") == "gvisor"  # it binds the sandbox's own /etc files; egress adds two
+        self._timed("layout", local_prepare.layout, paths, self.uid, spec.network == "egress" or gvisor_level)
         if spec.network == "egress":
             meta["netns"] = self._timed("egress", local_prepare.network, paths, spec, self.egress_problem,
                                         self.allow_unisolated)  # fmt: skip
         meta["etc"] = self.etc.for_sandbox(spec.network, bool(meta.get("netns")))
         self._timed("overlay", self.images.prepare, paths, spec.template, self.overlay, meta)
-        gvisor_pids = self.pids_max * gvisor.PIDS_FACTOR if meta.get("isolation") == "gvisor" else None
+        gvisor_pids = self.pids_max * gvisor.PIDS_FACTOR if gvisor_level else None
         self._timed("cgroup", self.cgroups.create, paths.root.name, spec.resources, gvisor_pids)
         rlimits = {"n": self.nofile, "f": spec.resources.disk_mb * 2048}  # dash counts 512-byte blocks
         if self.cgroups.mode == "none":

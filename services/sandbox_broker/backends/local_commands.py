@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from services.protocol.sandboxes import ExecRequest
-from services.sandbox_broker.backends import imageroot, netns
+from services.sandbox_broker.backends import imageroot, local_prepare, netns
 from services.sandbox_broker.backends.bwrap import BASE_PATH, SandboxPaths, bwrap_argv, limits_prefix
 from services.sandbox_broker.backends.gvisor import Runsc
 from services.sandbox_broker.backends.local_images import image_of, shell_argv, workdir_of
@@ -46,7 +46,7 @@ def sandbox_prefix(bwrap: str, paths: SandboxPaths, meta: dict[str, Any], *, uid
         argv = imageroot.bwrap_image_argv(bwrap, paths, image, uid=uid, network=network, cwd=cwd)
     else:
         argv = bwrap_argv(bwrap, paths, uid=uid, network=network, cwd=cwd, agents_dir=meta.get("agents_dir"),
-                          etc=shared_etc_of(meta))  # fmt: skip
+                          etc=shared_etc_of(meta, paths, uid))  # fmt: skip
     enter = netns.enter_prefix(paths.root) if meta.get("netns") else ["nsenter"] if mount_ns else []
     if mount_ns:  # one nsenter: it opens every namespace's path (the egress one's too) in the broker's
         enter.append(f"--mount={mount_ns}")
@@ -59,7 +59,7 @@ def zygote_launch(bwrap: str, paths: SandboxPaths, meta: dict[str, Any], *, uid:
     without setpriv, and what ``sandbox_prefix``'s shell, nsenter and setpriv did before it, as data."""
     network = meta.get("network") == "egress"
     argv = bwrap_argv(bwrap, paths, uid=uid, network=network, cwd=cwd, agents_dir=meta.get("agents_dir"), dropped=True,
-                      etc=shared_etc_of(meta))  # fmt: skip
+                      etc=shared_etc_of(meta, paths, uid))  # fmt: skip
     namespaces = [(str(netns.ns_file(paths.root)), CLONE_NEWNET)] if meta.get("netns") else []
     if mount_ns:  # the egress namespace's file is opened first, from the broker's own mount namespace
         namespaces.append((mount_ns, CLONE_NEWNS))
@@ -78,11 +78,16 @@ def gvisor_argv(runsc: Runsc, paths: SandboxPaths, meta: dict[str, Any], *, uid:
     return [*limits_prefix({}, cgroup_procs), *argv]
 
 
-def shared_etc_of(meta: dict[str, Any]) -> str | None:
+def shared_etc_of(meta: dict[str, Any], paths: SandboxPaths, uid: int) -> str | None:
     """The shared /etc the sandbox was made with (shared_etc.py), while it is there; else None: its
-    files one by one (a sandbox made before it existed)."""
+    files one by one (a sandbox made before it existed, or one whose copy is gone: its own passwd
+    and group are written now, as ``local_prepare.layout`` did not)."""
     etc = meta.get("etc")
-    return etc if isinstance(etc, str) and os.path.isdir(etc) else None
+    if isinstance(etc, str) and os.path.isdir(etc):
+        return etc
+    if isinstance(etc, str):
+        local_prepare.own_etc_files(paths, uid)
+    return None
 
 
 def agent_python(meta: dict[str, Any]) -> str | None:

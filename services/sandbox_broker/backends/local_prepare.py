@@ -1,5 +1,5 @@
 """A local sandbox's directories on the host, laid out before its first process starts: the
-writable workspace and /tmp, its own /etc files, the gateway socket's directory, and an egress
+writable workspace and /tmp, its own /etc files where it needs them, the gateway socket's directory, and an egress
 sandbox's namespace behind NAT and rules (netns.py)."""
 
 from __future__ import annotations
@@ -26,15 +26,28 @@ def own(path: Path, uid: int) -> None:
         os.chown(path, uid, uid, follow_symlinks=False)
 
 
-def layout(paths: SandboxPaths, uid: int) -> None:
-    for d in (paths.workspace, paths.tmp, paths.etc, paths.gateway):
+def layout(paths: SandboxPaths, uid: int, own_etc: bool) -> None:
+    """``own_etc``: the sandbox's own /etc files too (gVisor binds them, an egress sandbox adds its
+    resolv.conf and hosts); one that binds a shared /etc (shared_etc.py) gets them only where that
+    copy is gone at a launch (:func:`own_etc_files`). Each file made on the host's filesystem costs
+    a create and a delete per sandbox (more on an ext4 without a journal, whose inode allocator
+    steps over the inodes freed in the last seconds)."""
+    for d in (paths.workspace, paths.tmp, paths.gateway):
         d.mkdir(parents=True, exist_ok=True)
     paths.gateway.chmod(0o755)  # the sandbox user connects to the socket in it, writes nothing
     paths.tmp.chmod(0o1777)
     own(paths.workspace, uid)
     own(paths.tmp, uid)
-    (paths.etc / "passwd").write_text(shared_etc.passwd(uid))
-    (paths.etc / "group").write_text(shared_etc.group(uid))
+    if own_etc:
+        own_etc_files(paths, uid)
+
+
+def own_etc_files(paths: SandboxPaths, uid: int) -> None:
+    """The sandbox's passwd and group in its own /etc directory, bound one by one."""
+    paths.etc.mkdir(exist_ok=True)
+    for name, text in (("passwd", shared_etc.passwd(uid)), ("group", shared_etc.group(uid))):
+        if not (paths.etc / name).is_file():
+            (paths.etc / name).write_text(text)
 
 
 def network(paths: SandboxPaths, spec: SandboxSpec, egress_problem: str, allow_unisolated: bool) -> bool:
