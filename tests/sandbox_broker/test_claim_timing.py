@@ -41,7 +41,12 @@ async def test_a_full_chunk_goes_to_redis_before_the_loop_runs_another_task(
     assert claims.link is not None
     written: list[Any] = []
     send = claims.link.send
-    claims.link.send = lambda *command: (written.append(command[0]), send(*command))[1]  # type: ignore[method-assign]
+
+    def recorded(*command: Any) -> asyncio.Future[Any]:
+        written.append(command[0])
+        return send(*command)
+
+    claims.link.send = recorded  # type: ignore[method-assign]
     async with aiohttp.ClientSession() as session:
         client = BrokerClient(session, "http://127.0.0.1:9", 60.0, batch_window_s=3600.0, claims=claims)
         try:

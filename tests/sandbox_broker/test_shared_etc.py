@@ -6,6 +6,8 @@ import asyncio
 import hashlib
 import json
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -117,18 +119,9 @@ def test_bubblewrap_binds_the_shared_etc_once_instead_of_each_file(tmp_path: Pat
 @needs_bwrap
 def test_a_sandbox_sees_the_shared_etc_read_only(state_dir: Path) -> None:
     async def scenario() -> str:
-        settings = BrokerSettings(state_dir=state_dir / "state", backend="local", redis_url="redis://127.0.0.1:1")
-        backend = LocalBackend(settings)
-        await backend.start()
-        try:
-            spec = SandboxSpec(Template(name="bare"), Resources(), "none", {LABEL_LEASE: "x"})
-            sandbox = await backend.create(spec)
+        async with _sandbox(state_dir) as (backend, sandbox_id, _):
             shell = "ls /etc; cat /etc/passwd; sha256sum < /etc/ld.so.cache; touch /etc/x 2>&1; echo $?"
-            result = await backend.exec(sandbox.sandbox_id, ExecRequest(shell=shell, timeout_s=30))
-            await backend.destroy(sandbox.sandbox_id)
-            return result.stdout
-        finally:
-            await backend.close()
+            return (await backend.exec(sandbox_id, ExecRequest(shell=shell, timeout_s=30))).stdout
 
     out = asyncio.run(scenario()).splitlines()
     uid = BrokerSettings().sandbox_uid
@@ -145,28 +138,38 @@ def test_a_sandbox_with_a_shared_etc_has_no_etc_of_its_own_until_the_copy_is_gon
     of the sandbox (here a second, concurrent command's) gets its passwd and group one by one."""
 
     async def scenario() -> tuple[bool, bool, list[str]]:
-        settings = BrokerSettings(state_dir=state_dir / "state", backend="local", redis_url="redis://127.0.0.1:1")
-        backend = LocalBackend(settings)
-        await backend.start()
-        try:
-            spec = SandboxSpec(Template(name="bare"), Resources(), "none", {LABEL_LEASE: "x"})
-            sandbox = await backend.create(spec)
-            root = settings.state_dir / "sandboxes" / sandbox.sandbox_id
+        async with _sandbox(state_dir) as (backend, sandbox_id, root):
             made_without = not (root / "etc").exists()
             copy = Path(json.loads((root / "meta.json").read_text())["etc"])
-            copy.rename(copy.with_name("moved"))
+            _move(copy, copy.with_name("moved"))  # gone, as if removed by hand
             try:
                 asked = [ExecRequest(shell=f"sleep {s}; grep -c sandbox /etc/passwd", timeout_s=30) for s in (1, 0)]
-                results = await asyncio.gather(*(backend.exec(sandbox.sandbox_id, r) for r in asked))
+                results = await asyncio.gather(*(backend.exec(sandbox_id, r) for r in asked))
             finally:
-                copy.with_name("moved").rename(copy)
-            written = (root / "etc" / "passwd").is_file()
-            await backend.destroy(sandbox.sandbox_id)
-            return made_without, written, [r.stdout.strip() for r in results]
-        finally:
-            await backend.close()
+                _move(copy.with_name("moved"), copy)
+            return made_without, (root / "etc" / "passwd").is_file(), [r.stdout.strip() for r in results]
 
     made_without, written, seen = asyncio.run(scenario())
     assert made_without
     assert seen == ["1", "1"]  # the agent's command through the bound copy, the second through its own files
     assert written
+
+
+@asynccontextmanager
+async def _sandbox(state_dir: Path) -> AsyncIterator[tuple[LocalBackend, str, Path]]:
+    """A started local backend and one plain sandbox of it (its id, its directory on the host)."""
+    settings = BrokerSettings(state_dir=state_dir / "state", backend="local", redis_url="redis://127.0.0.1:1")
+    backend = LocalBackend(settings)
+    await backend.start()
+    try:
+        sandbox = await backend.create(SandboxSpec(Template(name="bare"), Resources(), "none", {LABEL_LEASE: "x"}))
+        try:
+            yield backend, sandbox.sandbox_id, settings.state_dir / "sandboxes" / sandbox.sandbox_id
+        finally:
+            await backend.destroy(sandbox.sandbox_id)
+    finally:
+        await backend.close()
+
+
+def _move(path: Path, to: Path) -> None:
+    path.rename(to)
