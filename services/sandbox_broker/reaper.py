@@ -43,6 +43,7 @@ class Reaper:
         self.settings = broker.settings
         self.metrics = broker.metrics
         self._task: asyncio.Task[None] | None = None
+        self._beats: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Announce this replica, recover or end what a previous run left, then sweep in the background."""
@@ -51,9 +52,11 @@ class Reaper:
         await self.recover()
         await self.sweep_orphans(startup=True)
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="reaper")
+        self._beats = asyncio.get_running_loop().create_task(self._beat(), name="reaper heartbeat")
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
+        await cancel_and_wait(self._beats)
 
     async def final_sweep(self) -> None:
         """At the broker's stop, once nothing starts sandboxes any more (``Broker.quiesce``): destroy
@@ -80,6 +83,20 @@ class Reaper:
         ttl_ms = int(max(3 * self.settings.reap_interval_s, 2.0) * 1000)
         await self.client.set(keys.broker_instance(self.broker.instance), str(time.time()), px=ttl_ms)
 
+    async def _beat(self) -> None:
+        """The heartbeat on a timer of its own, not once per reaper pass: a pass slowed by a long sweep
+        (hundreds of destroys on a busy host) let the instance key lapse, and while it is gone the
+        workers' claims drop this replica's warm offers and its peers take its pool for a dead
+        replica's orphans. An outage is the reaper loop's to log."""
+        while True:
+            await asyncio.sleep(self.settings.reap_interval_s)
+            try:
+                await self.heartbeat()
+            except STORE_ERRORS:
+                pass
+            except Exception:
+                log.exception("heartbeat failed; next in %.1fs", self.settings.reap_interval_s)
+
     async def _loop(self) -> None:
         last_orphans = time.monotonic()
         while True:
@@ -87,7 +104,6 @@ class Reaper:
             try:
                 if await self.broker.generation.observe_async(self.client):
                     await self.store_lost()
-                await self.heartbeat()
                 await self.reap_expired()
                 if time.monotonic() - last_orphans >= self.settings.orphan_interval_s:
                     last_orphans = time.monotonic()
