@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -19,7 +20,9 @@ from services.protocol.sandboxes import ExecRequest, Lease, LeaseRequest, Resour
 from services.protocol.status import ErrorCode
 from services.rollout_api.worker.broker_client import BrokerClient
 from services.rollout_api.worker.clients import InfraError
+from services.rollout_api.worker.warm_claims import Reply, WarmClaims
 from services.runtime.net import free_port
+from services.runtime.redis_pool import open_redis
 from tests.sandbox_broker.conftest import BrokerFactory, needs_bwrap
 from tests.support.http import serving
 
@@ -261,3 +264,24 @@ async def test_a_failed_batch_fails_each_caller_as_its_own_request_would() -> No
             _same_error(failed, alone.value)
         assert alone.value.code is ErrorCode.TRANSPORT_ERROR
         await client.close()
+
+
+async def test_claims_that_fail_at_once_leave_the_batch_to_the_broker(redis_url: str) -> None:
+    """The claim scripts are written from within a caller's request (or the window's timer): an error
+    there must not lose the batch, whose callers would then wait forever."""
+    old = OldBroker()
+    store = open_redis(redis_url)
+    claims = WarmClaims(store)
+
+    def broken(requests: list[LeaseRequest], got: Callable[[int, Lease], None]) -> list[Reply]:
+        raise RuntimeError("a claim that fails before any script is written")
+
+    claims.start = broken  # type: ignore[method-assign]
+    async with _serving(old) as url, aiohttp.ClientSession() as session:
+        client = BrokerClient(session, url, 10.0, claims=claims)
+        try:
+            got = await asyncio.wait_for(asyncio.gather(*(client.lease(LeaseRequest(job="k")) for _ in range(2))), 30)
+            assert old.batches == 1 and len(old.singles) == 2 and len({lease.id for lease in got}) == 2
+        finally:
+            await client.close()
+            await store.aclose(close_connection_pool=True)

@@ -84,7 +84,11 @@ class LeaseBatcher:
         batch = [(request, future) for request, future in self._gathering if not future.done()]
         self._gathering = []
         if batch:
-            claiming = self._claim(batch)  # written to Redis now, not once the loop reaches the task below
+            try:
+                claiming = self._claim(batch)  # written to Redis now, not once the loop reaches the task below
+            except Exception:  # never a batch lost (this runs in a caller's request, or in a timer's callback)
+                log.exception("claiming warm sandboxes failed; the broker serves this batch")
+                claiming = set(), []
             name = f"lease batch of {len(batch)}"
             task = asyncio.get_running_loop().create_task(self._send(batch, claiming), name=name)
             self.sending.add(task)
