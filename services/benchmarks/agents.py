@@ -42,7 +42,7 @@ from services.benchmarks.npm_harness import HarnessUnavailable
 from services.benchmarks.proxy_fleet import launch, start_proxy, stopping
 from services.benchmarks.report import percentile, write_json
 from services.protocol import keys
-from services.protocol.gateway import GatewayCall, GatewaySession, decode_call, token_digest
+from services.protocol.gateway import GatewayCall, GatewaySession, decode_call, new_session_token, token_digest
 from services.runtime.net import free_port
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.tables import print_table
@@ -83,7 +83,7 @@ class Stack:
     redis_url: str = ""
 
     def session(self) -> tuple[str, str]:
-        sid, token = secrets.token_hex(8), secrets.token_urlsafe(16)
+        sid, token = secrets.token_hex(8), new_session_token()
         record = GatewaySession(
             session=sid, token_sha256=token_digest(token), job="bench-agents", trajectory_id=f"t-{sid}", attempt=1,
             pool="default", expires_at=time.time() + 3600, max_turns=20, max_tokens_per_turn=400,

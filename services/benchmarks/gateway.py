@@ -44,7 +44,7 @@ import redis
 from services.benchmarks.proxy_fleet import start_engines, start_proxy, stopping
 from services.benchmarks.report import percentile, write_json
 from services.protocol import keys
-from services.protocol.gateway import GatewayCall, GatewaySession, decode_call, token_digest
+from services.protocol.gateway import GatewayCall, GatewaySession, decode_call, new_session_token, token_digest
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.tables import print_table
 from services.runtime.tokenizer import write_tokenizer_dir
@@ -167,7 +167,7 @@ async def _phase(
 
 
 def _session(store: redis.Redis) -> tuple[str, str]:
-    sid, token = secrets.token_hex(8), secrets.token_urlsafe(16)
+    sid, token = secrets.token_hex(8), new_session_token()
     record = GatewaySession(session=sid, token_sha256=token_digest(token), job="bench", trajectory_id=sid, attempt=1,
                             pool="default", expires_at=time.time() + 3600, max_turns=1000, max_tokens_per_turn=MAX_NEW,
                             max_trajectory_tokens=60_000)  # fmt: skip

@@ -10,6 +10,7 @@ trajectory's token-exact segments with :func:`segments_from_calls`; it never re-
 from __future__ import annotations
 
 import hashlib
+import secrets
 from array import array
 from typing import Literal
 
@@ -21,6 +22,13 @@ from services.protocol.trajectory import RoutedExperts, Segment, logprobs, mask,
 
 SESSION_PATH = "/e/{session}"  # OpenAI clients use ``{proxy}/e/{session}/v1``; Anthropic ``{proxy}/e/{session}``
 SESSION_GRACE_S = 60.0  # a session lives this long past the episode's wall clock
+
+
+def new_session_token() -> str:
+    """A session's token (192 random bits). It never begins with ``-``: a harness that passes it as a
+    command-line value (aider's ``--openai-api-key "$OPENAI_API_KEY"``) would read one that did as an
+    option, and fail 1 episode in 64."""
+    return "rgs_" + secrets.token_urlsafe(24)
 
 
 def token_digest(token: str) -> str:

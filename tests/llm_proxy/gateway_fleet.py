@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from services.protocol import keys
-from services.protocol.gateway import GatewayCall, GatewaySession, decode_call, token_digest
+from services.protocol.gateway import GatewayCall, GatewaySession, decode_call, new_session_token, token_digest
 from services.runtime.chat import ChatTemplate
 from services.runtime.tokenizer import write_tokenizer_dir
 from tests.support.processes import ServiceProcess, start_service
@@ -48,7 +48,7 @@ class GatewayFleet:
 
     def session(self, **caps: Any) -> tuple[str, str]:
         """A fresh session (id, token) with generous caps unless overridden."""
-        sid, token = secrets.token_hex(8), secrets.token_urlsafe(16)
+        sid, token = secrets.token_hex(8), new_session_token()
         fields: dict[str, Any] = {"max_turns": 20, "max_tokens_per_turn": 400, "max_trajectory_tokens": 20_000} | caps
         record = GatewaySession(
             session=sid,

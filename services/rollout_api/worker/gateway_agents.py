@@ -26,6 +26,7 @@ from services.protocol.gateway import (
     GatewayCall,
     GatewaySession,
     decode_call,
+    new_session_token,
     segments_from_calls,
     token_digest,
 )
@@ -59,7 +60,7 @@ class OpenSession:
 
 async def open_session(redis: Redis, item: WorkItem, attempt: int, proxy_url: str, llm_timeout_s: float) -> OpenSession:
     """Write the attempt's session: its token's digest, the job, the caps and the rollout's sampling."""
-    sid, token = secrets.token_hex(12), secrets.token_urlsafe(24)
+    sid, token = secrets.token_hex(12), new_session_token()
     agent = item.agent
     model = agent.model if isinstance(agent, CommandAgent) else "policy"
     parser = agent.parser if isinstance(agent, ToolsAgent) else None
