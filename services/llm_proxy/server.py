@@ -18,7 +18,7 @@ from aiohttp import web
 from prometheus_client import multiprocess
 
 from services.llm_proxy import data_plane
-from services.llm_proxy.app import CLIENTS, create_app
+from services.llm_proxy.app import CLIENTS, METRICS, create_app
 from services.llm_proxy.auth import authenticator
 from services.llm_proxy.lean_server import LeanServer
 from services.llm_proxy.limits import MAX_FIELD_BYTES, MAX_HEADERS, MAX_LINE_BYTES, listen_backlog
@@ -51,7 +51,7 @@ async def serve_worker(settings: ProxySettings, redis_url: str) -> None:
     assert runner.server is not None
     app[CLIENTS].install(runner.server)  # slow clients cut off (client_limits.py)
     plane = data_plane.install(runner.server, app)  # data-plane calls ahead of the router and middlewares
-    lean = LeanServer(runner.server, plane, app[CLIENTS], settings.max_body_bytes)  # and without aiohttp's objects
+    lean = LeanServer(runner.server, plane, app[CLIENTS], app[METRICS], settings.max_body_bytes)  # no aiohttp objects
     loop = asyncio.get_running_loop()
     listening = await loop.create_server(
         lean, settings.host, settings.port, reuse_port=True, backlog=listen_backlog(settings, warn=True)
