@@ -28,7 +28,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import Callable
+from email.utils import formatdate
 from typing import Any, cast
 
 from aiohttp import web
@@ -46,7 +48,7 @@ _HANDED_HEADERS = frozenset({"transfer-encoding", "expect", "upgrade"})
 MAX_HEAD_BYTES = 16384  # a longer head goes to aiohttp, which applies its own line and field limits
 MAX_HEADERS = 128
 PIPELINED_MAX_BYTES = 1 << 20  # read no further while a call is served and this much waits behind it
-_SKIP_ANSWER_HEADERS = frozenset({"content-length", "transfer-encoding", "connection"})
+_SKIP_ANSWER_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "date"})
 
 assert all(_REQUEST_LINE.fullmatch(b"POST %s HTTP/1.1" % r.encode()) for r in ROUTES)
 
@@ -99,15 +101,35 @@ def parse_head(head: bytes) -> tuple[str, LeanHeaders, int, bool] | None:
     return found[1].decode("ascii"), headers, int(length), connection == "close"
 
 
+class _Date:
+    """The ``Date`` header's value, formatted once a second."""
+
+    def __init__(self) -> None:
+        self.second = 0
+        self.value = b""
+
+    def now(self) -> bytes:
+        second = int(time.time())
+        if second != self.second:
+            self.second, self.value = second, formatdate(second, usegmt=True).encode("ascii")
+        return self.value
+
+
+_DATE = _Date()
+
+
 def answer_bytes(response: web.StreamResponse, close: bool) -> bytes:
-    """The whole answer to write: status line, the response's headers, its length and its body."""
+    """The whole answer to write: status line, the response's headers, its length and its body.
+    Raises ``ValueError`` for a header value with a line break (aiohttp refuses those too)."""
     body = cast(web.Response, response).body
     if not isinstance(body, bytes):
         raise TypeError(f"the lean server writes whole bodies, not {type(body).__name__}")
-    head = [b"HTTP/1.1 %d %s\r\n" % (response.status, response.reason.encode("latin-1"))]
+    head = [b"HTTP/1.1 %d %s\r\nDate: %s\r\n" % (response.status, response.reason.encode("latin-1"), _DATE.now())]
     for name, value in response.headers.items():
         if name.lower() not in _SKIP_ANSWER_HEADERS:
-            head.append(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1")))
+            if "\r" in value or "\n" in value:
+                raise ValueError(f"a line break in the value of header {name}")
+            head.append(b"%s: %s\r\n" % (name.encode("utf-8"), value.encode("utf-8")))
     head.append(b"Content-Length: %d\r\n%s\r\n" % (len(body), b"Connection: close\r\n" if close else b""))
     return b"".join(head) + body
 
@@ -139,6 +161,7 @@ class LeanServer:
             _, pending = await asyncio.wait(tasks, timeout=timeout_s)
             for task in pending:
                 task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
         for connection in list(self.connections):
             connection.close()
 

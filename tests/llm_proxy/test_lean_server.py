@@ -12,8 +12,9 @@ from collections.abc import Iterator
 import httpx
 import orjson
 import pytest
+from aiohttp import web
 
-from services.llm_proxy.lean_server import parse_head
+from services.llm_proxy.lean_server import answer_bytes, parse_head
 from services.runtime.redis_server import EmbeddedRedis
 from tests.llm_proxy.fleet import DEV_ENV, start_engines
 from tests.support.processes import ServiceProcess, start_service
@@ -57,6 +58,17 @@ def test_a_plain_call_is_taken_with_its_headers() -> None:
 )
 def test_anything_unusual_is_left_to_aiohttp(head: bytes) -> None:
     assert parse_head(head) is None
+
+
+def test_an_answer_is_written_whole_and_never_with_a_broken_header() -> None:
+    response = web.Response(body=b'{"a":1}', status=200, content_type="application/json", headers={"X-Engine-Id": "e"})
+    raw = answer_bytes(response, close=True)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert body == b'{"a":1}' and head.startswith(b"HTTP/1.1 200 OK\r\nDate: ")
+    assert b"\r\nContent-Length: 7\r\n" in head and b"\r\nConnection: close" in head and b"X-Engine-Id: e" in head
+    injected = web.Response(body=b"{}", headers={"X-Weight-Version": "v1\r\nSet-Cookie: a=b"})
+    with pytest.raises(ValueError, match="line break"):
+        answer_bytes(injected, close=False)
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +127,7 @@ def test_a_connection_is_served_then_handed_to_aiohttp_for_good(proxy: ServicePr
         sock.sendall(_call(GENERATE))
         [(status, headers, body)] = _answers(sock, 1)
         assert status == 200 and "x-request-id" in headers and orjson.loads(body)["meta_info"]
-        assert "server" not in headers  # the proxy's own protocol wrote it (aiohttp names itself)
+        assert "server" not in headers and headers["date"]  # the proxy's own protocol wrote it (aiohttp names itself)
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         [(status, headers, _)] = _answers(sock, 1)
         assert status == 200 and "aiohttp" in headers["server"]
