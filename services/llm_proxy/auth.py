@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 
 from services.llm_proxy.errors import Handler
 from services.llm_proxy.metrics import ProxyMetrics
-from services.llm_proxy.responses import error_response
+from services.llm_proxy.responses import CallRequest, error_response
 from services.llm_proxy.settings import ProxySettings
 from services.protocol import ErrorCode, PlatformError, keys
 from services.protocol.llm import HEADER_JOB
@@ -72,7 +72,7 @@ class ProxyAuth:
         else:
             caller.require_admin()
 
-    async def data_plane(self, request: web.Request) -> None:
+    async def data_plane(self, request: CallRequest) -> None:
         """A data-plane call: its token checked (raises ``PlatformError``) and counted for its job."""
         header = request.headers.get("Authorization")
         if header is None and not self.require_token:

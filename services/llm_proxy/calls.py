@@ -26,7 +26,7 @@ from services.llm_proxy.fleet import EngineRuntime, FleetView
 from services.llm_proxy.guard import ContextGuard, is_engine_length_error
 from services.llm_proxy.membership import MembershipStore
 from services.llm_proxy.metrics import ProxyMetrics
-from services.llm_proxy.responses import error_frame, error_response, json_response, read_body
+from services.llm_proxy.responses import CallRequest, error_frame, error_response, json_response, read_body
 from services.llm_proxy.routing import Router
 from services.llm_proxy.settings import ProxySettings
 from services.llm_proxy.shapes import check_shape, deadline_of, session_of
@@ -104,7 +104,7 @@ class Forwarder:
         so none is a prefix of another (SGLang's ``/abort_request`` matches by prefix)."""
         return f"{self._rid_prefix}{next(self._rid_counter):016x}"
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: CallRequest) -> web.StreamResponse:
         started = time.perf_counter()
         rid = self.mint_rid()
         try:
@@ -128,13 +128,13 @@ class Forwarder:
             deadline_s=deadline_s, stream=False, started=started, deadline_at=deadline_at, native=True,
         )  # fmt: skip
 
-    async def send(self, request: web.Request, call: Call) -> web.StreamResponse:
+    async def send(self, request: CallRequest, call: Call) -> web.StreamResponse:
         """What every call goes through: held while its pool's weights update, queued while every engine
         is saturated, routed, forwarded (retried elsewhere when unanswered), answered with provenance."""
         await self._hold(call.pool)
         return await self._dispatch(request, call)
 
-    async def _prepare(self, request: web.Request, rid: str, started: float) -> Call:
+    async def _prepare(self, request: CallRequest, rid: str, started: float) -> Call:
         route = request.path
         parsed = await read_body(request)
         body = parsed.doc
@@ -153,7 +153,7 @@ class Forwarder:
             deadline_s=deadline_s, stream=bool(body.get("stream")), started=started, deadline_at=deadline_at,
         )  # fmt: skip
 
-    def _pool_of(self, request: web.Request, body: dict[str, Any], route: str) -> str:
+    def _pool_of(self, request: CallRequest, body: dict[str, Any], route: str) -> str:
         pools = self.view.fleet.pools
         model = body.get("model")
         if route != GENERATE and isinstance(model, str) and model in pools:
@@ -186,7 +186,7 @@ class Forwarder:
             self.held_now -= 1
             self.metrics.held.labels(pool).dec()
 
-    async def _dispatch(self, request: web.Request, call: Call) -> web.StreamResponse:
+    async def _dispatch(self, request: CallRequest, call: Call) -> web.StreamResponse:
         payload = call.body.encode()
         tried: set[str] = set()  # engines that refused or reset: not tried again for this call
         slow: set[str] = set()  # engines slow to connect: others first, then these again
@@ -215,7 +215,7 @@ class Forwarder:
             ErrorCode.NO_HEALTHY_ENGINE, f"no healthy engine in pool {call.pool} (tried {len(tried)})", retry_after_s=1
         )
 
-    async def _forward(self, request: web.Request, call: Call, rt: EngineRuntime, payload: bytes) -> web.StreamResponse:
+    async def _forward(self, request: CallRequest, call: Call, rt: EngineRuntime, payload: bytes) -> web.StreamResponse:
         rt.in_flight += 1  # the in-flight gauge is set from this count (tally.py)
         sent = time.perf_counter()
         deadline_at = call.deadline_at
@@ -229,6 +229,7 @@ class Forwarder:
             async with asyncio.timeout_at(deadline_at):
                 resp = await post_streaming(self.session, rt.endpoint(call.route), payload)
                 if call.stream and resp.status == 200:
+                    assert isinstance(request, web.Request)  # the lean server hands streams to aiohttp
                     async with resp:
                         return await self._relay_stream(request, call, rt, resp, sent, deadline_at)
                 async with resp:

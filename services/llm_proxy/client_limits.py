@@ -46,18 +46,36 @@ class ClientGuard:
 
         def connection_made(handler: Any, transport: asyncio.Transport) -> None:
             made(handler, transport)
-            self._transports[handler] = transport
-            self.metrics.client_connections.inc()
-            self._arm(handler, "header", self.limits.header_timeout_s)
+            self.track(handler, transport)
 
         def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
-            self._disarm(handler)
-            if self._transports.pop(handler, None) is not None:
-                self.metrics.client_connections.dec()
+            self.forget(handler)
             lost(handler, exc)
 
         server.connection_made = connection_made  # type: ignore[method-assign]
         server.connection_lost = connection_lost  # type: ignore[method-assign]
+
+    def track(self, connection: Any, transport: asyncio.Transport) -> None:
+        """A new connection: its first request's headers are due ``header_timeout_s`` from now."""
+        self._transports[connection] = transport
+        self.metrics.client_connections.inc()
+        self._arm(connection, "header", self.limits.header_timeout_s)
+
+    def forget(self, connection: Any) -> None:
+        """The connection closed, or went to another server's protocol (``lean_server.py``)."""
+        self.disarm(connection)
+        if self._transports.pop(connection, None) is not None:
+            self.metrics.client_connections.dec()
+
+    def waiting(self, connection: Any, phase: str) -> None:
+        """A lean connection's request began (``header``) or its headers are in (``body``): that part
+        is due within its timeout."""
+        self._arm(connection, phase, self.limits.body_timeout_s if phase == "body" else self.limits.header_timeout_s)
+
+    def idle(self, connection: Any) -> None:
+        """A lean connection answered: it is closed, quietly, after ``keepalive_s`` with no new request
+        (as aiohttp closes its own idle connections)."""
+        self._arm(connection, "keepalive", self.limits.keepalive_s)
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -73,10 +91,10 @@ class ClientGuard:
         connection = request.protocol
         if connection not in self._transports:
             return None
-        self._disarm(connection)
+        self.disarm(connection)
         if request.body_exists and not request.content.at_eof():
             self._arm(connection, "body", self.limits.body_timeout_s)
-            request.content.on_eof(lambda: self._disarm(connection))
+            request.content.on_eof(lambda: self.disarm(connection))
         return connection
 
     def answered(self, connection: Any) -> None:
@@ -85,11 +103,11 @@ class ClientGuard:
             self._arm(connection, "header", self.limits.keepalive_s + self.limits.header_timeout_s)
 
     def _arm(self, connection: Any, phase: str, after_s: float) -> None:
-        self._disarm(connection)
+        self.disarm(connection)
         if connection in self._transports:
             self._deadlines[connection] = asyncio.get_running_loop().call_later(after_s, self._cut, connection, phase)
 
-    def _disarm(self, connection: Any) -> None:
+    def disarm(self, connection: Any) -> None:
         deadline = self._deadlines.pop(connection, None)
         if deadline is not None:
             deadline.cancel()
@@ -98,6 +116,9 @@ class ClientGuard:
         self._deadlines.pop(connection, None)
         transport = self._transports.get(connection)
         if transport is None or transport.is_closing():
+            return
+        if phase == "keepalive":  # an idle keep-alive connection, not a slow client
+            transport.close()
             return
         self.metrics.client_cuts.labels(phase).inc()
         log.debug("closed a client connection: its %s took too long", phase)

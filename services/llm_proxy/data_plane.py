@@ -22,7 +22,7 @@ from services.llm_proxy.auth import ProxyAuth
 from services.llm_proxy.calls import Forwarder
 from services.llm_proxy.client_limits import ClientGuard
 from services.llm_proxy.errors import answer_error
-from services.llm_proxy.responses import error_response
+from services.llm_proxy.responses import CallRequest, error_response
 from services.protocol import PlatformError
 
 ROUTES = frozenset({"/generate", "/v1/chat/completions", "/v1/completions"})
@@ -43,6 +43,13 @@ class DataPlane:
             return await self.app_handle(request)
         connection = self.clients.headers_in(request)
         try:
+            return await self.serve(request)
+        finally:
+            self.clients.answered(connection)
+
+    async def serve(self, request: CallRequest) -> web.StreamResponse:
+        """One data-plane call whose headers and body are in (here or from ``lean_server.py``)."""
+        try:
             try:
                 await self.auth.data_plane(request)
             except PlatformError as exc:
@@ -50,11 +57,11 @@ class DataPlane:
             return await self.forwarder.handle(request)
         except Exception as exc:  # what the ``error_bodies`` middleware answers on the application's routes
             return answer_error(request, exc)
-        finally:
-            self.clients.answered(connection)
 
 
-def install(server: web.Server, app: web.Application) -> None:
+def install(server: web.Server, app: web.Application) -> DataPlane:
     """Serve ``server``'s requests (``AppRunner.server``, once set up: the application has started)
     through :class:`DataPlane`."""
-    server.request_handler = DataPlane(app, app[FORWARDER], app[AUTH], app[CLIENTS])
+    plane = DataPlane(app, app[FORWARDER], app[AUTH], app[CLIENTS])
+    server.request_handler = plane
+    return plane

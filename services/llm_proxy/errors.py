@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from services.llm_proxy.responses import json_response
+from services.llm_proxy.responses import CallRequest, json_response
 from services.protocol import ErrorCode
 from services.protocol.errors import ErrorBody
 
@@ -31,7 +31,7 @@ async def error_bodies(request: web.Request, handler: Handler) -> web.StreamResp
         return answer_error(request, exc)
 
 
-def answer_error(request: web.Request, exc: Exception) -> web.Response:
+def answer_error(request: CallRequest, exc: Exception) -> web.Response:
     """The ``ErrorBody`` answer to an exception a handler raised; an ``HTTPException`` below 400 (a
     redirect) is raised again."""
     if isinstance(exc, web.HTTPException):

@@ -126,6 +126,13 @@ class ProxyMetrics:
             "rollout_proxy_http_connections_cut", "Client connections closed for slowness, by phase", ["phase"],
             registry=r,
         )  # fmt: skip
+        self.lean_calls = Counter(
+            "rollout_proxy_lean_calls", "Data-plane calls read and answered by the proxy's own protocol", registry=r
+        )
+        self.handed_over = Counter(
+            "rollout_proxy_http_connections_handed", "Client connections handed to aiohttp's server (a request the "
+            "proxy's own protocol does not take: other routes, streams, chunked bodies)", registry=r,
+        )  # fmt: skip
         self.client_timeouts = Gauge(
             "rollout_proxy_http_client_timeout_seconds", "Slow-client limits, by phase", ["phase"], registry=r,
             multiprocess_mode="max",

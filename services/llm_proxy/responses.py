@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
@@ -11,6 +11,19 @@ from aiohttp import web
 from services.llm_proxy.body import ParsedBody, parse_body
 from services.protocol import ErrorCode, PlatformError
 from services.protocol.errors import ErrorBody
+
+
+class CallRequest(Protocol):
+    """What the data plane reads of a request: aiohttp's ``web.Request``, or the lean server's
+    (``lean_server.py``)."""
+
+    @property
+    def method(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    async def read(self) -> bytes: ...
 
 
 def json_response(doc: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
@@ -31,7 +44,7 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     return (await read_body(request, whole=True)).doc
 
 
-async def read_body(request: web.Request, *, whole: bool = False) -> ParsedBody:
+async def read_body(request: CallRequest, *, whole: bool = False) -> ParsedBody:
     """The body; unless ``whole``, a flat ``input_ids`` array is counted but not decoded (``body.py``)."""
     try:
         return parse_body(await request.read(), whole=whole)

@@ -18,8 +18,9 @@ from aiohttp import web
 from prometheus_client import multiprocess
 
 from services.llm_proxy import data_plane
-from services.llm_proxy.app import CLIENTS, create_app
+from services.llm_proxy.app import CLIENTS, METRICS, create_app
 from services.llm_proxy.auth import authenticator
+from services.llm_proxy.lean_server import LeanServer
 from services.llm_proxy.limits import MAX_FIELD_BYTES, MAX_HEADERS, MAX_LINE_BYTES, listen_backlog
 from services.llm_proxy.membership import MembershipStore
 from services.llm_proxy.settings import ProxySettings
@@ -37,27 +38,31 @@ from services.runtime.sync_redis import open_sync_redis
 
 log = logging.getLogger(__name__)
 
+SHUTDOWN_S = 3.0  # calls in progress at SIGTERM get this long to answer
+
 
 async def serve_worker(settings: ProxySettings, redis_url: str) -> None:
     app = create_app(settings, redis_url)
     runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=3.0, max_line_size=MAX_LINE_BYTES,
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_S, max_line_size=MAX_LINE_BYTES,
         max_field_size=MAX_FIELD_BYTES, max_headers=MAX_HEADERS, keepalive_timeout=settings.http_keepalive_s,
     )  # fmt: skip
     await runner.setup()
     assert runner.server is not None
     app[CLIENTS].install(runner.server)  # slow clients cut off (client_limits.py)
-    data_plane.install(runner.server, app)  # data-plane calls ahead of the router and middlewares
-    site = web.TCPSite(
-        runner, settings.host, settings.port, reuse_port=True, backlog=listen_backlog(settings, warn=True)
+    plane = data_plane.install(runner.server, app)  # data-plane calls ahead of the router and middlewares
+    lean = LeanServer(runner.server, plane, app[CLIENTS], app[METRICS], settings.max_body_bytes)  # no aiohttp objects
+    loop = asyncio.get_running_loop()
+    listening = await loop.create_server(
+        lean, settings.host, settings.port, reuse_port=True, backlog=listen_backlog(settings, warn=True)
     )
-    await site.start()
     tune_gc(settings.gc_young_threshold)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    listening.close()
+    await lean.shutdown(SHUTDOWN_S)
     await runner.cleanup()
 
 

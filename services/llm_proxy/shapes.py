@@ -16,9 +16,8 @@ import math
 import re
 from typing import Any
 
-from aiohttp import web
-
 from services.llm_proxy.body import ParsedBody
+from services.llm_proxy.responses import CallRequest
 from services.protocol import ErrorCode, PlatformError
 from services.protocol import llm as h
 
@@ -33,7 +32,7 @@ def _bad(message: str, field: str) -> PlatformError:
     return PlatformError(ErrorCode.VALIDATION_ERROR, message, field=field)
 
 
-def session_of(request: web.Request, body: dict[str, Any]) -> str | None:
+def session_of(request: CallRequest, body: dict[str, Any]) -> str | None:
     header = request.headers.get(h.HEADER_SESSION)
     value = header if header is not None else body.pop(h.BODY_SESSION, None)
     if value is None:
@@ -81,7 +80,7 @@ def _is_prompt(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and (all(isinstance(p, str) for p in value) or _token_ids(value))
 
 
-def deadline_of(request: web.Request, default: float | None) -> float | None:
+def deadline_of(request: CallRequest, default: float | None) -> float | None:
     raw = request.headers.get(h.HEADER_DEADLINE)
     if raw is None:
         return default

@@ -1,0 +1,277 @@
+"""The proxy's listening socket: data-plane calls served without aiohttp's request objects.
+
+Nearly every request a proxy serves is ``POST /generate`` (or an OpenAI route) with a
+``Content-Length`` body and a JSON answer. Through aiohttp's server each one paid for its
+``RequestHandler`` loop, a ``BaseRequest`` (a ``yarl`` URL, a multidict of headers, a payload
+stream), a ``Response`` prepared and written by its ``StreamWriter``: 0.12-0.15 ms of CPU per
+request where a protocol of its own takes about 0.055, when requests come one per wake-up (figures
+in ``docs/llm_proxy.md``). :class:`LeanConnection` reads such a call itself and gives it to
+:meth:`DataPlane.serve` (the same authentication, forwarder and error bodies as through aiohttp),
+then writes the answer's status, headers and body in one write.
+
+It takes only what it can read without doubt: ``POST`` to a data-plane route, ``HTTP/1.1``,
+well-formed header lines, names seen once, one ``Content-Length`` of digits within
+``max_body_bytes``, no ``Transfer-Encoding``, ``Expect`` or ``Upgrade``, and a body that does not
+ask to ``"stream"``. At the first request that is anything else the connection is handed, with the
+request's bytes still unread, to aiohttp's ``RequestHandler`` for the rest of its life: the
+application's routes, streams, chunked bodies, 413s and malformed requests are aiohttp's as before.
+
+Slow clients are cut as on aiohttp's connections (``client_limits.py``): a request's headers due
+``http_header_timeout_s`` after its first byte (the first request's after the connection opened),
+its body ``http_body_timeout_s`` after its headers; an idle connection is closed after
+``http_keepalive_s``. A connection that goes away cancels its call (the forwarder aborts the
+engine's request), as aiohttp's ``handler_cancellation`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Callable
+from email.utils import formatdate
+from typing import Any, cast
+
+from aiohttp import web
+
+from services.llm_proxy.client_limits import ClientGuard
+from services.llm_proxy.data_plane import ROUTES, DataPlane
+from services.llm_proxy.metrics import ProxyMetrics
+
+log = logging.getLogger(__name__)
+
+_REQUEST_LINE = re.compile(rb"POST (/generate|/v1/chat/completions|/v1/completions) HTTP/1\.1")
+# a header line: a token, a colon, a value of visible characters, spaces and tabs (no obs-fold)
+_FIELD = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*")
+_HANDED_HEADERS = frozenset({"transfer-encoding", "expect", "upgrade"})
+MAX_HEAD_BYTES = 16384  # a longer head goes to aiohttp, which applies its own line and field limits
+MAX_HEADERS = 128
+PIPELINED_MAX_BYTES = 1 << 20  # read no further while a call is served and this much waits behind it
+_SKIP_ANSWER_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "date"})
+
+assert all(_REQUEST_LINE.fullmatch(b"POST %s HTTP/1.1" % r.encode()) for r in ROUTES)
+
+
+class LeanHeaders(dict[str, str]):
+    """Header names in lower case; ``get`` takes a name in any case, as aiohttp's headers do."""
+
+    __slots__ = ()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return dict.get(self, key.lower(), default)
+
+
+class LeanRequest:
+    """A data-plane call read whole by :class:`LeanConnection` (what ``CallRequest`` asks for)."""
+
+    __slots__ = ("body", "headers", "method", "path")
+
+    def __init__(self, path: str, headers: LeanHeaders, body: bytes) -> None:
+        self.method = "POST"
+        self.path = path
+        self.headers = headers
+        self.body = body
+
+    async def read(self) -> bytes:
+        return self.body
+
+
+def parse_head(head: bytes) -> tuple[str, LeanHeaders, int, bool] | None:
+    """``(path, headers, content length, close after the answer)`` of a request this server takes,
+    None for any other (aiohttp's then)."""
+    lines = head.split(b"\r\n")
+    found = _REQUEST_LINE.fullmatch(lines[0])
+    if found is None or len(lines) > MAX_HEADERS + 1:
+        return None
+    headers = LeanHeaders()
+    for line in lines[1:]:
+        field = _FIELD.fullmatch(line)
+        if field is None:
+            return None
+        headers[field[1].decode("ascii").lower()] = field[2].decode("latin-1")
+    length = headers.get("content-length")
+    if len(headers) != len(lines) - 1 or length is None or not length.isdigit() or not length.isascii():
+        return None  # a name seen twice, no length, or not one of digits
+    if not _HANDED_HEADERS.isdisjoint(headers):
+        return None
+    connection = headers.get("connection", "keep-alive").lower()
+    if connection not in ("keep-alive", "close"):
+        return None
+    return found[1].decode("ascii"), headers, int(length), connection == "close"
+
+
+class _Date:
+    """The ``Date`` header's value, formatted once a second."""
+
+    def __init__(self) -> None:
+        self.second = 0
+        self.value = b""
+
+    def now(self) -> bytes:
+        second = int(time.time())
+        if second != self.second:
+            self.second, self.value = second, formatdate(second, usegmt=True).encode("ascii")
+        return self.value
+
+
+_DATE = _Date()
+
+
+def answer_bytes(response: web.StreamResponse, close: bool) -> bytes:
+    """The whole answer to write: status line, the response's headers, its length and its body.
+    Raises ``ValueError`` for a header value with a line break (aiohttp refuses those too)."""
+    body = cast(web.Response, response).body
+    if not isinstance(body, bytes):
+        raise TypeError(f"the lean server writes whole bodies, not {type(body).__name__}")
+    head = [b"HTTP/1.1 %d %s\r\nDate: %s\r\n" % (response.status, response.reason.encode("latin-1"), _DATE.now())]
+    for name, value in response.headers.items():
+        if name.lower() not in _SKIP_ANSWER_HEADERS:
+            if "\r" in value or "\n" in value:
+                raise ValueError(f"a line break in the value of header {name}")
+            head.append(b"%s: %s\r\n" % (name.encode("utf-8"), value.encode("utf-8")))
+    head.append(b"Content-Length: %d\r\n%s\r\n" % (len(body), b"Connection: close\r\n" if close else b""))
+    return b"".join(head) + body
+
+
+class LeanServer:
+    """The connection factory of one proxy process's socket, and what its connections share."""
+
+    def __init__(
+        self, aiohttp_server: web.Server, plane: DataPlane, guard: ClientGuard, metrics: ProxyMetrics,
+        max_body_bytes: int,
+    ) -> None:  # fmt: skip
+        self.aiohttp_server = aiohttp_server
+        self.plane = plane
+        self.guard = guard
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+        self.connections: set[LeanConnection] = set()
+
+    def __call__(self) -> LeanConnection:
+        return LeanConnection(self)
+
+    async def shutdown(self, timeout_s: float) -> None:
+        """Close idle connections now, give calls in progress ``timeout_s``, then cancel them."""
+        for connection in list(self.connections):
+            if connection.task is None:
+                connection.close()
+        tasks = [c.task for c in self.connections if c.task is not None]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        for connection in list(self.connections):
+            connection.close()
+
+
+class LeanConnection(asyncio.Protocol):
+    """One client connection, served here while its requests are plain data-plane calls."""
+
+    def __init__(self, server: LeanServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.task: asyncio.Task[None] | None = None
+        self.waiting: str | None = "header"  # the part of a request whose deadline is armed
+        self.paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.server.connections.add(self)
+        self.server.guard.track(self, self.transport)  # the first request's headers are due
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.server.connections.discard(self)
+        self.server.guard.forget(self)
+        if self.task is not None:
+            self.task.cancel()  # the forwarder aborts the engine's request
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if self.task is None:
+            self._next()
+        elif len(self.buffer) > PIPELINED_MAX_BYTES and self.transport is not None:
+            self.transport.pause_reading()
+            self.paused = True
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def _next(self) -> None:
+        """Start serving the buffered request once it is whole; arm the deadline of what is missing."""
+        buffer, guard = self.buffer, self.server.guard
+        if not buffer:
+            return
+        end = buffer.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buffer) > MAX_HEAD_BYTES:
+                self._hand_over()
+            elif self.waiting is None:
+                self.waiting = "header"
+                guard.waiting(self, "header")
+            return
+        head = parse_head(bytes(buffer[:end]))
+        if head is None or head[2] > self.server.max_body_bytes:
+            self._hand_over()
+            return
+        path, headers, length, close = head
+        whole = end + 4 + length
+        if len(buffer) < whole:
+            if self.waiting != "body":
+                self.waiting = "body"
+                guard.waiting(self, "body")
+            return
+        with memoryview(buffer) as view:
+            body = bytes(view[end + 4 : whole])
+        if b'"stream"' in body:
+            self._hand_over()  # an SSE answer is aiohttp's to write
+            return
+        del buffer[:whole]
+        self.waiting = None
+        guard.disarm(self)
+        self.task = asyncio.get_running_loop().create_task(self._serve(LeanRequest(path, headers, body), close))
+
+    async def _serve(self, request: LeanRequest, close: bool) -> None:
+        try:
+            response = await self.server.plane.serve(request)  # it answers every error itself
+            answer = answer_bytes(response, close)
+        except Exception:  # an answer this protocol cannot write: never leave the client waiting
+            log.exception("lean server: no answer to write for %s; closing the connection", request.path)
+            answer, close = b"", True
+        finally:
+            self.task = None
+        self.server.metrics.tally.count(self.server.metrics.lean_calls)
+        if self.transport is not None:
+            self.transport.write(answer)
+        if close:
+            self.close()
+            return
+        if self.transport is None:
+            return
+        self.server.guard.idle(self)
+        if self.paused:
+            self.paused = False
+            self.transport.resume_reading()
+        self._next()  # a request that came behind this one
+
+    def _hand_over(self) -> None:
+        """Give this connection, with what it has read, to aiohttp's ``RequestHandler`` for good."""
+        transport = self.transport
+        if transport is None:
+            return
+        self.transport = None
+        self.server.connections.discard(self)
+        self.server.guard.forget(self)
+        self.server.metrics.handed_over.inc()
+        if self.paused:
+            transport.resume_reading()
+        handler = cast(Callable[[], asyncio.Protocol], self.server.aiohttp_server)()
+        transport.set_protocol(handler)
+        handler.connection_made(transport)  # the guard follows it from here, as any aiohttp connection
+        if self.buffer:
+            handler.data_received(bytes(self.buffer))
+        self.buffer = bytearray()

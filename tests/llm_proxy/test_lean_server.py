@@ -1,0 +1,186 @@
+"""The proxy's own protocol for data-plane calls (``lean_server.py``): which requests it takes, and,
+against a real proxy and engines, a connection that it serves and then hands to aiohttp, pipelined
+calls, what it leaves to aiohttp (chunked bodies, streams, oversized and ambiguous requests) and its
+idle keep-alive close."""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Iterator
+
+import httpx
+import orjson
+import pytest
+from aiohttp import web
+
+from services.llm_proxy.lean_server import answer_bytes, parse_head
+from services.runtime.redis_server import EmbeddedRedis
+from tests.llm_proxy.fleet import DEV_ENV, start_engines
+from tests.support.processes import ServiceProcess, start_service
+from tests.support.slowloris import metric
+
+HEAD = b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Pool: default\r\nContent-Length: 12"
+
+
+def test_a_plain_call_is_taken_with_its_headers() -> None:
+    path, headers, length, close = parse_head(HEAD)  # type: ignore[misc]
+    assert (path, length, close) == ("/generate", 12, False)
+    assert headers.get("x-pool") == headers.get("X-Pool") == "default" and headers["content-type"] == "application/json"
+    assert parse_head(HEAD + b"\r\nConnection: close") is not None
+    assert parse_head(HEAD + b"\r\nConnection: close")[3] is True  # type: ignore[index]
+    assert parse_head(HEAD.replace(b"/generate", b"/v1/chat/completions")) is not None
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        HEAD.replace(b"POST", b"PUT"),
+        HEAD.replace(b"HTTP/1.1", b"HTTP/1.0"),
+        HEAD.replace(b"/generate", b"/generate?x=1"),
+        HEAD.replace(b"/generate", b"/admin/weights"),
+        HEAD + b"\r\nContent-Length: 12",  # twice: smuggling's first step
+        HEAD + b"\r\ncontent-length: 99",  # the same name in another case
+        HEAD.replace(b"Content-Length: 12", b"Content-Length: +12"),
+        HEAD.replace(b"Content-Length: 12", b"Content-Length: 1 2"),
+        HEAD.replace(b"Content-Length: 12", "Content-Length: 1\u00b2".encode("latin-1")),
+        HEAD.replace(b"\r\nContent-Length: 12", b""),
+        HEAD + b"\r\nTransfer-Encoding: chunked",
+        HEAD + b"\r\nExpect: 100-continue",
+        HEAD + b"\r\nUpgrade: websocket",
+        HEAD + b"\r\nConnection: upgrade",
+        HEAD + b"\r\n folded continuation",
+        HEAD + b"\r\nX-Bad: a\nb",
+        HEAD + b"\r\nX-Bad: a\x00b",
+        HEAD + b"\r\nNo colon here",
+        HEAD + b"\r\nBad Name: v",
+    ],
+)
+def test_anything_unusual_is_left_to_aiohttp(head: bytes) -> None:
+    assert parse_head(head) is None
+
+
+def test_an_answer_is_written_whole_and_never_with_a_broken_header() -> None:
+    response = web.Response(body=b'{"a":1}', status=200, content_type="application/json", headers={"X-Engine-Id": "e"})
+    raw = answer_bytes(response, close=True)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert body == b'{"a":1}' and head.startswith(b"HTTP/1.1 200 OK\r\nDate: ")
+    assert b"\r\nContent-Length: 7\r\n" in head and b"\r\nConnection: close" in head and b"X-Engine-Id: e" in head
+    injected = web.Response(body=b"{}", headers={"X-Weight-Version": "v1\r\nSet-Cookie: a=b"})
+    with pytest.raises(ValueError, match="line break"):
+        answer_bytes(injected, close=False)
+
+
+@pytest.fixture(scope="module")
+def proxy(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    logs = tmp_path_factory.mktemp("lean-logs")
+    engines, urls = start_engines(logs, 2)
+    env = {"ROLLOUT_REDIS_URL": redis_server.url, "ROLLOUT_PROXY_HTTP_KEEPALIVE_S": "1", **DEV_ENV}
+    service = start_service(
+        ["-m", "services.cli", "proxy", "--port", "{port}", "--workers", "1", "--engines", ",".join(urls),
+         "--max-body-bytes", "4096"], log_dir=logs, env=env, name="proxy",
+    )  # fmt: skip
+    yield service
+    service.stop()
+    engines.stop()
+
+
+def _call(body: dict[str, object], path: bytes = b"/generate", extra: bytes = b"") -> bytes:
+    raw = orjson.dumps(body)
+    return b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n%s\r\n%s" % (path, len(raw), extra, raw)
+
+
+def _answers(sock: socket.socket, count: int) -> list[tuple[int, dict[str, str], bytes]]:
+    """Read ``count`` answers with a ``Content-Length`` body (or a chunked one, read to its end)."""
+    data, answers = b"", list[tuple[int, dict[str, str], bytes]]()
+    sock.settimeout(30)
+    while len(answers) < count:
+        end = data.find(b"\r\n\r\n")
+        if end >= 0:
+            lines = data[:end].decode("latin-1").split("\r\n")
+            headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+            if "content-length" in headers and len(data) >= end + 4 + int(headers["content-length"]):
+                stop = end + 4 + int(headers["content-length"])
+                answers.append((int(lines[0].split()[1]), headers, data[end + 4 : stop]))
+                data = data[stop:]
+                continue
+            if headers.get("transfer-encoding") == "chunked" and data.endswith(b"0\r\n\r\n"):
+                answers.append((int(lines[0].split()[1]), headers, data[end + 4 :]))
+                data = b""
+                continue
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection closed after {len(answers)} answers"
+        data += chunk
+    return answers
+
+
+def _metrics(proxy: ServiceProcess) -> str:
+    return httpx.get(proxy.url + "/metrics", timeout=10).text
+
+
+GENERATE: dict[str, object] = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}
+
+
+def test_a_connection_is_served_then_handed_to_aiohttp_for_good(proxy: ServiceProcess) -> None:
+    before = _metrics(proxy)
+    with socket.create_connection(("127.0.0.1", proxy.port)) as sock:
+        sock.sendall(_call(GENERATE))
+        [(status, headers, body)] = _answers(sock, 1)
+        assert status == 200 and "x-request-id" in headers and orjson.loads(body)["meta_info"]
+        assert "server" not in headers and headers["date"]  # the proxy's own protocol wrote it (aiohttp names itself)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        [(status, headers, _)] = _answers(sock, 1)
+        assert status == 200 and "aiohttp" in headers["server"]
+        sock.sendall(_call(GENERATE))  # the same connection stays aiohttp's
+        [(status, headers, body)] = _answers(sock, 1)
+        assert status == 200 and "aiohttp" in headers["server"] and orjson.loads(body)["meta_info"]
+    after = _metrics(proxy)
+    assert metric(after, "rollout_proxy_lean_calls_total") >= metric(before, "rollout_proxy_lean_calls_total") + 1
+    handed = "rollout_proxy_http_connections_handed_total"
+    assert metric(after, handed) == metric(before, handed) + 2  # this one and /metrics's own
+
+
+def test_pipelined_calls_are_answered_in_order(proxy: ServiceProcess) -> None:
+    with socket.create_connection(("127.0.0.1", proxy.port)) as sock:
+        sock.sendall(_call(GENERATE) + _call({**GENERATE, "input_ids": [7]}) + _call(GENERATE))
+        answers = _answers(sock, 3)
+    assert [a[0] for a in answers] == [200, 200, 200]
+    assert len({a[1]["x-request-id"] for a in answers}) == 3
+    assert all("server" not in a[1] for a in answers)
+
+
+def test_what_the_lean_protocol_leaves_is_answered_by_aiohttp(proxy: ServiceProcess) -> None:
+    raw = orjson.dumps(GENERATE)
+    chunked = b"POST /generate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (
+        len(raw), raw)  # fmt: skip
+    cases = [
+        (chunked, 200),
+        (_call({**GENERATE, "stream": True}), 200),
+        (_call({"input_ids": list(range(2000))}), 413),  # over --max-body-bytes
+        (_call(GENERATE, extra=b"Content-Length: 3\r\n"), 400),  # two lengths: refused, never guessed
+    ]
+    for request, expected in cases:
+        with socket.create_connection(("127.0.0.1", proxy.port)) as sock:
+            sock.sendall(request)
+            [(status, headers, body)] = _answers(sock, 1)
+        assert status == expected, (request[:80], body[:200])
+        assert "aiohttp" in headers["server"]
+        if expected == 413:
+            assert orjson.loads(body)["error"]["code"] == "payload_too_large"
+    stream = _call({**GENERATE, "stream": True})
+    with socket.create_connection(("127.0.0.1", proxy.port)) as sock:
+        sock.sendall(stream)
+        [(_, headers, body)] = _answers(sock, 1)
+    assert headers["content-type"].startswith("text/event-stream") and re.search(rb"data: \{", body)
+
+
+def test_an_idle_connection_is_closed_quietly_after_the_keepalive(proxy: ServiceProcess) -> None:
+    cut = 'rollout_proxy_http_connections_cut_total{phase="header"}'
+    before = metric(_metrics(proxy), cut) if cut in _metrics(proxy) else 0.0
+    with socket.create_connection(("127.0.0.1", proxy.port)) as sock:
+        sock.sendall(_call(GENERATE))
+        _answers(sock, 1)
+        sock.settimeout(15)
+        assert sock.recv(1) == b""  # closed by the proxy (ROLLOUT_PROXY_HTTP_KEEPALIVE_S=1)
+    text = _metrics(proxy)
+    assert (metric(text, cut) if cut in text else 0.0) == before
