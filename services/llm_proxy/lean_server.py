@@ -16,9 +16,11 @@ ask to ``"stream"``. At the first request that is anything else the connection i
 request's bytes still unread, to aiohttp's ``RequestHandler`` for the rest of its life: the
 application's routes, streams, chunked bodies, 413s and malformed requests are aiohttp's as before.
 
-Slow clients are cut as on aiohttp's connections (``client_limits.py``): a request's headers due
-``http_header_timeout_s`` after its first byte (the first request's after the connection opened),
-its body ``http_body_timeout_s`` after its headers; an idle connection is closed after
+Pipelined calls are served one after another, in order; none while the client leaves earlier
+answers unread (the transport's buffer past its high-water mark). Slow clients are cut as on
+aiohttp's connections (``client_limits.py``): a request's headers due ``http_header_timeout_s``
+after its first byte (the first request's after the connection opened), its body
+``http_body_timeout_s`` after its headers; an idle connection is closed after
 ``http_keepalive_s``. A connection that goes away cancels its call (the forwarder aborts the
 engine's request), as aiohttp's ``handler_cancellation`` does.
 """
@@ -175,7 +177,8 @@ class LeanConnection(asyncio.Protocol):
         self.buffer = bytearray()
         self.task: asyncio.Task[None] | None = None
         self.waiting: str | None = "header"  # the part of a request whose deadline is armed
-        self.paused = False
+        self.paused = False  # reading paused: pipelined calls wait behind the one being served
+        self.blocked = False  # the client reads its answers slower than it sends calls: none served meanwhile
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -191,11 +194,19 @@ class LeanConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
-        if self.task is None:
+        if self.task is None and not self.blocked:
             self._next()
         elif len(self.buffer) > PIPELINED_MAX_BYTES and self.transport is not None:
             self.transport.pause_reading()
             self.paused = True
+
+    def pause_writing(self) -> None:
+        self.blocked = True  # the transport's buffer of unread answers passed its high-water mark
+
+    def resume_writing(self) -> None:
+        self.blocked = False
+        if self.task is None and self.transport is not None:
+            self._resume()
 
     def close(self) -> None:
         if self.transport is not None:
@@ -239,12 +250,12 @@ class LeanConnection(asyncio.Protocol):
         try:
             response = await self.server.plane.serve(request)  # it answers every error itself
             answer = answer_bytes(response, close)
+            self.server.metrics.tally.count(self.server.metrics.lean_calls)
         except Exception:  # an answer this protocol cannot write: never leave the client waiting
             log.exception("lean server: no answer to write for %s; closing the connection", request.path)
             answer, close = b"", True
         finally:
             self.task = None
-        self.server.metrics.tally.count(self.server.metrics.lean_calls)
         if self.transport is not None:
             self.transport.write(answer)
         if close:
@@ -253,10 +264,15 @@ class LeanConnection(asyncio.Protocol):
         if self.transport is None:
             return
         self.server.guard.idle(self)
-        if self.paused:
+        if not self.blocked:
+            self._resume()
+
+    def _resume(self) -> None:
+        """Serve what came behind the last call (pipelined), and read on."""
+        if self.paused and self.transport is not None:
             self.paused = False
             self.transport.resume_reading()
-        self._next()  # a request that came behind this one
+        self._next()
 
     def _hand_over(self) -> None:
         """Give this connection, with what it has read, to aiohttp's ``RequestHandler`` for good."""

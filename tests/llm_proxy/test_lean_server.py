@@ -5,17 +5,23 @@ idle keep-alive close."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 from collections.abc import Iterator
+from typing import Any, cast
 
 import httpx
 import orjson
 import pytest
 from aiohttp import web
 
-from services.llm_proxy.lean_server import answer_bytes, parse_head
+from services.llm_proxy.client_limits import ClientGuard
+from services.llm_proxy.data_plane import DataPlane
+from services.llm_proxy.lean_server import LeanServer, answer_bytes, parse_head
+from services.llm_proxy.metrics import ProxyMetrics
 from services.runtime.redis_server import EmbeddedRedis
+from services.runtime.slow_clients import ClientLimits
 from tests.llm_proxy.fleet import DEV_ENV, start_engines
 from tests.support.processes import ServiceProcess, start_service
 from tests.support.slowloris import metric
@@ -184,3 +190,48 @@ def test_an_idle_connection_is_closed_quietly_after_the_keepalive(proxy: Service
         assert sock.recv(1) == b""  # closed by the proxy (ROLLOUT_PROXY_HTTP_KEEPALIVE_S=1)
     text = _metrics(proxy)
     assert (metric(text, cut) if cut in text else 0.0) == before
+
+
+class _Plane:
+    """``DataPlane.serve`` answering at once."""
+
+    def __init__(self) -> None:
+        self.served: list[str] = []
+
+    async def serve(self, request: Any) -> web.StreamResponse:
+        self.served.append(request.path)
+        return web.Response(body=b"{}", content_type="application/json")
+
+
+class _Transport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[bytes] = []
+
+    def write(self, data: Any) -> None:
+        self.written.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+async def test_no_call_is_served_while_the_client_leaves_its_answers_unread() -> None:
+    plane, metrics = _Plane(), ProxyMetrics()
+    guard = ClientGuard(ClientLimits(header_timeout_s=10, body_timeout_s=10, keepalive_s=10), metrics)
+    server = LeanServer(cast(web.Server, None), cast(DataPlane, plane), guard, metrics, 1 << 20)
+    connection, transport = server(), _Transport()
+    connection.connection_made(transport)
+    connection.data_received(_call(GENERATE))
+    await asyncio.sleep(0.01)
+    assert plane.served == ["/generate"] and len(transport.written) == 1
+    connection.pause_writing()  # the transport's buffer of unread answers is past its high-water mark
+    connection.data_received(_call(GENERATE) + _call(GENERATE))
+    await asyncio.sleep(0.01)
+    assert len(plane.served) == 1
+    connection.resume_writing()
+    await asyncio.sleep(0.01)
+    assert len(plane.served) == 3 and len(transport.written) == 3
+    connection.connection_lost(None)
