@@ -16,10 +16,11 @@ application's own gateway handlers, with the ``ErrorBody`` answer of an unhandle
 
 It takes only what it can read without doubt: ``POST`` to one of those routes, ``HTTP/1.1``,
 well-formed header lines, names seen once, one ``Content-Length`` of digits within
-``max_body_bytes``, no ``Transfer-Encoding``, ``Expect`` or ``Upgrade``, and a body that does not
-ask to ``"stream"``. At the first request that is anything else the connection is handed, with the
-request's bytes still unread, to aiohttp's ``RequestHandler`` for the rest of its life: the
-application's routes, streams, chunked bodies, 413s and malformed requests are aiohttp's as before.
+``max_body_bytes``, no ``Transfer-Encoding``, ``Expect`` or ``Upgrade``, and a body without
+``"stream"`` or a ``\\u00`` escape (``"\\u0073tream"`` is the same key). At the first request that
+is anything else the connection is handed, with the request's bytes still unread, to aiohttp's
+``RequestHandler`` for the rest of its life: the application's routes, streams, chunked bodies,
+413s and malformed requests are aiohttp's as before.
 
 Pipelined calls are served one after another, in order; none while the client leaves earlier
 answers unread (the transport's buffer past its high-water mark). Slow clients are cut as on
@@ -279,8 +280,8 @@ class LeanConnection(asyncio.Protocol):
             return
         with memoryview(buffer) as view:
             body = bytes(view[end + 4 : whole])
-        if b'"stream"' in body:
-            self._hand_over()  # an SSE answer is aiohttp's to write
+        if b'"stream"' in body or b"\\u00" in body:
+            self._hand_over()  # an SSE answer is aiohttp's to write (a key may be spelt with escapes)
             return
         del buffer[:whole]
         self.waiting = None

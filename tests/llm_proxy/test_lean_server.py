@@ -167,9 +167,11 @@ def test_what_the_lean_protocol_leaves_is_answered_by_aiohttp(proxy: ServiceProc
     raw = orjson.dumps(GENERATE)
     chunked = b"POST /generate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (
         len(raw), raw)  # fmt: skip
+    escaped = orjson.dumps(GENERATE).replace(b'"input_ids"', b'"\\u0073tream":true,"input_ids"')  # "stream", spelt so
     cases = [
         (chunked, 200),
         (_call({**GENERATE, "stream": True}), 200),
+        (b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(escaped), escaped), 200),
         (_call({"input_ids": list(range(2000))}), 413),  # over --max-body-bytes
         (_call(GENERATE, extra=b"Content-Length: 3\r\n"), 400),  # two lengths: refused, never guessed
     ]
