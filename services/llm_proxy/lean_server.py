@@ -9,12 +9,18 @@ in ``docs/llm_proxy.md``). :class:`LeanConnection` reads such a call itself and 
 :meth:`DataPlane.serve` (the same authentication, forwarder and error bodies as through aiohttp),
 then writes the answer's status, headers and body in one write.
 
-It takes only what it can read without doubt: ``POST`` to a data-plane route, ``HTTP/1.1``,
+The agent gateway's non-streaming calls (``POST /e/{session}/v1/chat/completions``, ``completions``,
+``messages``, ``responses``, without a query string) are read the same way and given to the
+application's own gateway handlers, with the ``ErrorBody`` answer of an unhandled error as its
+``error_bodies`` middleware gives it (the gateway checks its session's token itself).
+
+It takes only what it can read without doubt: ``POST`` to one of those routes, ``HTTP/1.1``,
 well-formed header lines, names seen once, one ``Content-Length`` of digits within
-``max_body_bytes``, no ``Transfer-Encoding``, ``Expect`` or ``Upgrade``, and a body that does not
-ask to ``"stream"``. At the first request that is anything else the connection is handed, with the
-request's bytes still unread, to aiohttp's ``RequestHandler`` for the rest of its life: the
-application's routes, streams, chunked bodies, 413s and malformed requests are aiohttp's as before.
+``max_body_bytes``, no ``Transfer-Encoding``, ``Expect`` or ``Upgrade``, and a body without
+``"stream"`` or a ``\\u00`` escape (``"\\u0073tream"`` is the same key). At the first request that
+is anything else the connection is handed, with the request's bytes still unread, to aiohttp's
+``RequestHandler`` for the rest of its life: the application's routes, streams, chunked bodies,
+413s and malformed requests are aiohttp's as before.
 
 Pipelined calls are served one after another, in order; none while the client leaves earlier
 answers unread (the transport's buffer past its high-water mark). Slow clients are cut as on
@@ -31,19 +37,28 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from email.utils import formatdate
+from types import MappingProxyType
 from typing import Any, cast
 
 from aiohttp import web
 
 from services.llm_proxy.client_limits import ClientGuard
 from services.llm_proxy.data_plane import ROUTES, DataPlane
+from services.llm_proxy.errors import answer_error
 from services.llm_proxy.metrics import ProxyMetrics
+from services.llm_proxy.responses import error_response
+from services.protocol import ErrorCode, PlatformError
 
 log = logging.getLogger(__name__)
 
-_REQUEST_LINE = re.compile(rb"POST (/generate|/v1/chat/completions|/v1/completions) HTTP/1\.1")
+_REQUEST_LINE = re.compile(
+    rb"POST (/generate|/v1/chat/completions|/v1/completions"
+    rb"|/e/([0-9A-Za-z_-]{1,128})(/v1/(?:chat/completions|completions|messages|responses))) HTTP/1\.1"
+)  # the data plane's routes, and the agent gateway's (``gateway/service.py``) without a query string
+GATEWAY_ROUTE = "/e/{session}"  # a gateway route's pattern in the application: this, then the suffix
+_NO_QUERY: Mapping[str, str] = MappingProxyType({})
 # a header line: a token, a colon, a value of visible characters, spaces and tabs (no obs-fold)
 _FIELD = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*")
 _HANDED_HEADERS = frozenset({"transfer-encoding", "expect", "upgrade"})
@@ -65,23 +80,29 @@ class LeanHeaders(dict[str, str]):
 
 
 class LeanRequest:
-    """A data-plane call read whole by :class:`LeanConnection` (what ``CallRequest`` asks for)."""
+    """A call read whole by :class:`LeanConnection`: what ``CallRequest`` asks for, and for a gateway
+    call what the gateway's handlers read of aiohttp's request (``match_info``, ``query``, ``transport``)."""
 
-    __slots__ = ("body", "headers", "method", "path")
+    __slots__ = ("body", "headers", "match_info", "method", "path", "query", "route", "transport")
 
-    def __init__(self, path: str, headers: LeanHeaders, body: bytes) -> None:
+    def __init__(self, path: str, headers: LeanHeaders, body: bytes, gateway: tuple[str, str] | None = None) -> None:
         self.method = "POST"
         self.path = path
         self.headers = headers
         self.body = body
+        self.query = _NO_QUERY
+        self.transport: asyncio.Transport | None = None
+        # a gateway call: its session, and its route as the application names it
+        self.match_info = {"session": gateway[0]} if gateway else {}
+        self.route = GATEWAY_ROUTE + gateway[1] if gateway else None
 
     async def read(self) -> bytes:
         return self.body
 
 
-def parse_head(head: bytes) -> tuple[str, LeanHeaders, int, bool] | None:
-    """``(path, headers, content length, close after the answer)`` of a request this server takes,
-    None for any other (aiohttp's then)."""
+def parse_head(head: bytes) -> tuple[str, LeanHeaders, int, bool, tuple[str, str] | None] | None:
+    """``(path, headers, content length, close after the answer, (session, route) of a gateway call)``
+    of a request this server takes, None for any other (aiohttp's then)."""
     lines = head.split(b"\r\n")
     found = _REQUEST_LINE.fullmatch(lines[0])
     if found is None or len(lines) > MAX_HEADERS + 1:
@@ -100,7 +121,8 @@ def parse_head(head: bytes) -> tuple[str, LeanHeaders, int, bool] | None:
     connection = headers.get("connection", "keep-alive").lower()
     if connection not in ("keep-alive", "close"):
         return None
-    return found[1].decode("ascii"), headers, int(length), connection == "close"
+    gateway = (found[2].decode("ascii"), found[3].decode("ascii")) if found[2] else None
+    return found[1].decode("ascii"), headers, int(length), connection == "close", gateway
 
 
 class _Date:
@@ -149,9 +171,29 @@ class LeanServer:
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.connections: set[LeanConnection] = set()
+        self.gateway: dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]] = {}  # by route pattern
 
     def __call__(self) -> LeanConnection:
         return LeanConnection(self)
+
+    def gateway_from(self, app: web.Application) -> None:
+        """Serve the agent gateway's routes that this protocol reads with the application's own handlers
+        (``gateway/service.py``: they check the session's token themselves)."""
+        for resource in app.router.resources():
+            for route in resource:
+                if route.method == "POST" and resource.canonical.startswith(GATEWAY_ROUTE + "/"):
+                    self.gateway[resource.canonical] = route.handler
+
+    async def answer(self, request: LeanRequest) -> web.StreamResponse:
+        if request.route is None:
+            return await self.plane.serve(request)
+        handler = self.gateway.get(request.route)
+        if handler is None:  # no gateway in this application
+            return error_response(PlatformError(ErrorCode.NOT_FOUND, f"no route {request.path}"))
+        try:
+            return await handler(cast(web.Request, request))  # reads only what LeanRequest has
+        except Exception as exc:  # the ``error_bodies`` middleware, as on the application's routes
+            return answer_error(request, exc)
 
     async def shutdown(self, timeout_s: float) -> None:
         """Close idle connections now, give calls in progress ``timeout_s``, then cancel them."""
@@ -229,7 +271,7 @@ class LeanConnection(asyncio.Protocol):
         if head is None or head[2] > self.server.max_body_bytes:
             self._hand_over()
             return
-        path, headers, length, close = head
+        path, headers, length, close, gateway = head
         whole = end + 4 + length
         if len(buffer) < whole:
             if self.waiting != "body":
@@ -238,17 +280,19 @@ class LeanConnection(asyncio.Protocol):
             return
         with memoryview(buffer) as view:
             body = bytes(view[end + 4 : whole])
-        if b'"stream"' in body:
-            self._hand_over()  # an SSE answer is aiohttp's to write
+        if b'"stream"' in body or b"\\u00" in body:
+            self._hand_over()  # an SSE answer is aiohttp's to write (a key may be spelt with escapes)
             return
         del buffer[:whole]
         self.waiting = None
         guard.disarm(self)
-        self.task = asyncio.get_running_loop().create_task(self._serve(LeanRequest(path, headers, body), close))
+        request = LeanRequest(path, headers, body, gateway)
+        request.transport = self.transport
+        self.task = asyncio.get_running_loop().create_task(self._serve(request, close))
 
     async def _serve(self, request: LeanRequest, close: bool) -> None:
         try:
-            response = await self.server.plane.serve(request)  # it answers every error itself
+            response = await self.server.answer(request)  # every error is answered there
             answer = answer_bytes(response, close)
             self.server.metrics.tally.count(self.server.metrics.lean_calls)
         except Exception:  # an answer this protocol cannot write: never leave the client waiting

@@ -52,6 +52,7 @@ async def serve_worker(settings: ProxySettings, redis_url: str) -> None:
     app[CLIENTS].install(runner.server)  # slow clients cut off (client_limits.py)
     plane = data_plane.install(runner.server, app)  # data-plane calls ahead of the router and middlewares
     lean = LeanServer(runner.server, plane, app[CLIENTS], app[METRICS], settings.max_body_bytes)  # no aiohttp objects
+    lean.gateway_from(app)
     loop = asyncio.get_running_loop()
     listening = await loop.create_server(
         lean, settings.host, settings.port, reuse_port=True, backlog=listen_backlog(settings, warn=True)

@@ -9,6 +9,7 @@ import asyncio
 import re
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import httpx
@@ -23,6 +24,7 @@ from services.llm_proxy.metrics import ProxyMetrics
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.slow_clients import ClientLimits
 from tests.llm_proxy.fleet import DEV_ENV, start_engines
+from tests.llm_proxy.gateway_fleet import gateway_fleet
 from tests.support.processes import ServiceProcess, start_service
 from tests.support.slowloris import metric
 
@@ -30,12 +32,14 @@ HEAD = b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\
 
 
 def test_a_plain_call_is_taken_with_its_headers() -> None:
-    path, headers, length, close = parse_head(HEAD)  # type: ignore[misc]
-    assert (path, length, close) == ("/generate", 12, False)
+    path, headers, length, close, gateway = parse_head(HEAD)  # type: ignore[misc]
+    assert (path, length, close, gateway) == ("/generate", 12, False, None)
     assert headers.get("x-pool") == headers.get("X-Pool") == "default" and headers["content-type"] == "application/json"
     assert parse_head(HEAD + b"\r\nConnection: close") is not None
     assert parse_head(HEAD + b"\r\nConnection: close")[3] is True  # type: ignore[index]
     assert parse_head(HEAD.replace(b"/generate", b"/v1/chat/completions")) is not None
+    gateway = parse_head(HEAD.replace(b"/generate", b"/e/ab12-_Z/v1/messages"))
+    assert gateway is not None and gateway[4] == ("ab12-_Z", "/v1/messages")
 
 
 @pytest.mark.parametrize(
@@ -45,6 +49,10 @@ def test_a_plain_call_is_taken_with_its_headers() -> None:
         HEAD.replace(b"HTTP/1.1", b"HTTP/1.0"),
         HEAD.replace(b"/generate", b"/generate?x=1"),
         HEAD.replace(b"/generate", b"/admin/weights"),
+        HEAD.replace(b"/generate", b"/e/s1/v1/messages?beta=true"),
+        HEAD.replace(b"/generate", b"/e/s.1/v1/chat/completions"),
+        HEAD.replace(b"/generate", b"/e/s1/v1/messages/count_tokens"),
+        HEAD.replace(b"/generate", b"/e//v1/chat/completions"),
         HEAD + b"\r\nContent-Length: 12",  # twice: smuggling's first step
         HEAD + b"\r\ncontent-length: 99",  # the same name in another case
         HEAD.replace(b"Content-Length: 12", b"Content-Length: +12"),
@@ -159,9 +167,11 @@ def test_what_the_lean_protocol_leaves_is_answered_by_aiohttp(proxy: ServiceProc
     raw = orjson.dumps(GENERATE)
     chunked = b"POST /generate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (
         len(raw), raw)  # fmt: skip
+    escaped = orjson.dumps(GENERATE).replace(b'"input_ids"', b'"\\u0073tream":true,"input_ids"')  # "stream", spelt so
     cases = [
         (chunked, 200),
         (_call({**GENERATE, "stream": True}), 200),
+        (b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(escaped), escaped), 200),
         (_call({"input_ids": list(range(2000))}), 413),  # over --max-body-bytes
         (_call(GENERATE, extra=b"Content-Length: 3\r\n"), 400),  # two lengths: refused, never guessed
     ]
@@ -235,3 +245,22 @@ async def test_no_call_is_served_while_the_client_leaves_its_answers_unread() ->
     await asyncio.sleep(0.01)
     assert len(plane.served) == 3 and len(transport.written) == 3
     connection.connection_lost(None)
+
+
+def test_gateway_calls_are_served_by_the_lean_protocol(redis_server: EmbeddedRedis, tmp_path: Path) -> None:
+    own_db = redis_server.url.rsplit("/", 1)[0] + "/7"  # not the other proxy's membership (its engines' pool)
+    with gateway_fleet(own_db, tmp_path, {"plain question": ["forty-two", "forty-three"]}) as fleet:
+        sid, token = fleet.session()
+        body: dict[str, object] = {"model": "policy", "messages": [{"role": "user", "content": "A plain question."}]}
+        auth = b"Authorization: Bearer %s\r\n" % token.encode()
+        path = b"/e/%s/v1/chat/completions" % sid.encode()
+        with socket.create_connection(("127.0.0.1", fleet.proxy.port)) as sock:
+            sock.sendall(_call(body, path, auth) + _call(body, path, b"Authorization: Bearer wrong\r\n"))
+            (status, headers, raw), (refused, refused_headers, _) = _answers(sock, 2)
+            sock.sendall(_call({**body, "stream": True}, path, auth))
+            [(_, stream_headers, _)] = _answers(sock, 1)
+        assert status == 200 and "server" not in headers, raw[:300]
+        assert orjson.loads(raw)["choices"][0]["message"]["content"] == "forty-two"
+        assert refused == 401 and "server" not in refused_headers
+        assert "aiohttp" in stream_headers["server"]  # a stream is aiohttp's to write
+        assert len(fleet.calls(sid)) == 2  # both answered calls are in the session's log
