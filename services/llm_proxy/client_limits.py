@@ -1,5 +1,6 @@
-"""Slow clients cut off on the proxy's aiohttp server (the gateway's routes included), as
-``services/runtime/slow_clients.py`` does on the uvicorn servers.
+"""Slow clients cut off on the proxy's connections, its own protocol's (``lean_server.py``) and
+aiohttp's (the gateway's streams and the application's routes), as ``services/runtime/slow_clients.py``
+does on the uvicorn servers.
 
 - A connection's first request must have all its headers ``http_header_timeout_s`` after the
   connection opened; a later one, ``http_keepalive_s + http_header_timeout_s`` after the previous
@@ -9,7 +10,10 @@
 The server's connection callbacks arm a deadline per connection; the middleware sees each request
 once its headers are in, disarms it, arms the body's (disarmed at the body's end) and, after the
 answer, the next request's. A connection past a deadline is closed without an answer. The time a
-handler takes to answer is never limited here (long generations, SSE). Counted in
+handler takes to answer is never limited here (long generations, SSE). A connection of the lean
+protocol arms its own (``track``, ``waiting``, ``idle``): a later request's headers are due
+``http_header_timeout_s`` after its first byte, and an idle connection is closed, quietly, after
+``http_keepalive_s``, as aiohttp closes its own. Counted in
 ``rollout_proxy_http_connections_open`` and ``rollout_proxy_http_connections_cut_total{phase}``.
 """
 

@@ -47,6 +47,7 @@ from aiohttp import web
 from services.llm_proxy.client_limits import ClientGuard
 from services.llm_proxy.data_plane import ROUTES, DataPlane
 from services.llm_proxy.errors import answer_error
+from services.llm_proxy.limits import MAX_HEADERS  # aiohttp's limit: a head with more goes to it, to be refused
 from services.llm_proxy.metrics import ProxyMetrics
 from services.llm_proxy.responses import error_response
 from services.protocol import ErrorCode, PlatformError
@@ -63,7 +64,6 @@ _NO_QUERY: Mapping[str, str] = MappingProxyType({})
 _FIELD = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*")
 _HANDED_HEADERS = frozenset({"transfer-encoding", "expect", "upgrade"})
 MAX_HEAD_BYTES = 16384  # a longer head goes to aiohttp, which applies its own line and field limits
-MAX_HEADERS = 128
 PIPELINED_MAX_BYTES = 1 << 20  # read no further while a call is served and this much waits behind it
 _SKIP_ANSWER_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "date"})
 
