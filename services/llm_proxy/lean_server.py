@@ -100,7 +100,10 @@ class LeanRequest:
         return self.body
 
 
-def parse_head(head: bytes) -> tuple[str, LeanHeaders, int, bool, tuple[str, str] | None] | None:
+Head = tuple[str, LeanHeaders, int, bool, tuple[str, str] | None]
+
+
+def parse_head(head: bytes) -> Head | None:
     """``(path, headers, content length, close after the answer, (session, route) of a gateway call)``
     of a request this server takes, None for any other (aiohttp's then)."""
     lines = head.split(b"\r\n")
@@ -220,6 +223,7 @@ class LeanConnection(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None
         self.waiting: str | None = "header"  # the part of a request whose deadline is armed
         self.paused = False  # reading paused: pipelined calls wait behind the one being served
+        self.head: tuple[int, Head] | None = None  # the buffered request's head, once read: (its end, it)
         self.blocked = False  # the client reads its answers slower than it sends calls: none served meanwhile
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -259,25 +263,28 @@ class LeanConnection(asyncio.Protocol):
         buffer, guard = self.buffer, self.server.guard
         if not buffer:
             return
-        end = buffer.find(b"\r\n\r\n")
-        if end < 0:
-            if len(buffer) > MAX_HEAD_BYTES:
+        if self.head is None:  # read once per request, not again for each piece of its body
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buffer) > MAX_HEAD_BYTES:
+                    self._hand_over()
+                elif self.waiting is None:
+                    self.waiting = "header"
+                    guard.waiting(self, "header")
+                return
+            parsed = parse_head(bytes(buffer[:end]))
+            if parsed is None or parsed[2] > self.server.max_body_bytes:
                 self._hand_over()
-            elif self.waiting is None:
-                self.waiting = "header"
-                guard.waiting(self, "header")
-            return
-        head = parse_head(bytes(buffer[:end]))
-        if head is None or head[2] > self.server.max_body_bytes:
-            self._hand_over()
-            return
-        path, headers, length, close, gateway = head
+                return
+            self.head = end, parsed
+        end, (path, headers, length, close, gateway) = self.head
         whole = end + 4 + length
         if len(buffer) < whole:
             if self.waiting != "body":
                 self.waiting = "body"
                 guard.waiting(self, "body")
             return
+        self.head = None
         with memoryview(buffer) as view:
             body = bytes(view[end + 4 : whole])
         if b'"stream"' in body or b"\\u00" in body:
