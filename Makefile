@@ -49,7 +49,9 @@ typecheck:
 # container's root filesystem on the host (exec then failed with "unable to find user root").
 # A failed test runs once more (pytest-rerunfailures) and is listed as RERUN in the summary: four
 # fresh-clone runs each failed a different test once (a port race, a readmission race, a container
-# list race, a chaos scenario's 120 s wait), the first three fixed; PYTEST_RERUNS=0 turns it off.
+# list race, a chaos scenario's 120 s wait), the first three fixed; PYTEST_RERUNS=0 turns it off. The
+# first attempt's traceback is printed in the rerun summary (--rerun-show-tracebacks): without it a test
+# that passed on its rerun left no trace of what failed.
 PYTEST_WORKERS ?= 4
 PYTEST_RERUNS ?= 1
 # Beside the tests, the platform's images are built into their cache (tests/support/prebuild_images.py,
@@ -60,7 +62,7 @@ PYTEST_RERUNS ?= 1
 PREBUILD_LOG := $(VENV)/prebuild-images.log
 pytest:
 	$(BIN)/python -m tests.support.prebuild_images > $(PREBUILD_LOG) 2>&1 & prebuild=$$!; \
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --reruns $(PYTEST_RERUNS); \
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --reruns $(PYTEST_RERUNS) --rerun-show-tracebacks; \
 	rc=$$?; wait $$prebuild; echo "== images built beside the tests: $$(tail -1 $(PREBUILD_LOG))"; exit $$rc
 
 clean:
