@@ -30,7 +30,7 @@ from services.runtime.generation import StoreGeneration
 from services.runtime.limits import raise_fd_limit
 from services.runtime.logs import configure_logging
 from services.runtime.outages import STORE_ERRORS, Outage
-from services.runtime.processes import die_with_fork_server
+from services.runtime.processes import die_with_parent
 from services.runtime.redis_pool import open_redis
 from services.runtime.redis_server import redis_url_or_embedded
 from services.runtime.settings import RedisSettings
@@ -71,7 +71,7 @@ def worker_main(settings: ProxySettings, redis_url: str, parent_pid: int) -> Non
     """Entry point of one child process; it ends when the parent dies (even by ``kill -9``)."""
     import uvloop  # comes with uvicorn[standard]
 
-    die_with_fork_server(parent_pid)
+    die_with_parent(parent_pid)
     configure_logging(settings.log_level)
     uvloop.run(serve_worker(settings, redis_url))
 
@@ -130,11 +130,7 @@ def run(settings: ProxySettings) -> int:
     ):
         asyncio.run(seed_membership(settings, redis_url))
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = prom  # children aggregate /metrics across processes
-        # the workers come from a fork server that imported this module once (with the environment
-        # above: the metrics' multiprocess mode): a worker, started or restarted, is a fork of it,
-        # not a fresh interpreter importing ~680 modules (about 0.9 s of CPU each)
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload([__name__])
+        ctx = multiprocessing.get_context("spawn")
 
         def start() -> BaseProcess:
             proc = ctx.Process(target=worker_main, args=(settings, redis_url, os.getpid()), daemon=True)

@@ -7,11 +7,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -77,27 +75,6 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> None:
         libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
     if os.getppid() != parent_pid:
         os.kill(os.getpid(), sig)
-
-
-def die_with_fork_server(supervisor_pid: int, sig: int = signal.SIGTERM) -> None:
-    """:func:`die_with_parent` for a process forked by a ``multiprocessing`` fork server that
-    ``supervisor_pid`` started. Its parent is the fork server, which does not end with the
-    supervisor while a process it forked lives (each holds the server's liveness pipe), so the
-    process watches the supervisor itself: a thread waits on its pidfd and sends ``sig`` here when
-    it ends (``kill -9`` included), or at once where it is gone already. The kernel sends ``sig`` too
-    should the fork server end first."""
-    die_with_parent(os.getppid(), sig)
-    try:
-        watched = os.pidfd_open(supervisor_pid)
-    except ProcessLookupError:
-        os.kill(os.getpid(), sig)
-        return
-
-    def watch() -> None:
-        select.select([watched], [], [])  # readable once the supervisor has exited
-        os.kill(os.getpid(), sig)
-
-    threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
 
 
 def python_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
