@@ -74,7 +74,8 @@ def worker_main(settings: ProxySettings, redis_url: str, parent_pid: int) -> Non
     for sig in (signal.SIGTERM, signal.SIGINT):  # the parent's handlers only set its flag
         signal.signal(sig, signal.SIG_DFL)
     die_with_parent(parent_pid)
-    values.ValueClass = values.get_value_class()  # the parent imported it before PROMETHEUS_MULTIPROC_DIR
+    # the parent imported prometheus_client before PROMETHEUS_MULTIPROC_DIR was set: multiprocess mode here
+    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
     configure_logging(settings.log_level)
     uvloop.run(serve_worker(settings, redis_url))
 
