@@ -109,12 +109,19 @@ def _unpack_sdist(sdist: Path, dest: Path) -> None:
 
 
 def _run_tests(repo: Path, recipe: TaskRecipe) -> dict[str, str]:
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # as in the image
+    # as in the image: none of the caller's pytest options or plugins (a PYTEST_ADDOPTS naming a plugin
+    # that the task's PYTHONPATH cannot import made every run fail, and every recipe "make no test fail")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")}
+    env.update(PYTHONDONTWRITEBYTECODE="1", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     env["PYTHONPATH"] = str(repo / recipe.pythonpath) if recipe.pythonpath else str(repo)
     argv = [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", recipe.test_file]
     done = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True, timeout=600, check=False)
     statuses = parse_pytest(done.stdout)
-    return {t: s for t, s in statuses.items() if "::" in t and " " not in t}
+    tests = {t: s for t, s in statuses.items() if "::" in t and " " not in t}
+    if not tests:
+        raise ValueError(f"{recipe.task_id}: pytest reported no test (exit {done.returncode}): "
+                         f"{(done.stdout + done.stderr)[-1500:]}")  # fmt: skip
+    return tests
 
 
 def git_commit(repo: Path) -> str:
