@@ -18,7 +18,7 @@ from typing import Protocol
 import httpx
 
 from rollout_client.weight_store import publish
-from services.protocol.tasks import DEFAULT_POOL
+from services.protocol.fields import DEFAULT_POOL
 from services.protocol.weights import CHECKSUM_FILE, WeightUpdate, WeightUpdateResult, tree_checksum
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,8 @@ from tqdm import tqdm
 
 from rollout_client.http import RolloutClient
 from services.protocol.api import EvalReport
-from services.protocol.tasks import MAX_SEED, AgentLimits, EvalOptions, Name, RolloutRequest, SamplingParams, Task
+from services.protocol.fields import Name
+from services.protocol.tasks import MAX_SEED, AgentLimits, EvalOptions, RolloutRequest, SamplingParams, Task
 
 logger = logging.getLogger(__name__)
 

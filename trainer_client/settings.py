@@ -12,7 +12,8 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from services.protocol import keys
-from services.protocol.tasks import AgentLimits, Name, SamplingParams
+from services.protocol.fields import Name
+from services.protocol.tasks import AgentLimits, SamplingParams
 from services.runtime.settings import UsesAdminToken, UsesRedis
 from trainer_client.evaluation import EvalConfig
 from trainer_client.learner import LossConfig

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from services.protocol.tasks import DEFAULT_POOL
+from services.protocol.fields import DEFAULT_POOL
 from services.runtime.processes import ServiceProcess, start_service
 from services.runtime.redis_server import EmbeddedRedis
 from services.runtime.secrets import FleetSecrets

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from services.fleet import demo, jobs, shell_tasks, summary
 from services.fleet.launcher import Fleet, FleetConfig
-from services.protocol.tasks import DEFAULT_POOL
+from services.protocol.fields import DEFAULT_POOL
 from services.runtime.processes import REPO_ROOT, python_env
 
 log = logging.getLogger(__name__)

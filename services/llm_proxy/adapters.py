@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from services.llm_proxy.membership import MembershipStore, PoolRecord
 from services.llm_proxy.upstream import EngineClient
 from services.protocol import ErrorCode, PlatformError
-from services.protocol.tasks import Name
+from services.protocol.fields import Name
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from services.llm_proxy.staging import StageFailed, stage
 from services.llm_proxy.upstream import EngineClient
 from services.llm_proxy.weights import WeightTransaction
 from services.protocol import ErrorCode, PlatformError, keys
-from services.protocol.tasks import Name
+from services.protocol.fields import Name
 from services.protocol.weights import WeightUpdate
 
 log = logging.getLogger(__name__)

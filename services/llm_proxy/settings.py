@@ -7,7 +7,7 @@ import os
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from services.protocol.tasks import DEFAULT_POOL
+from services.protocol.fields import DEFAULT_POOL
 from services.runtime.settings import ServesHttp, TunesGc, UsesAdminToken, UsesRedis, UsesServiceToken
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.protocol.tasks import DEFAULT_POOL, Name
+from services.protocol.fields import DEFAULT_POOL, Name
 
 
 class _Model(BaseModel):

@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from services.protocol.errors import ErrorDetail
-from services.protocol.tasks import (
+from services.protocol.fields import (
     MAX_DISK_MB,
     MAX_MEMORY_MB,
     MAX_TIMEOUT_S,
@@ -61,7 +61,7 @@ EgressDestination = Annotated[str, Field(max_length=64), AfterValidator(_destina
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # bounds: see services/protocol/tasks.py
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # bounds: see services/protocol/fields.py
 
 
 class Resources(_Model):

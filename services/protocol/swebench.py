@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from services.protocol.tasks import Name, RolloutOptions, SourceVersion
+from services.protocol.fields import Name, SourceVersion
+from services.protocol.tasks import RolloutOptions
 
 
 class SweInstance(BaseModel):

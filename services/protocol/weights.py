@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.protocol.tasks import MAX_TIMEOUT_S, Name, Text
+from services.protocol.fields import MAX_TIMEOUT_S, Name, Text
 
 # Weight versions. Written by the trainer (``WeightUpdate.version``), reported by every engine and
 # stamped on every generated token (``Turn.weight_version``); the trainer parses them back to the

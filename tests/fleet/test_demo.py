@@ -29,7 +29,7 @@ def test_the_cli_defaults_are_the_recipes() -> None:
 
 def test_two_jobs_get_their_own_pools_weights_and_directories_one_job_keeps_the_old_layout() -> None:
     from services.fleet.run import EVAL_JOB, JOB, UpOptions, job_specs
-    from services.protocol.tasks import DEFAULT_POOL
+    from services.protocol.fields import DEFAULT_POOL
 
     (one,) = job_specs(UpOptions(work_dir=Path("w")))
     assert (one.name, one.eval_job, one.pool, one.trainer_dir) == (JOB, EVAL_JOB, DEFAULT_POOL, Path("w/trainer"))
