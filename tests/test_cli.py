@@ -11,10 +11,10 @@ from pathlib import Path
 from tests.support.processes import REPO_ROOT, python_env
 
 
-def rollout(*args: str) -> subprocess.CompletedProcess[str]:
+def rollout(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "services.cli", *args], cwd=REPO_ROOT, env=python_env(),
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=timeout_s,
     )  # fmt: skip
 
 

@@ -164,8 +164,8 @@ class EmbeddedRedis:
             try:
                 self._proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout=5)
+                self._proc.kill()  # cannot be ignored: on a machine in a slow spell it took over 5 s to be reaped
+                self._proc.wait(timeout=60)
         if self._proc is not None and self._proc.stderr is not None:
             self._proc.stderr.close()
         self._proc = None
