@@ -38,7 +38,7 @@ from services.benchmarks.broker_load import (
 from services.benchmarks.broker_phases import one_at_a_time
 from services.benchmarks.broker_procs import Proc, python_proc
 from services.benchmarks.cpuacct import CpuGroup
-from services.benchmarks.procstat import processes, session_cpu_s, tree_total_cpu_s
+from services.benchmarks.procstat import processes, session_cpu_s, settle, tree_total_cpu_s
 from services.benchmarks.report import percentile, write_json
 from services.protocol.sandboxes import Resources, Template
 from services.rollout_api.settings import WorkerSettings
@@ -165,16 +165,19 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
     egress, egress_cpu_ms = await _cold_burst(load, broker, egress_n, egress_body)
     created = await _creation_alone(args, load, broker, image, egress_n)
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
+    settled = {"warm": await settle()}  # the cold bursts' released sandboxes are still being torn down
     cpu_before = _own_cpu_s(broker)  # the worker's path: its client's coalescer, batches of what is asked at once
     warm = await run_worker(
         load, args.leases, {"template": "bench"}, WorkerSettings().lease_batch_window_s, settings.redis_url
     )  # as a worker does: claimed from Redis, the rest in batches
     warm_cpu_ms = (_own_cpu_s(broker) - cpu_before) * 1000 / max(len(warm.start_ms), 1)
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
+    settled["single"] = await settle()
     cpu_before = _own_cpu_s(broker)
     single = await run_open(load, args.leases, {"template": "bench"})  # the same leases, one request each
     single_cpu_ms = (_own_cpu_s(broker) - cpu_before) * 1000 / max(len(single.start_ms), 1)
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
+    settled["batch"] = await settle()
     cpu_before = _own_cpu_s(broker)
     batched = await run_batched(load, args.leases, {"template": "bench"})  # the same leases, one request
     batched_cpu_ms = (_own_cpu_s(broker) - cpu_before) * 1000 / max(len(batched.start_ms), 1)
@@ -203,6 +206,9 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
         # coalescer: POST /leases/batch), and how many it claimed with no broker request
         "warm_lease_p50_ms": percentile(warm.start_ms, 50), "warm_lease_p99_ms": percentile(warm.start_ms, 99),
         "warm_lease_batches": warm.batches, "warm_lease_claimed": warm.claimed,
+        # before each warm burst, how long the host took to go quiet and how busy its cores were then
+        "settle_s": {k: round(v[0], 2) for k, v in settled.items()},
+        "settle_host_busy": {k: round(v[1], 3) for k, v in settled.items()},
         # the same burst with one POST /leases per lease, over connections opened before it
         "warm_lease_single_p50_ms": percentile(single.start_ms, 50),
         "warm_lease_single_p99_ms": percentile(single.start_ms, 99), "single_warm_hits": single.warm,

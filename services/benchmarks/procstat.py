@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,3 +81,28 @@ def trees_total_cpu_s(roots: dict[int, str]) -> dict[str, float]:
             totals[name] += total_of.get(current, 0.0)
             todo += children.get(current, [])
     return totals
+
+
+def host_cpu_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of every core since boot, from ``/proc/stat``'s first line; idle and
+    iowait are not busy."""
+    with open("/proc/stat") as stat:
+        ticks = [int(field) for field in stat.readline().split()[1:]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+async def settle(max_busy: float = 0.2, window_s: float = 0.5, timeout_s: float = 30.0) -> tuple[float, float]:
+    """Wait until the host's cores were busy less than ``max_busy`` of a ``window_s`` window (the
+    kernel's deferred work included: a released sandbox's network namespace is freed by a kernel
+    worker after its processes are gone), or ``timeout_s``; returns (seconds waited, the last
+    window's busy share). A latency burst measured right after hundreds of sandboxes were released
+    would otherwise time that clean-up as well."""
+    started = time.monotonic()
+    busy_share = 1.0
+    while True:
+        busy, total = host_cpu_ticks()
+        await asyncio.sleep(window_s)
+        busy_after, total_after = host_cpu_ticks()
+        busy_share = (busy_after - busy) / max(total_after - total, 1)
+        if busy_share < max_busy or time.monotonic() - started >= timeout_s:
+            return time.monotonic() - started, busy_share

@@ -3,11 +3,20 @@ their own (a broker's agent zygote), with the children they reaped; its session 
 
 from __future__ import annotations
 
+import asyncio
+import os
 import subprocess
 import sys
 import time
 
-from services.benchmarks.procstat import processes, session_cpu_s, tree_total_cpu_s, trees_total_cpu_s
+from services.benchmarks.procstat import (
+    host_cpu_ticks,
+    processes,
+    session_cpu_s,
+    settle,
+    tree_total_cpu_s,
+    trees_total_cpu_s,
+)
 
 # a service (its own session) whose helper starts a session of its own, reaps a child that burned
 # CPU and stays alive, as the zygote does with an exec agent and its commands
@@ -40,3 +49,18 @@ def test_a_tree_counts_a_helper_in_its_own_session_and_what_it_reaped() -> None:
             subprocess.run(["pkill", "-9", "-s", str(leader)], check=False)
         service.kill()
         service.wait()
+
+
+def test_settling_waits_out_busy_cores_until_its_timeout() -> None:
+    """Spinners on every core keep the host busy: the wait lasts its whole timeout and says how busy."""
+    spin = "while True: pass"
+    spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(len(os.sched_getaffinity(0)))]
+    try:
+        busy, total = host_cpu_ticks()
+        assert 0 <= busy <= total
+        waited, busy_share = asyncio.run(settle(max_busy=0.5, window_s=0.2, timeout_s=1.0))
+        assert waited >= 1.0 and busy_share >= 0.5, (waited, busy_share)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()

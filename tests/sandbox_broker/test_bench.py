@@ -40,6 +40,7 @@ def test_broker_benchmark_writes_its_figures(isolation: str, tmp_path: Path, red
     # the worker's client: n leases asked at once, all claimed straight from Redis (no broker request)
     assert figures["warm_lease_claimed"] == n and figures["warm_lease_batches"] == 0
     assert figures["single_warm_hits"] == n  # the same burst, a request per lease
+    assert set(figures["settle_s"]) == set(figures["settle_host_busy"]) == {"warm", "single", "batch"}
     assert figures["batch_warm_hits"] == n and figures["warm_lease_batch_p50_ms"] > 0  # one request, n leases
     assert figures["paced_leases"] == n and figures["paced_warm_hits"] == n  # paced: the pool was refilled first
     assert 0 < figures["burst_floor_p50_ms"] <= figures["burst_floor_p99_ms"]  # the no-op server answered them all
