@@ -9,7 +9,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import tempfile
 import time
 from multiprocessing.process import BaseProcess
 
@@ -31,6 +30,7 @@ from services.runtime.generation import StoreGeneration
 from services.runtime.limits import raise_fd_limit
 from services.runtime.logs import configure_logging
 from services.runtime.outages import STORE_ERRORS, Outage
+from services.runtime.owned_dirs import owned_tempdir
 from services.runtime.processes import die_with_parent
 from services.runtime.redis_pool import open_redis
 from services.runtime.redis_server import redis_url_or_embedded
@@ -130,7 +130,7 @@ def run(settings: ProxySettings) -> int:
     signal.signal(signal.SIGINT, _stop)
     with (
         redis_url_or_embedded(settings.redis_url) as redis_url,
-        tempfile.TemporaryDirectory(prefix="proxy-prom-") as prom,
+        owned_tempdir("proxy-prom-") as prom,  # a kill -9 leaves it only until the next proxy starts
     ):
         asyncio.run(seed_membership(settings, redis_url))
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = prom  # children aggregate /metrics across processes

@@ -31,12 +31,18 @@ def start_engines(log_dir: Path, count: int, *extra: str, name: str = "engine") 
 
 
 def start_proxy(
-    log_dir: Path, redis_url: str, engines: Sequence[str], *extra: str, timeout_s: float = 30.0
+    log_dir: Path,
+    redis_url: str,
+    engines: Sequence[str],
+    *extra: str,
+    timeout_s: float = 30.0,
+    env: Mapping[str, str] | None = None,
 ) -> ServiceProcess:
     return start_service(
         ["-m", "services.cli", "proxy", "--port", "{port}", "--workers", "2", "--engines", ",".join(engines),
          "--health-interval-s", "0.2", "--eject-after-failures", "2", *extra],
-        log_dir=log_dir, name="proxy", env={"ROLLOUT_REDIS_URL": redis_url, **DEV_ENV}, timeout_s=timeout_s,
+        log_dir=log_dir, name="proxy", env={"ROLLOUT_REDIS_URL": redis_url, **DEV_ENV, **(env or {})},
+        timeout_s=timeout_s,
     )  # fmt: skip
 
 
