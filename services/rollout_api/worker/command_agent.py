@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from services.protocol.agents import CommandAgent
 from services.protocol.trajectory import AgentRun
+from services.runtime.subprocess_pipes import close_pipes
 
 _PASSED = ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "TZ")
 
@@ -60,4 +61,5 @@ async def run_command(spec: CommandAgent, env: dict[str, str], record: AgentRun,
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 await asyncio.shield(proc.wait())
+            close_pipes(proc)  # cancelled mid-read: its output is not wanted, whoever still holds the pipe
             record.last_output = tail.decode(errors="replace")

@@ -9,6 +9,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.runtime.subprocess_pipes import close_pipes
+
 log = logging.getLogger(__name__)
 
 # host pieces every sandbox sees read-only: the programs and what bash/python need to start
@@ -194,5 +196,6 @@ async def _output(argv: list[str]) -> str:
     except TimeoutError:
         proc.kill()
         await proc.wait()
+        close_pipes(proc)  # a process it started may still hold them
         return "timed out"
     return out.decode(errors="replace")

@@ -34,6 +34,7 @@ from typing import Any
 
 from services.protocol.errors import PlatformError
 from services.protocol.status import ErrorCode
+from services.runtime.subprocess_pipes import close_pipes
 from services.runtime.tasks import cancel_and_wait
 from services.sandbox_broker.backends import imageroot
 from services.sandbox_broker.backends.bwrap import (
@@ -257,6 +258,7 @@ async def _output(argv: list[str]) -> tuple[int, str]:
     except BaseException as exc:  # timed out, or the broker stopping
         proc.kill()
         await proc.wait()
+        close_pipes(proc)  # a process it started may still hold them
         if not isinstance(exc, TimeoutError):
             raise
         return -1, "timed out"

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from services.protocol.sandboxes import ExecResult
+from services.runtime.subprocess_pipes import close_pipes
 from services.sandbox_broker.backends.base import OutputBuffer, OutputSink
 
 TIMEOUT_EXIT_CODE = 124
@@ -76,6 +77,7 @@ async def run_process(
             work.cancel()
             with contextlib.suppress(BaseException):
                 await work
+            close_pipes(proc)  # a process that outlived the kill (a grandchild) holds them: stop reading
     code = proc.returncode if proc.returncode is not None else -9
     return ExecResult(
         exit_code=TIMEOUT_EXIT_CODE if timed_out else code,
