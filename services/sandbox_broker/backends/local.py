@@ -83,7 +83,7 @@ class LocalBackend:
         self.probe = HostProbe(None, None, False, "none")
         self.overlay = False
         self.disk_quota = False  # each sandbox's writable state on a loop-mounted, size-limited ext4
-        self.disks = disk.DiskImages(state_dir / disk.TEMPLATES)
+        self.disks = disk.DiskImages(state_dir / disk.TEMPLATES, settings.sandbox_uid)
         self.egress_problem = "not probed"  # '' when egress sandboxes get their own isolated namespace
         self._bwrap: str | None = None
         forks = settings.agent_zygote and os.geteuid() == 0  # it enters the sandboxes' namespaces: root only
@@ -159,10 +159,8 @@ class LocalBackend:
     async def create(self, spec: SandboxSpec) -> Sandbox:
         sandbox_id = "loc-" + secrets.token_hex(8)
         paths = self._paths(sandbox_id)
-        # the image is unpacked before the sandbox's directory exists
-        unpack_s = await asyncio.to_thread(self._timed, "image", self.images.unpack, spec.template, self.overlay)
         meta: dict[str, object] = {"labels": spec.labels, "network": spec.network, "created_at": time.time(),
-                                   "image_prepare_s": unpack_s, "agents_dir": self.agents_dir}  # fmt: skip
+                                   "agents_dir": self.agents_dir}  # fmt: skip
         if spec.isolation_level == "gvisor":  # else bubblewrap's namespaces (an older sandbox has no "isolation")
             await self.gvisor.ready()
             meta.update(isolation="gvisor", gvisor_nproc=self.pids_max)
@@ -207,7 +205,9 @@ class LocalBackend:
         await asyncio.to_thread(snapshots.drop, snapshot_id, self.root.parent)
 
     def _prepare(self, paths: SandboxPaths, spec: SandboxSpec, meta: dict[str, object]) -> str:
-        """Lay the sandbox out on disk; its meta as written."""
+        """Lay the sandbox out on disk (one worker thread's call: each costs a hand-over); its meta as
+        written. The image is unpacked before the sandbox's directory exists."""
+        meta["image_prepare_s"] = self._timed("image", self.images.unpack, spec.template, self.overlay)
         paths.root.mkdir(parents=True)
         started = time.monotonic()  # a clone: before any overlay is mounted over the copied upper layer
         source = snapshots.image_of(spec.clone_of, self.root.parent, self.disk_quota)  # a clone's disk
@@ -251,8 +251,12 @@ class LocalBackend:
         self.known.drop(sandbox_id)
         await self.gateways.unbind(sandbox_id)
         await self.agents.stop(sandbox_id)
-        await asyncio.to_thread(self.cgroups.remove, sandbox_id, self._spared())
-        await asyncio.to_thread(teardown, paths)
+        await asyncio.to_thread(self._remove, sandbox_id, paths, self._spared())
+
+    def _remove(self, sandbox_id: str, paths: SandboxPaths, spared: tuple[int, ...]) -> None:
+        """The sandbox's processes, cgroups, mounts and directory, in one worker thread's call."""
+        self.cgroups.remove(sandbox_id, spared)
+        teardown(paths)
 
     async def list_sandboxes(self) -> list[Sandbox]:
         return await asyncio.to_thread(scan, self.root, self.known, self.cgroups)
