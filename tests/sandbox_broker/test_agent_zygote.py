@@ -100,12 +100,27 @@ def _zombies_of(pid: int) -> list[str]:
     return [c for c in children if Path(f"/proc/{c}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"]
 
 
+def _read(path: str) -> str:
+    return Path(path).read_text()
+
+
+def _status(pid: int) -> dict[str, str]:
+    return dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line)
+
+
 def _check_from_the_host(bubblewrap: int, cgroup_procs: list[Path], nofile: int, netns: Path) -> None:
-    """The bubblewrap is the sandbox uid's, and its stub is in every cgroup of the sandbox (which the
-    stub's own cgroup namespace hides), under its rlimits, in its egress namespace."""
+    """The bubblewrap is the sandbox uid's, with no groups, no capability in any set and no new
+    privileges, and its stub is in every cgroup of the sandbox (which the stub's own cgroup namespace
+    hides), under its rlimits, in its egress namespace, with nothing open but its stdio and no signal
+    blocked or ignored (glibc's posix_spawn leaves its two internal real-time signals ignored)."""
     assert Path(f"/proc/{bubblewrap}/exe").resolve() == Path(shutil.which("bwrap") or "bwrap").resolve()
-    assert Path(f"/proc/{bubblewrap}/status").read_text().count("\t1000\t1000\t1000\t1000") == 2  # uid, gid
+    status = _status(bubblewrap)
+    assert status["Uid"] == status["Gid"] == "1000\t1000\t1000\t1000" and status["Groups"].strip() == ""
+    assert [status[f"Cap{kind}"] for kind in ("Inh", "Prm", "Eff", "Bnd", "Amb")] == ["0000000000000000"] * 5
+    assert status["NoNewPrivs"] == "1"
     stub = only_child(bubblewrap)
+    assert sorted(os.listdir(f"/proc/{stub}/fd")) == ["0", "1", "2"]
+    assert int(_status(stub)["SigBlk"], 16) == 0 and int(_status(stub)["SigIgn"], 16) & 0x7FFFFFFF == 0  # signals 1-31
     groups = Path(f"/proc/{stub}/cgroup").read_text()
     for procs in cgroup_procs:
         assert f"/{procs.parent.name}\n" in groups and str(stub) in procs.read_text().split()
@@ -126,6 +141,11 @@ def test_the_zygote_starts_each_sandboxs_bubblewrap_in_its_cgroups_limits_and_na
             agent, zygote = backend.agents.agents[sid], agents_zygote.proc
             assert isinstance(agent.proc, Spawned) and zygote is not None
             assert _parent(agent.proc.pid) == zygote.pid  # no shell, nsenter or setpriv left between them
+            # the zygote started it from the sandbox's cgroups, namespaces and ids, and is back in its own
+            assert _read(f"/proc/{zygote.pid}/cgroup") == _read("/proc/self/cgroup")
+            assert _status(zygote.pid)["Uid"] == _status(zygote.pid)["Gid"] == "0\t0\t0\t0"
+            for name in ("net", "mnt", "pid_for_children"):
+                assert os.readlink(f"/proc/{zygote.pid}/ns/{name}") == os.readlink(f"/proc/self/ns/{name}")
             _check_from_the_host(agent.proc.pid, backend.cgroups.procs_files(sid), backend.nofile,
                                  state_dir / "sandboxes" / sid / "netns")  # fmt: skip
             # the agent is the zygote's other child (no intermediate process), born in the stub's pid
@@ -141,11 +161,17 @@ def test_the_zygote_starts_each_sandboxs_bubblewrap_in_its_cgroups_limits_and_na
             assert "NoNewPrivs:\t1" in result.stdout and "CapBnd:\t0000000000000000" in result.stdout
 
             # bubblewrap killed: the broker sees it end (pidfd), the zygote reaps it, and the sandbox's
-            # next command runs (alone) while a new agent starts
+            # next command runs (alone) while a new agent starts: in a bubblewrap of its own, not from
+            # the zygote (the sandbox's cgroups have run its commands: the zygote enters fresh ones only)
             agent.proc.kill()
             await asyncio.wait_for(agent.proc.wait(), 10)
             assert not agent.alive
             assert (await backend.exec(sid, ExecRequest(shell="echo again", timeout_s=20))).stdout == "again\n"
+            for _ in range(100):
+                if sid in backend.agents.agents and backend.agents.agents[sid].alive:
+                    break
+                await asyncio.sleep(0.1)
+            assert isinstance(backend.agents.agents[sid].proc, asyncio.subprocess.Process)
             for _ in range(100):
                 if not _zombies_of(zygote.pid):
                     break
@@ -161,8 +187,9 @@ def test_a_bubblewrap_the_zygote_cannot_start_fails_the_agent_not_the_zygote(sta
             await zygote.start()
             started = zygote.proc
             log_path = state_dir / "agent.log"
-            launch = {"procs": [], "rlimits": {}, "namespaces": [], "uid": 1000, "sandbox": "nowhere"}
-            with pytest.raises(OSError, match="namespaces were not made"):
+            launch = {"procs": [], "hierarchies": [], "rlimits": {}, "namespaces": [], "uid": 1000,
+                      "sandbox": "nowhere"}  # fmt: skip
+            with pytest.raises(OSError, match="did not start the sandbox's bubblewrap"):
                 await ExecAgent.fork(zygote, [str(state_dir / "no-bwrap"), "--version"], {}, log_path, launch, "/")
             assert "zygote: the sandbox nowhere did not start: FileNotFoundError" in log_path.read_text()
             sandbox = await backend.create(SandboxSpec(default_template(settings), Resources()))

@@ -46,6 +46,9 @@ def test_broker_benchmark_writes_its_figures(isolation: str, tmp_path: Path, red
     assert 0 < figures["burst_floor_p50_ms"] <= figures["burst_floor_p99_ms"]  # the no-op server answered them all
     assert figures["agent_starts"] == n and figures["agent_start_p50_ms"] > 0  # each agent reached the upstream
     assert figures["cold_create_cpu_ms"] > 0 and figures["egress_cold_create_cpu_ms"] > 0
+    rounds = figures["cold_create_cpu_ms_rounds"]  # three bare bursts, the median reported, each beside the
+    assert len(rounds) == 3 and figures["cold_create_cpu_ms"] == sorted(rounds)[1]  # host speed's reference
+    assert len(figures["cpu_reference_ms"]) == 3 and min(figures["cpu_reference_ms"]) > 0
     assert figures["cold_lease_cpu_ms"] > 0 and figures["egress_cold_lease_cpu_ms"] > 0  # setup and episode too
     assert figures["bare_cold_lease_p50_ms"] > 0
     assert figures["cold_create_cpu_source"] in ("cpuacct", "tree")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -149,8 +150,32 @@ def test_a_half_made_template_of_a_gone_broker_is_removed(disks: disk.DiskImages
     gone = disks.directory / f"ext4-8mb-{disk.FORMAT}.img.{2**22 + 12345}.tmp"
     for scratch in (mine, gone):
         scratch.write_bytes(b"")
+    skeletons = [Path(f"{scratch}.d") for scratch in (mine, gone)]  # a template's directories, half made
+    for skeleton in skeletons:
+        (skeleton / "workspace").mkdir(parents=True)
     disks.clean_leftovers()
     assert mine.exists() and not gone.exists()
+    assert skeletons[0].is_dir() and not skeletons[1].exists()
+
+
+def test_a_template_for_the_sandbox_uid_holds_its_workspace_and_tmp(state_dir: Path) -> None:
+    """Made once in the template (``mkfs.ext4 -d``), not in each sandbox's copy: the workspace and
+    /tmp as the layout makes them, the sandbox uid's, and no lost+found (``debugfs``)."""
+    if not disk.probe(probe_dir(state_dir, "disk", os.getpid())):
+        pytest.skip("no loop mounts here (not root, no loop devices or no mkfs.ext4)")
+    disks, root = disk.DiskImages(state_dir / disk.TEMPLATES, uid=1000), state_dir / "sbx"
+    root.mkdir()
+    try:
+        disks.create(root, root / "rw", SIZE_MB)
+        found = {p.name: p.stat() for p in (root / "rw").iterdir()}
+        assert sorted(found) == ["tmp", "workspace"]  # no lost+found: removed in the template
+        assert (found["workspace"].st_uid, found["workspace"].st_gid) == (1000, 1000)
+        assert stat.S_IMODE(found["workspace"].st_mode) == 0o755
+        assert (found["tmp"].st_uid, stat.S_IMODE(found["tmp"].st_mode)) == (1000, 0o1777)
+        assert "-u1000.img" in disks.template(SIZE_MB).name  # apart from another uid's, or an empty one's
+        assert disks.template(SIZE_MB) != disk.DiskImages(disks.directory).template(SIZE_MB)
+    finally:
+        disk.release(root, root / "rw")
 
 
 def test_a_large_empty_disk_costs_the_host_a_fraction_of_a_megabyte(disks: disk.DiskImages, tmp_path: Path) -> None:

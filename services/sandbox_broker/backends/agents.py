@@ -47,9 +47,15 @@ log = logging.getLogger(__name__)
 BOOTSTRAP = "import sys;n=int(sys.stdin.buffer.readline());exec(compile(sys.stdin.buffer.read(n),'exec_agent','exec'))"
 GRACE_S = 10.0  # past a command's timeout, how long the broker waits for the agent before killing it
 KILLED_EXIT_CODE = 137  # the command killed the agent (and so its own namespace): as if SIGKILLed
-# a zygote-forked agent's sandbox: bubblewrap's command, pid 1 of its namespace, says when it is set up
-# and waits (the shell's own read: no second program to start) until the broker closes its stdin
-STUB = ["--as-pid-1", "/bin/sh", "-c", "echo; read -r _"]
+
+
+def stub(rlimits: dict[str, int]) -> list[str]:
+    """A zygote-forked agent's sandbox: bubblewrap's command, pid 1 of its namespace, takes the
+    sandbox's rlimits (soft and hard: the shell's ``ulimit``, as ``bwrap.limits_prefix`` sets them),
+    says when it is set up and waits (the shell's own read: no second program to start) until the
+    broker closes its stdin; a limit it cannot set ends it, unready."""
+    limits = "".join(f"ulimit -{flag} {int(value)} && " for flag, value in rlimits.items())
+    return ["--as-pid-1", "/bin/sh", "-c", f"{limits}echo || exit 1; read -r _"]
 
 
 def _seconds(value: object) -> float | None:
@@ -119,7 +125,7 @@ class ExecAgent:
     async def fork(cls, zygote: AgentZygote, argv: list[str], env: dict[str, str], log_path: Path,
                    launch: dict[str, object], cwd: str) -> ExecAgent:  # fmt: skip
         """An agent forked by the zygote into the namespaces of the sandbox's bubblewrap (``argv``,
-        ending in ``STUB``), which the zygote starts first (``launch``: agent_zygote.Zygote.launch; the
+        ending in ``stub``), which the zygote starts first (``launch``: agent_zygote.Zygote.launch; the
         agent joins the same cgroups under the same rlimits and uid, in ``cwd``)."""
         stdin, ours = os.pipe()  # the stub reads it until this process closes it (or ends)
         theirs, ready = os.pipe()

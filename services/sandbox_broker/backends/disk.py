@@ -13,7 +13,10 @@ the sandbox.
 The image is not formatted per sandbox: ``mkfs.ext4`` runs once per size and state directory, into
 a template (:class:`DiskImages`), and each sandbox gets a sparse copy of it (its data extents only:
 about a quarter of mkfs's CPU). The copies share the filesystem's UUID, which ext4, unlike XFS,
-does not mind; nothing on the host mounts by UUID.
+does not mind; nothing on the host mounts by UUID. Given the sandbox uid, the template already holds
+the workspace and ``/tmp`` (``mkfs.ext4 -d``: the sandbox uid's, ``/tmp`` sticky and world-writable,
+as ``local_prepare.layout`` makes them) and no ``lost+found`` (``debugfs``, where it is installed):
+each sandbox's first writes to its filesystem (two directories made, one removed) are then done once.
 
 Project quotas (XFS, ext4) would do the same on one shared filesystem, but need a kernel built with
 quota support; a size-limited tmpfs is exact but RAM-backed. Without root (no loop mounts), ``disk``
@@ -43,6 +46,8 @@ MOUNT_OPTIONS = "noinit_itable"
 KIND = "loop-ext4"
 FIFREEZE, FITHAW = 0xC0045877, 0xC0045878  # _IOWR('X', 119 / 120, int)
 FORMAT = hashlib.sha256(" ".join(MKFS).encode()).hexdigest()[:10]  # templates of other mkfs options are not used
+SKELETON = (("workspace", 0o755), ("tmp", 0o1777))  # made in a template for a sandbox uid (bwrap.SandboxPaths)
+LAYOUT = hashlib.sha256(repr(SKELETON).encode()).hexdigest()[:6]
 TEMPLATES = "disk-templates"  # under the state directory
 
 
@@ -54,8 +59,9 @@ class DiskImages:
     """Empty formatted images, one per size, made once in ``directory`` (several brokers may share
     it: each template appears by an atomic rename) and copied for each sandbox."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, uid: int | None = None) -> None:
         self.directory = directory
+        self.uid = uid  # the owner of the workspace and /tmp made in the template; None: an empty template
         self._lock = threading.Lock()  # one mkfs per size at a time in this process
 
     def create(self, root: Path, mountpoint: Path, size_mb: int, source: Path | None = None) -> None:
@@ -71,7 +77,8 @@ class DiskImages:
             (mountpoint / "lost+found").rmdir()
 
     def template(self, size_mb: int) -> Path:
-        path = self.directory / f"ext4-{size_mb}mb-{FORMAT}.img"
+        layout = "" if self.uid is None else f"-{LAYOUT}-u{self.uid}"
+        path = self.directory / f"ext4-{size_mb}mb-{FORMAT}{layout}.img"
         if path.is_file():
             return path
         with self._lock:
@@ -79,24 +86,42 @@ class DiskImages:
                 self.directory.mkdir(parents=True, exist_ok=True)
                 scratch = path.with_name(f"{path.name}.{os.getpid()}.tmp")
                 try:
-                    _format(scratch, size_mb)
+                    _format(scratch, size_mb, self.uid)
                     os.replace(scratch, path)
                 finally:
                     scratch.unlink(missing_ok=True)
         return path
 
     def clean_leftovers(self) -> None:
-        """Remove half-made templates of brokers that are gone."""
-        for scratch in self.directory.glob("*.tmp"):
-            pid = scratch.suffixes[-2].lstrip(".") if len(scratch.suffixes) > 1 else ""
+        """Remove half-made templates (and their skeleton directories) of brokers that are gone."""
+        for scratch in [*self.directory.glob("*.tmp"), *self.directory.glob("*.tmp.d")]:
+            pid = scratch.name.removesuffix(".d").removesuffix(".tmp").rpartition(".")[2]
             if not (pid.isdigit() and Path(f"/proc/{pid}").exists()):
-                scratch.unlink(missing_ok=True)
+                if scratch.is_dir():
+                    shutil.rmtree(scratch, ignore_errors=True)
+                else:
+                    scratch.unlink(missing_ok=True)
 
 
-def _format(path: Path, size_mb: int) -> None:
+def _format(path: Path, size_mb: int, uid: int | None) -> None:
     with path.open("wb") as f:
         f.truncate(size_mb * 1024 * 1024)
-    _run([*MKFS, str(path)], "mkfs.ext4")
+    if uid is None:
+        _run([*MKFS, str(path)], "mkfs.ext4")
+        return
+    skeleton = path.with_name(path.name + ".d")
+    shutil.rmtree(skeleton, ignore_errors=True)
+    try:
+        for name, mode in SKELETON:
+            (skeleton / name).mkdir(parents=True)
+            os.chmod(skeleton / name, mode)
+            if os.geteuid() == 0:
+                os.chown(skeleton / name, uid, uid)
+        _run([*MKFS, "-d", str(skeleton), str(path)], "mkfs.ext4")
+    finally:
+        shutil.rmtree(skeleton, ignore_errors=True)
+    if shutil.which("debugfs") is not None:  # else each sandbox removes its own copy's
+        _run(["debugfs", "-w", "-R", "rmdir lost+found", str(path)], "debugfs")
 
 
 def copy_sparse(source: Path, dest: Path) -> None:

@@ -34,7 +34,7 @@ from services.sandbox_broker.backends import (
     overlay,
     snapshots,
 )
-from services.sandbox_broker.backends.agents import STUB, AgentRequest, ExecAgent, ExecAgents, agent_command
+from services.sandbox_broker.backends.agents import AgentRequest, ExecAgent, ExecAgents, agent_command, stub
 from services.sandbox_broker.backends.base import OutputSink, Sandbox, SandboxSpec, bad_path, sandbox_gone
 from services.sandbox_broker.backends.bwrap import HostProbe, SandboxPaths, probe_bwrap
 from services.sandbox_broker.backends.cgroups import Cgroups
@@ -83,7 +83,7 @@ class LocalBackend:
         self.probe = HostProbe(None, None, False, "none")
         self.overlay = False
         self.disk_quota = False  # each sandbox's writable state on a loop-mounted, size-limited ext4
-        self.disks = disk.DiskImages(state_dir / disk.TEMPLATES)
+        self.disks = disk.DiskImages(state_dir / disk.TEMPLATES, settings.sandbox_uid)
         self.egress_problem = "not probed"  # '' when egress sandboxes get their own isolated namespace
         self._bwrap: str | None = None
         forks = settings.agent_zygote and os.geteuid() == 0  # it enters the sandboxes' namespaces: root only
@@ -159,10 +159,8 @@ class LocalBackend:
     async def create(self, spec: SandboxSpec) -> Sandbox:
         sandbox_id = "loc-" + secrets.token_hex(8)
         paths = self._paths(sandbox_id)
-        # the image is unpacked before the sandbox's directory exists
-        unpack_s = await asyncio.to_thread(self._timed, "image", self.images.unpack, spec.template, self.overlay)
         meta: dict[str, object] = {"labels": spec.labels, "network": spec.network, "created_at": time.time(),
-                                   "image_prepare_s": unpack_s, "agents_dir": self.agents_dir}  # fmt: skip
+                                   "agents_dir": self.agents_dir}  # fmt: skip
         if spec.isolation_level == "gvisor":  # else bubblewrap's namespaces (an older sandbox has no "isolation")
             await self.gvisor.ready()
             meta.update(isolation="gvisor", gvisor_nproc=self.pids_max)
@@ -207,7 +205,9 @@ class LocalBackend:
         await asyncio.to_thread(snapshots.drop, snapshot_id, self.root.parent)
 
     def _prepare(self, paths: SandboxPaths, spec: SandboxSpec, meta: dict[str, object]) -> str:
-        """Lay the sandbox out on disk; its meta as written."""
+        """Lay the sandbox out on disk (one worker thread's call: each costs a hand-over); its meta as
+        written. The image is unpacked before the sandbox's directory exists."""
+        meta["image_prepare_s"] = self._timed("image", self.images.unpack, spec.template, self.overlay)
         paths.root.mkdir(parents=True)
         started = time.monotonic()  # a clone: before any overlay is mounted over the copied upper layer
         source = snapshots.image_of(spec.clone_of, self.root.parent, self.disk_quota)  # a clone's disk
@@ -251,8 +251,12 @@ class LocalBackend:
         self.known.drop(sandbox_id)
         await self.gateways.unbind(sandbox_id)
         await self.agents.stop(sandbox_id)
-        await asyncio.to_thread(self.cgroups.remove, sandbox_id)
-        await asyncio.to_thread(teardown, paths)
+        await asyncio.to_thread(self._remove, sandbox_id, paths, self._spared())
+
+    def _remove(self, sandbox_id: str, paths: SandboxPaths, spared: tuple[int, ...]) -> None:
+        """The sandbox's processes, cgroups, mounts and directory, in one worker thread's call."""
+        self.cgroups.remove(sandbox_id, spared)
+        teardown(paths)
 
     async def list_sandboxes(self) -> list[Sandbox]:
         return await asyncio.to_thread(scan, self.root, self.known, self.cgroups)
@@ -271,7 +275,7 @@ class LocalBackend:
         cap = min(request.max_output_bytes, self.max_output_bytes)
         agent = self.agents.take(sandbox_id)
         if agent is None:
-            await self._start_agent(sandbox_id, paths, meta, wait=False)  # for the next ones (a broker restart)
+            await self._start_agent(sandbox_id, paths, meta, fresh=False)  # for the next ones (a broker restart)
 
         def alone() -> asyncio.Future[ExecResult]:  # a bubblewrap of its own, as before agents
             return asyncio.ensure_future(
@@ -322,8 +326,10 @@ class LocalBackend:
         prefix = sandbox_prefix(self._bwrap, paths, meta, uid=self.uid, cwd=cwd, cgroup_procs=procs, mount_ns=mount_ns)
         return [*prefix, *command]
 
-    async def _start_agent(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], wait: bool = True) -> None:
-        """The sandbox's exec agent, started with it (or at its first command after a broker restart)."""
+    async def _start_agent(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any],
+                           fresh: bool = True) -> None:  # fmt: skip
+        """The sandbox's exec agent, started with it (``fresh``: waited for) or at a command that found
+        none (a broker restart, an agent its commands killed: not waited for)."""
         python = agent_python(meta)
         # gVisor: its /proc lets a process open the descriptors of another of the same uid (it does
         # not honour PR_SET_DUMPABLE), so there the agent is gVisor's root (CAP_SETUID, CAP_SETGID,
@@ -333,23 +339,35 @@ class LocalBackend:
         if (gvisor_level and image_of(meta) is not None) or (self._bwrap is None and not gvisor_level) \
                 or python is None or not self.use_agents:  # fmt: skip
             return
-        await self.agents.ensure(sandbox_id, lambda: self._new_agent(sandbox_id, paths, meta, python), wait)
+        await self.agents.ensure(sandbox_id, lambda: self._new_agent(sandbox_id, paths, meta, python, fresh), fresh)
 
-    async def _new_agent(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], python: str) -> ExecAgent:
+    async def _new_agent(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], python: str,
+                         fresh: bool) -> ExecAgent:  # fmt: skip
+        """Forked by the zygote into a fresh sandbox (its bubblewrap is started from the sandbox's own
+        cgroups, which the zygote enters for that moment: agent_zygote.py); in a sandbox whose commands
+        have run, whose cgroups may be at their memory limit or spent their CPU quota, an agent in a
+        bubblewrap of its own."""
         workdir, log_path, zygote = workdir_of(meta), paths.root / "agent.log", self.agents.zygote
         async with launching(self._launch_ns(meta), paths.root, brief=True) as mount_ns:  # until it is up
-            if zygote is not None and meta.get("isolation") != "gvisor" and image_of(meta) is None:  # agent_zygote.py
+            if zygote is not None and fresh and meta.get("isolation") != "gvisor" and image_of(meta) is None:
                 assert self._bwrap is not None
                 argv, launch = zygote_launch(self._bwrap, paths, meta, uid=self.uid, cwd=workdir, mount_ns=mount_ns,
-                                             cgroup_procs=self.cgroups.procs_files(sandbox_id))  # fmt: skip
+                                             cgroup_procs=self.cgroups.procs_files(sandbox_id),
+                                             cgroup_hierarchies=self.cgroups.hierarchies())  # fmt: skip
                 await zygote.start()
-                return await ExecAgent.fork(zygote, [*argv, *STUB], AGENT_ENV, log_path, launch, workdir)
+                return await ExecAgent.fork(zygote, [*argv, *stub(meta.get("rlimits", {}))], AGENT_ENV, log_path,
+                                            launch, workdir)  # fmt: skip
             command = agent_command(python)
             argv = await self._argv(sandbox_id, paths, meta, workdir, AGENT_ENV, command, "agent", mount_ns)
             return await ExecAgent.start(argv, AGENT_ENV, log_path)
 
+    def _spared(self) -> tuple[int, ...]:
+        """The zygote, which may be in a fresh sandbox's cgroups for a moment (agent_zygote.py)."""
+        zygote = self.agents.zygote
+        return (zygote.proc.pid,) if zygote is not None and zygote.proc is not None else ()
+
     def _kill_all(self, sandbox_id: str) -> None:
-        if killed := self.cgroups.kill(sandbox_id):
+        if killed := self.cgroups.kill(sandbox_id, self._spared()):
             log.info("timeout in %s: killed %d processes left in its cgroups", sandbox_id, killed)
 
     def _unisolated_cwd(self, paths: SandboxPaths, cwd: str) -> Path:
