@@ -65,6 +65,7 @@ if __name__ != "zygote":  # imported on the broker's side (names and checks); th
 NAMESPACES = (("cgroup", 0x02000000), ("ipc", 0x08000000), ("uts", 0x04000000), ("net", 0x40000000),
               ("pid", 0x20000000), ("mnt", 0x00020000), ("user", 0x10000000))  # fmt: skip
 PID_NAMESPACE = 0x20000000
+CGROUP_NAMESPACE = 0x02000000
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
@@ -111,8 +112,12 @@ class Zygote:
         self.join(request)
         stub = request["stub"]
         opened = [(os.open(f"/proc/{stub}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), name, flag)
-                  for name, flag in NAMESPACES if name != "pid"]  # fmt: skip
+                  for name, flag in NAMESPACES if name not in ("pid", "cgroup")]  # fmt: skip
         os.setgroups([])  # before the user namespace: bubblewrap denies setgroups in it
+        # a cgroup namespace of its own, rooted at the sandbox's cgroups it just joined (the stub's is
+        # rooted where bubblewrap started, the zygote's): its commands see their cgroups as "/", as a
+        # bubblewrap of their own shows them
+        self.check(self.libc.unshare(CGROUP_NAMESPACE), "unshare(cgroup)")
         self.setns(opened)
         self.drop(int(request["uid"]))
         os.chdir(str(request["cwd"]))
@@ -147,16 +152,13 @@ class Zygote:
 
     def launch(self, request: dict[str, Any], fds: list[int]) -> int:
         """Start the sandbox's bubblewrap (``fds``: its stdin, stdout, stderr) and return its pid:
-        ``posix_spawn`` from the sandbox's cgroups and namespaces with the sandbox uid as the real
-        one, then the zygote's own cgroups, namespaces and ids again (where it cannot get them back,
-        it ends: it never serves on from a sandbox's)."""
-        procs, homes = list(request["procs"]), self.homes(request["hierarchies"])
+        ``posix_spawn`` from the sandbox's namespaces with the sandbox uid as the real one, then the
+        zygote's own namespaces and ids again (where it cannot get them back, it ends: it never serves
+        on from a sandbox's). Bubblewrap starts in the zygote's cgroups: the stub is moved into the
+        sandbox's before the agent is forked (``fork``)."""
         opened = [(os.open(path, os.O_RDONLY | os.O_CLOEXEC), path, flag) for path, flag in request["namespaces"]]
-        uid, joined, entered, argv = int(request["uid"]), 0, [], list(request["argv"])
+        uid, entered, argv = int(request["uid"]), [], list(request["argv"])
         try:
-            for path in procs:
-                self.move(path)
-                joined += 1
             for fd, name, flag in opened:
                 self.check(self.libc.setns(fd, flag), f"setns({name})")
                 entered.append(flag)
@@ -173,27 +175,15 @@ class Zygote:
                 os.setresgid(0, 0, 0)
                 for flag in reversed(entered):
                     self.check(self.libc.setns(self.own[flag], flag), "setns back")
-                for home in homes[:joined]:
-                    self.move(home)
                 for fd, _, _ in opened:
                     os.close(fd)
             except BaseException:
                 os._exit(70)
 
-    def homes(self, hierarchies: list[str]) -> list[str]:
-        """The zygote's own ``cgroup.procs`` in each cgroup v1 hierarchy (its mount point, named
-        after its controllers), read now: where it goes back to after a start."""
-        own = {}
-        with open("/proc/self/cgroup") as f:
-            for line in f.read().splitlines():
-                _, controllers, path = line.split(":", 2)
-                own.update(dict.fromkeys(controllers.split(","), path.rstrip("/")))
-        return [f"{top}{own[os.path.basename(top).split(',')[0]]}/cgroup.procs" for top in hierarchies]
-
-    def move(self, procs: str) -> None:
-        """Into the cgroup of this ``cgroup.procs``."""
+    def move(self, procs: str, pid: int = 0) -> None:
+        """``pid`` (0: this process) into the cgroup of this ``cgroup.procs``."""
         with open(procs, "w") as f:
-            f.write(str(os.getpid()))
+            f.write(str(pid or os.getpid()))
 
     def agent(self, channel: int, log: int) -> None:
         """The forked agent, in the sandbox's pid namespace: serve on ``channel`` until it closes."""
@@ -212,8 +202,12 @@ class Zygote:
         children are born there (setns(CLONE_NEWPID) moves where its children go, not the zygote),
         then it goes back to its own; the child enters the sandbox's other namespaces itself. The
         zygote is the agent's parent (it reaps it); if the sandbox's pid 1 ends first, the agent is
-        the namespace's to kill. A stub that is gone fails this agent, not the zygote."""
+        the namespace's to kill. First the stub goes into the sandbox's cgroups (it started in the
+        zygote's, and nothing but its shell has run in the sandbox yet). A stub that is gone fails this
+        agent, not the zygote."""
         try:
+            for path in request["procs"]:
+                self.move(path, int(request["stub"]))
             target = os.open(f"/proc/{request['stub']}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
             try:
                 self.check(self.libc.setns(target, PID_NAMESPACE), "setns(pid)")
