@@ -3,14 +3,15 @@ already loaded (``exec_agent.py``), which forks each local sandbox's agent into 
 bubblewrap made for it. A sandbox's agent then costs a fork, not a fresh interpreter.
 
 Bubblewrap still sets each sandbox up, from the same command line as any of its commands
-(``local_commands.sandbox_prefix``: cgroups, rlimits, the egress namespace, the uid, every
-namespace, the mounts, no capabilities, no new privileges, no further user namespaces), with
-``--as-pid-1`` and a stub as its command (``agents.STUB``): a shell reading a pipe that the broker
+(``local_commands.sandbox_prefix``: the egress namespace, the uid, every namespace, the mounts, no
+capabilities, no new privileges, no further user namespaces), with ``--as-pid-1`` and a stub as its
+command (``agents.stub``): a shell that sets the sandbox's rlimits and reads a pipe that the broker
 holds, the namespace's init (its signals are out of the sandbox's reach, and the agent's
 ``kill(-1)`` spares it). The broker hands the zygote the stub's host pid and the agent's end of a
-socket pair (SCM_RIGHTS); the zygote forks the agent straight into the stub's pid namespace (it
-enters that namespace for its children only while it forks, then goes back), and the child, still
-root on the host, joins the sandbox's cgroups, sets its rlimits, enters the stub's cgroup, ipc, uts,
+socket pair (SCM_RIGHTS); the zygote moves the stub into the sandbox's cgroups and forks the agent
+straight into the stub's pid namespace (it enters that namespace for its children only while it
+forks, then goes back), and the child, still root on the host, joins the sandbox's cgroups, sets its
+rlimits, makes a cgroup namespace of its own (rooted at those cgroups), enters the stub's ipc, uts,
 net and mount namespaces and, last, its user namespace (bubblewrap's innermost one, which may make no
 further user namespace), drops every capability (bounding, ambient, effective, permitted,
 inheritable), takes the sandbox uid and gid with no supplementary groups, sets no-new-privileges and
@@ -29,14 +30,16 @@ privileges: it execs nothing itself, and its agents drop the rest). So bubblewra
 sandbox uid with no groups, no capabilities and no new privileges, in a session of its own, with
 the signals Python ignores restored and nothing open but its three descriptors (every descriptor
 the zygote holds or receives is close-on-exec). The sandbox's cgroups and rlimits are not the
-zygote's to take, not even for a moment: a cgroup's kill would take the zygote, and it could not
-raise its own hard limits back (no CAP_SYS_RESOURCE). The stub sets its own rlimits (the shell's
-``ulimit``, before it reports ready), and the zygote moves it into the sandbox's cgroups before it
-forks the agent: until then nothing has run in the sandbox but the stub's shell. The broker gets
-bubblewrap's pidfd back (it is not the broker's child: the zygote reaps it), so bubblewrap's
-``--die-with-parent`` ties the sandbox to the zygote, whose own end is the broker's. Against the
-fork and the Python child before (three program starts fewer than ``sh``, ``nsenter`` and
-``setpriv``), about 2 ms of CPU less per sandbox.
+zygote's to take, not even for a moment (a kill of the sandbox's cgroups, its memory limit or its
+spent CPU quota would reach the zygote and every sandbox with it; and it could not raise its own
+hard limits back, no CAP_SYS_RESOURCE). Bubblewrap starts in the zygote's cgroups; the stub sets
+its own rlimits (the shell's ``ulimit``, before it reports ready), and the zygote moves it into the
+sandbox's cgroups before it forks the agent: until then nothing has run in the sandbox but the
+stub's shell. The agent, which joins them itself, makes a cgroup namespace of its own rooted there
+(the stub's, bubblewrap's, is rooted at the zygote's cgroups), so that its commands see their
+cgroups as a bubblewrap of their own shows them. The broker gets bubblewrap's pidfd back (it is not
+the broker's child: the zygote reaps it), so bubblewrap's ``--die-with-parent`` ties the sandbox to
+the zygote, whose own end is the broker's.
 
 This file runs on the host's python3 (the interpreter the agents run on) with ``exec_agent.py``'s
 source executed first in the same globals; it uses the standard library only.
