@@ -67,8 +67,10 @@ def test_forked_agents_commands_are_isolated_as_a_bubblewraps(state_dir: Path) -
             assert "NoNewPrivs:\t1" in via_agent and "Uid:\t1000\t1000\t1000\t1000" in via_agent
             assert "NESTED-USERNS" not in via_agent
             # every namespace of the agent's command is that of the sandbox's pid 1 (bubblewrap's stub)
+            # but its cgroup namespace: the agent's own, rooted at the sandbox's cgroups (the stub's is
+            # rooted where bubblewrap started); its view of them is a bubblewrap's (PROBE, above)
             same = '[ "$(readlink /proc/self/ns/$n)" = "$(readlink /proc/1/ns/$n)" ] || echo $n'
-            assert await sh(f"for n in {NAMESPACES}; do {same}; done") == ""
+            assert await sh(f"for n in {NAMESPACES}; do {same}; done") == "cgroup\n"
             for name in NAMESPACES.split():  # and none is the host's
                 host = os.readlink(f"/proc/self/ns/{name}")
                 assert (await sh(f"readlink /proc/self/ns/{name}")).strip() != host
@@ -111,15 +113,16 @@ def _status(pid: int) -> dict[str, str]:
 def _check_from_the_host(bubblewrap: int, cgroup_procs: list[Path], nofile: int, netns: Path) -> None:
     """The bubblewrap is the sandbox uid's, with no groups, no capability in any set and no new
     privileges, and its stub is in every cgroup of the sandbox (which the stub's own cgroup namespace
-    hides), under its rlimits, in its egress namespace, with nothing open but its stdio and no signal
-    blocked or ignored (glibc's posix_spawn leaves its two internal real-time signals ignored)."""
+    hides), under its rlimits, in its egress namespace, with nothing open but its stdin and stdout
+    (its stderr, the agent's log, closed once it is ready) and no signal blocked or ignored (glibc's
+    posix_spawn leaves its two internal real-time signals ignored)."""
     assert Path(f"/proc/{bubblewrap}/exe").resolve() == Path(shutil.which("bwrap") or "bwrap").resolve()
     status = _status(bubblewrap)
     assert status["Uid"] == status["Gid"] == "1000\t1000\t1000\t1000" and status["Groups"].strip() == ""
     assert [status[f"Cap{kind}"] for kind in ("Inh", "Prm", "Eff", "Bnd", "Amb")] == ["0000000000000000"] * 5
     assert status["NoNewPrivs"] == "1"
     stub = only_child(bubblewrap)
-    assert sorted(os.listdir(f"/proc/{stub}/fd")) == ["0", "1", "2"]
+    assert sorted(os.listdir(f"/proc/{stub}/fd")) == ["0", "1"]
     assert int(_status(stub)["SigBlk"], 16) == 0 and int(_status(stub)["SigIgn"], 16) & 0x7FFFFFFF == 0  # signals 1-31
     groups = Path(f"/proc/{stub}/cgroup").read_text()
     for procs in cgroup_procs:
@@ -141,7 +144,8 @@ def test_the_zygote_starts_each_sandboxs_bubblewrap_in_its_cgroups_limits_and_na
             agent, zygote = backend.agents.agents[sid], agents_zygote.proc
             assert isinstance(agent.proc, Spawned) and zygote is not None
             assert _parent(agent.proc.pid) == zygote.pid  # no shell, nsenter or setpriv left between them
-            # the zygote started it from the sandbox's cgroups, namespaces and ids, and is back in its own
+            # the zygote started it from the sandbox's namespaces and ids and is back in its own; it
+            # never joined the sandbox's cgroups (the stub was moved there)
             assert _read(f"/proc/{zygote.pid}/cgroup") == _read("/proc/self/cgroup")
             assert _status(zygote.pid)["Uid"] == _status(zygote.pid)["Gid"] == "0\t0\t0\t0"
             for name in ("net", "mnt", "pid_for_children"):
@@ -161,8 +165,7 @@ def test_the_zygote_starts_each_sandboxs_bubblewrap_in_its_cgroups_limits_and_na
             assert "NoNewPrivs:\t1" in result.stdout and "CapBnd:\t0000000000000000" in result.stdout
 
             # bubblewrap killed: the broker sees it end (pidfd), the zygote reaps it, and the sandbox's
-            # next command runs (alone) while a new agent starts: in a bubblewrap of its own, not from
-            # the zygote (the sandbox's cgroups have run its commands: the zygote enters fresh ones only)
+            # next command runs (alone) while a new agent starts, from the zygote again
             agent.proc.kill()
             await asyncio.wait_for(agent.proc.wait(), 10)
             assert not agent.alive
@@ -171,7 +174,7 @@ def test_the_zygote_starts_each_sandboxs_bubblewrap_in_its_cgroups_limits_and_na
                 if sid in backend.agents.agents and backend.agents.agents[sid].alive:
                     break
                 await asyncio.sleep(0.1)
-            assert isinstance(backend.agents.agents[sid].proc, asyncio.subprocess.Process)
+            assert isinstance(backend.agents.agents[sid].proc, Spawned)
             for _ in range(100):
                 if not _zombies_of(zygote.pid):
                     break
@@ -187,8 +190,7 @@ def test_a_bubblewrap_the_zygote_cannot_start_fails_the_agent_not_the_zygote(sta
             await zygote.start()
             started = zygote.proc
             log_path = state_dir / "agent.log"
-            launch = {"procs": [], "hierarchies": [], "rlimits": {}, "namespaces": [], "uid": 1000,
-                      "sandbox": "nowhere"}  # fmt: skip
+            launch = {"procs": [], "rlimits": {}, "namespaces": [], "uid": 1000, "sandbox": "nowhere"}
             with pytest.raises(OSError, match="did not start the sandbox's bubblewrap"):
                 await ExecAgent.fork(zygote, [str(state_dir / "no-bwrap"), "--version"], {}, log_path, launch, "/")
             assert "zygote: the sandbox nowhere did not start: FileNotFoundError" in log_path.read_text()

@@ -55,20 +55,3 @@ def test_a_pid_that_left_the_groups_before_the_signal_is_not_killed(
         bystander.kill()
         bystander.wait(timeout=10)
     assert len(V1_CONTROLLERS) == len(first)
-
-
-def test_a_spared_pid_in_the_groups_survives_the_kill(tmp_path: Path) -> None:
-    """The exec agents' zygote is in a fresh sandbox's groups while it starts its bubblewrap: a kill
-    of that sandbox then (a create cut short) takes everything else in them, never the zygote."""
-    groups = _groups(tmp_path)
-    zygote, inside = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
-    try:
-        for procs in groups.procs_files("box"):
-            procs.write_text(f"{zygote.pid}\n{inside.pid}\n")
-        assert groups.kill("box", spare=(zygote.pid,)) == 1
-        assert inside.wait(timeout=10) == -9
-        assert zygote.poll() is None
-    finally:
-        for proc in (zygote, inside):
-            proc.kill()
-            proc.wait(timeout=10)

@@ -3,14 +3,15 @@ already loaded (``exec_agent.py``), which forks each local sandbox's agent into 
 bubblewrap made for it. A sandbox's agent then costs a fork, not a fresh interpreter.
 
 Bubblewrap still sets each sandbox up, from the same command line as any of its commands
-(``local_commands.sandbox_prefix``: cgroups, rlimits, the egress namespace, the uid, every
-namespace, the mounts, no capabilities, no new privileges, no further user namespaces), with
-``--as-pid-1`` and a stub as its command (``agents.STUB``): a shell reading a pipe that the broker
+(``local_commands.sandbox_prefix``: the egress namespace, the uid, every namespace, the mounts, no
+capabilities, no new privileges, no further user namespaces), with ``--as-pid-1`` and a stub as its
+command (``agents.stub``): a shell that sets the sandbox's rlimits and reads a pipe that the broker
 holds, the namespace's init (its signals are out of the sandbox's reach, and the agent's
 ``kill(-1)`` spares it). The broker hands the zygote the stub's host pid and the agent's end of a
-socket pair (SCM_RIGHTS); the zygote forks the agent straight into the stub's pid namespace (it
-enters that namespace for its children only while it forks, then goes back), and the child, still
-root on the host, joins the sandbox's cgroups, sets its rlimits, enters the stub's cgroup, ipc, uts,
+socket pair (SCM_RIGHTS); the zygote moves the stub into the sandbox's cgroups and forks the agent
+straight into the stub's pid namespace (it enters that namespace for its children only while it
+forks, then goes back), and the child, still root on the host, joins the sandbox's cgroups, sets its
+rlimits, makes a cgroup namespace of its own (rooted at those cgroups), enters the stub's ipc, uts,
 net and mount namespaces and, last, its user namespace (bubblewrap's innermost one, which may make no
 further user namespace), drops every capability (bounding, ambient, effective, permitted,
 inheritable), takes the sandbox uid and gid with no supplementary groups, sets no-new-privileges and
@@ -29,14 +30,16 @@ privileges: it execs nothing itself, and its agents drop the rest). So bubblewra
 sandbox uid with no groups, no capabilities and no new privileges, in a session of its own, with
 the signals Python ignores restored and nothing open but its three descriptors (every descriptor
 the zygote holds or receives is close-on-exec). The sandbox's cgroups and rlimits are not the
-zygote's to take, not even for a moment: a cgroup's kill would take the zygote, and it could not
-raise its own hard limits back (no CAP_SYS_RESOURCE). The stub sets its own rlimits (the shell's
-``ulimit``, before it reports ready), and the zygote moves it into the sandbox's cgroups before it
-forks the agent: until then nothing has run in the sandbox but the stub's shell. The broker gets
-bubblewrap's pidfd back (it is not the broker's child: the zygote reaps it), so bubblewrap's
-``--die-with-parent`` ties the sandbox to the zygote, whose own end is the broker's. Against the
-fork and the Python child before (three program starts fewer than ``sh``, ``nsenter`` and
-``setpriv``), about 2 ms of CPU less per sandbox.
+zygote's to take, not even for a moment (a kill of the sandbox's cgroups, its memory limit or its
+spent CPU quota would reach the zygote and every sandbox with it; and it could not raise its own
+hard limits back, no CAP_SYS_RESOURCE). Bubblewrap starts in the zygote's cgroups; the stub sets
+its own rlimits (the shell's ``ulimit``, before it reports ready), and the zygote moves it into the
+sandbox's cgroups before it forks the agent: until then nothing has run in the sandbox but the
+stub's shell. The agent, which joins them itself, makes a cgroup namespace of its own rooted there
+(the stub's, bubblewrap's, is rooted at the zygote's cgroups), so that its commands see their
+cgroups as a bubblewrap of their own shows them. The broker gets bubblewrap's pidfd back (it is not
+the broker's child: the zygote reaps it), so bubblewrap's ``--die-with-parent`` ties the sandbox to
+the zygote, whose own end is the broker's.
 
 This file runs on the host's python3 (the interpreter the agents run on) with ``exec_agent.py``'s
 source executed first in the same globals; it uses the standard library only.
@@ -65,6 +68,7 @@ if __name__ != "zygote":  # imported on the broker's side (names and checks); th
 NAMESPACES = (("cgroup", 0x02000000), ("ipc", 0x08000000), ("uts", 0x04000000), ("net", 0x40000000),
               ("pid", 0x20000000), ("mnt", 0x00020000), ("user", 0x10000000))  # fmt: skip
 PID_NAMESPACE = 0x20000000
+CGROUP_NAMESPACE = 0x02000000
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
@@ -111,8 +115,12 @@ class Zygote:
         self.join(request)
         stub = request["stub"]
         opened = [(os.open(f"/proc/{stub}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC), name, flag)
-                  for name, flag in NAMESPACES if name != "pid"]  # fmt: skip
+                  for name, flag in NAMESPACES if name not in ("pid", "cgroup")]  # fmt: skip
         os.setgroups([])  # before the user namespace: bubblewrap denies setgroups in it
+        # a cgroup namespace of its own, rooted at the sandbox's cgroups it just joined (the stub's is
+        # rooted where bubblewrap started, the zygote's): its commands see their cgroups as "/", as a
+        # bubblewrap of their own shows them
+        self.check(self.libc.unshare(CGROUP_NAMESPACE), "unshare(cgroup)")
         self.setns(opened)
         self.drop(int(request["uid"]))
         os.chdir(str(request["cwd"]))
@@ -147,16 +155,13 @@ class Zygote:
 
     def launch(self, request: dict[str, Any], fds: list[int]) -> int:
         """Start the sandbox's bubblewrap (``fds``: its stdin, stdout, stderr) and return its pid:
-        ``posix_spawn`` from the sandbox's cgroups and namespaces with the sandbox uid as the real
-        one, then the zygote's own cgroups, namespaces and ids again (where it cannot get them back,
-        it ends: it never serves on from a sandbox's)."""
-        procs, homes = list(request["procs"]), self.homes(request["hierarchies"])
+        ``posix_spawn`` from the sandbox's namespaces with the sandbox uid as the real one, then the
+        zygote's own namespaces and ids again (where it cannot get them back, it ends: it never serves
+        on from a sandbox's). Bubblewrap starts in the zygote's cgroups: the stub is moved into the
+        sandbox's before the agent is forked (``fork``)."""
         opened = [(os.open(path, os.O_RDONLY | os.O_CLOEXEC), path, flag) for path, flag in request["namespaces"]]
-        uid, joined, entered, argv = int(request["uid"]), 0, [], list(request["argv"])
+        uid, entered, argv = int(request["uid"]), [], list(request["argv"])
         try:
-            for path in procs:
-                self.move(path)
-                joined += 1
             for fd, name, flag in opened:
                 self.check(self.libc.setns(fd, flag), f"setns({name})")
                 entered.append(flag)
@@ -173,27 +178,15 @@ class Zygote:
                 os.setresgid(0, 0, 0)
                 for flag in reversed(entered):
                     self.check(self.libc.setns(self.own[flag], flag), "setns back")
-                for home in homes[:joined]:
-                    self.move(home)
                 for fd, _, _ in opened:
                     os.close(fd)
             except BaseException:
                 os._exit(70)
 
-    def homes(self, hierarchies: list[str]) -> list[str]:
-        """The zygote's own ``cgroup.procs`` in each cgroup v1 hierarchy (its mount point, named
-        after its controllers), read now: where it goes back to after a start."""
-        own = {}
-        with open("/proc/self/cgroup") as f:
-            for line in f.read().splitlines():
-                _, controllers, path = line.split(":", 2)
-                own.update(dict.fromkeys(controllers.split(","), path.rstrip("/")))
-        return [f"{top}{own[os.path.basename(top).split(',')[0]]}/cgroup.procs" for top in hierarchies]
-
-    def move(self, procs: str) -> None:
-        """Into the cgroup of this ``cgroup.procs``."""
+    def move(self, procs: str, pid: int = 0) -> None:
+        """``pid`` (0: this process) into the cgroup of this ``cgroup.procs``."""
         with open(procs, "w") as f:
-            f.write(str(os.getpid()))
+            f.write(str(pid or os.getpid()))
 
     def agent(self, channel: int, log: int) -> None:
         """The forked agent, in the sandbox's pid namespace: serve on ``channel`` until it closes."""
@@ -212,8 +205,12 @@ class Zygote:
         children are born there (setns(CLONE_NEWPID) moves where its children go, not the zygote),
         then it goes back to its own; the child enters the sandbox's other namespaces itself. The
         zygote is the agent's parent (it reaps it); if the sandbox's pid 1 ends first, the agent is
-        the namespace's to kill. A stub that is gone fails this agent, not the zygote."""
+        the namespace's to kill. First the stub goes into the sandbox's cgroups (it started in the
+        zygote's, and nothing but its shell has run in the sandbox yet). A stub that is gone fails this
+        agent, not the zygote."""
         try:
+            for path in request["procs"]:
+                self.move(path, int(request["stub"]))
             target = os.open(f"/proc/{request['stub']}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
             try:
                 self.check(self.libc.setns(target, PID_NAMESPACE), "setns(pid)")

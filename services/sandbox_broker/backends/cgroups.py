@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,10 +65,6 @@ class Cgroups:
             return []
         return [d / "cgroup.procs" for d in self._dirs(sandbox_id)]
 
-    def hierarchies(self) -> list[Path]:
-        """The hierarchy (mount point) of each of ``procs_files``, in the same order."""
-        return [] if self.mode == "none" else [self.root / c for c in V1_CONTROLLERS]
-
     def create(self, sandbox_id: str, resources: Resources, pids_max: int | None = None) -> None:
         """The sandbox's groups; ``pids_max`` overrides the host-wide limit (gVisor's own processes)."""
         if self.mode == "none":
@@ -86,9 +81,8 @@ class Cgroups:
     def exists(self, sandbox_id: str) -> bool:
         return self.mode == "none" or all(d.is_dir() for d in self._dirs(sandbox_id))
 
-    def kill(self, sandbox_id: str, spare: Collection[int] = ()) -> int:
-        """SIGKILL every process in the sandbox's groups but ``spare`` (the exec agents' zygote, which
-        starts a fresh sandbox's bubblewrap from its groups); how many were signalled.
+    def kill(self, sandbox_id: str) -> int:
+        """SIGKILL every process in the sandbox's groups; how many were signalled.
 
         A pid read from ``cgroup.procs`` may be reaped and given to another host process before the
         signal (pid_max is 32768 here, and fork bombs in other sandboxes churn through it), so each
@@ -97,7 +91,7 @@ class Cgroups:
         if self.mode == "none":
             return 0
         handles: dict[int, int | None] = {}
-        for pid in self._pids(sandbox_id).difference(spare):
+        for pid in self._pids(sandbox_id):
             try:
                 handles[pid] = os.pidfd_open(pid)
             except ProcessLookupError:
@@ -129,12 +123,12 @@ class Cgroups:
                 pids.update(int(p) for p in procs.read_text().split())
         return pids
 
-    def remove(self, sandbox_id: str, spare: Collection[int] = ()) -> None:
-        """Kill what is left (but ``spare``) and remove the groups (retrying while the kernel reaps)."""
+    def remove(self, sandbox_id: str) -> None:
+        """Kill what is left and remove the groups (retrying while the kernel reaps)."""
         if self.mode == "none":
             return
         for attempt in range(100):  # killed processes leave their group when the kernel has reaped them
-            self.kill(sandbox_id, spare)
+            self.kill(sandbox_id)
             leftover = [d for d in self._dirs(sandbox_id) if d.exists() and not _rmdir(d)]
             if not leftover:
                 return

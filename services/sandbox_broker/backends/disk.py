@@ -124,8 +124,13 @@ def _format(path: Path, size_mb: int, uid: int | None) -> None:
         _run(["debugfs", "-w", "-R", "rmdir lost+found", str(path)], "debugfs")
 
 
+COPY_CHUNK = 1 << 20
+
+
 def copy_sparse(source: Path, dest: Path) -> None:
-    """Copy ``source`` into a new ``dest`` extent by extent: its holes stay holes."""
+    """Copy ``source`` into a new ``dest`` extent by extent: its holes stay holes. Between two
+    filesystems (a sandboxes directory mounted apart from the templates' or the snapshots'), where
+    ``copy_file_range`` refuses (EXDEV), the extents are read and written."""
     with source.open("rb") as src, dest.open("wb") as dst:
         size = os.fstat(src.fileno()).st_size
         position = 0
@@ -138,12 +143,23 @@ def copy_sparse(source: Path, dest: Path) -> None:
                 break
             end = os.lseek(src.fileno(), start, os.SEEK_HOLE)
             while start < end:
-                copied = os.copy_file_range(src.fileno(), dst.fileno(), end - start, start, start)
+                copied = _copy_range(src.fileno(), dst.fileno(), end - start, start)
                 if copied == 0:
                     raise OSError(errno.EIO, f"{source} ended early while copying it")
                 start += copied
             position = end
         os.ftruncate(dst.fileno(), size)
+
+
+def _copy_range(src: int, dst: int, count: int, offset: int) -> int:
+    """At most ``count`` bytes from ``offset`` in ``src`` to the same offset in ``dst``; 0 at its end."""
+    try:
+        return os.copy_file_range(src, dst, count, offset, offset)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+    data = os.pread(src, min(count, COPY_CHUNK), offset)
+    return os.pwrite(dst, data, offset) if data else 0
 
 
 def frozen_copy(mountpoint: Path, source: Path, dest: Path) -> None:

@@ -251,11 +251,11 @@ class LocalBackend:
         self.known.drop(sandbox_id)
         await self.gateways.unbind(sandbox_id)
         await self.agents.stop(sandbox_id)
-        await asyncio.to_thread(self._remove, sandbox_id, paths, self._spared())
+        await asyncio.to_thread(self._remove, sandbox_id, paths)
 
-    def _remove(self, sandbox_id: str, paths: SandboxPaths, spared: tuple[int, ...]) -> None:
+    def _remove(self, sandbox_id: str, paths: SandboxPaths) -> None:
         """The sandbox's processes, cgroups, mounts and directory, in one worker thread's call."""
-        self.cgroups.remove(sandbox_id, spared)
+        self.cgroups.remove(sandbox_id)
         teardown(paths)
 
     async def list_sandboxes(self) -> list[Sandbox]:
@@ -275,7 +275,7 @@ class LocalBackend:
         cap = min(request.max_output_bytes, self.max_output_bytes)
         agent = self.agents.take(sandbox_id)
         if agent is None:
-            await self._start_agent(sandbox_id, paths, meta, fresh=False)  # for the next ones (a broker restart)
+            await self._start_agent(sandbox_id, paths, meta, wait=False)  # for the next ones (a broker restart)
 
         def alone() -> asyncio.Future[ExecResult]:  # a bubblewrap of its own, as before agents
             return asyncio.ensure_future(
@@ -326,10 +326,8 @@ class LocalBackend:
         prefix = sandbox_prefix(self._bwrap, paths, meta, uid=self.uid, cwd=cwd, cgroup_procs=procs, mount_ns=mount_ns)
         return [*prefix, *command]
 
-    async def _start_agent(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any],
-                           fresh: bool = True) -> None:  # fmt: skip
-        """The sandbox's exec agent, started with it (``fresh``: waited for) or at a command that found
-        none (a broker restart, an agent its commands killed: not waited for)."""
+    async def _start_agent(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], wait: bool = True) -> None:
+        """The sandbox's exec agent, started with it (or at its first command after a broker restart)."""
         python = agent_python(meta)
         # gVisor: its /proc lets a process open the descriptors of another of the same uid (it does
         # not honour PR_SET_DUMPABLE), so there the agent is gVisor's root (CAP_SETUID, CAP_SETGID,
@@ -339,21 +337,15 @@ class LocalBackend:
         if (gvisor_level and image_of(meta) is not None) or (self._bwrap is None and not gvisor_level) \
                 or python is None or not self.use_agents:  # fmt: skip
             return
-        await self.agents.ensure(sandbox_id, lambda: self._new_agent(sandbox_id, paths, meta, python, fresh), fresh)
+        await self.agents.ensure(sandbox_id, lambda: self._new_agent(sandbox_id, paths, meta, python), wait)
 
-    async def _new_agent(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], python: str,
-                         fresh: bool) -> ExecAgent:  # fmt: skip
-        """Forked by the zygote into a fresh sandbox (its bubblewrap is started from the sandbox's own
-        cgroups, which the zygote enters for that moment: agent_zygote.py); in a sandbox whose commands
-        have run, whose cgroups may be at their memory limit or spent their CPU quota, an agent in a
-        bubblewrap of its own."""
+    async def _new_agent(self, sandbox_id: str, paths: SandboxPaths, meta: dict[str, Any], python: str) -> ExecAgent:
         workdir, log_path, zygote = workdir_of(meta), paths.root / "agent.log", self.agents.zygote
         async with launching(self._launch_ns(meta), paths.root, brief=True) as mount_ns:  # until it is up
-            if zygote is not None and fresh and meta.get("isolation") != "gvisor" and image_of(meta) is None:
+            if zygote is not None and meta.get("isolation") != "gvisor" and image_of(meta) is None:  # agent_zygote.py
                 assert self._bwrap is not None
                 argv, launch = zygote_launch(self._bwrap, paths, meta, uid=self.uid, cwd=workdir, mount_ns=mount_ns,
-                                             cgroup_procs=self.cgroups.procs_files(sandbox_id),
-                                             cgroup_hierarchies=self.cgroups.hierarchies())  # fmt: skip
+                                             cgroup_procs=self.cgroups.procs_files(sandbox_id))  # fmt: skip
                 await zygote.start()
                 return await ExecAgent.fork(zygote, [*argv, *stub(meta.get("rlimits", {}))], AGENT_ENV, log_path,
                                             launch, workdir)  # fmt: skip
@@ -361,13 +353,8 @@ class LocalBackend:
             argv = await self._argv(sandbox_id, paths, meta, workdir, AGENT_ENV, command, "agent", mount_ns)
             return await ExecAgent.start(argv, AGENT_ENV, log_path)
 
-    def _spared(self) -> tuple[int, ...]:
-        """The zygote, which may be in a fresh sandbox's cgroups for a moment (agent_zygote.py)."""
-        zygote = self.agents.zygote
-        return (zygote.proc.pid,) if zygote is not None and zygote.proc is not None else ()
-
     def _kill_all(self, sandbox_id: str) -> None:
-        if killed := self.cgroups.kill(sandbox_id, self._spared()):
+        if killed := self.cgroups.kill(sandbox_id):
             log.info("timeout in %s: killed %d processes left in its cgroups", sandbox_id, killed)
 
     def _unisolated_cwd(self, paths: SandboxPaths, cwd: str) -> Path:

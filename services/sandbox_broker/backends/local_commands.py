@@ -54,11 +54,9 @@ def sandbox_prefix(bwrap: str, paths: SandboxPaths, meta: dict[str, Any], *, uid
 
 
 def zygote_launch(bwrap: str, paths: SandboxPaths, meta: dict[str, Any], *, uid: int, cwd: str,
-                  cgroup_procs: list[Any], cgroup_hierarchies: list[Any],
-                  mount_ns: str | None) -> tuple[list[str], dict[str, object]]:  # fmt: skip
+                  cgroup_procs: list[Any], mount_ns: str | None) -> tuple[list[str], dict[str, object]]:  # fmt: skip
     """What the zygote starts for a sandbox (agent_zygote.Zygote.launch): bubblewrap's command line
-    without setpriv, and what ``sandbox_prefix``'s shell, nsenter and setpriv did before it, as data
-    (the cgroups with the hierarchy of each, where the zygote finds its own again)."""
+    without setpriv, and what ``sandbox_prefix``'s shell, nsenter and setpriv did before it, as data."""
     network = meta.get("network") == "egress"
     argv = bwrap_argv(bwrap, paths, uid=uid, network=network, cwd=cwd, agents_dir=meta.get("agents_dir"), dropped=True,
                       etc=shared_etc_of(meta, paths, uid))  # fmt: skip
@@ -66,7 +64,6 @@ def zygote_launch(bwrap: str, paths: SandboxPaths, meta: dict[str, Any], *, uid:
     if mount_ns:  # the egress namespace's file is opened first, from the broker's own mount namespace
         namespaces.append((mount_ns, CLONE_NEWNS))
     launch: dict[str, object] = {"procs": [str(p) for p in cgroup_procs], "rlimits": meta.get("rlimits", {}),
-                                 "hierarchies": [str(h) for h in cgroup_hierarchies],
                                  "namespaces": namespaces, "uid": uid, "sandbox": paths.root.name}  # fmt: skip
     return argv, launch
 
