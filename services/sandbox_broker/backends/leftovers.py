@@ -65,6 +65,13 @@ def teardown(paths: SandboxPaths) -> None:
     shutil.rmtree(paths.root, ignore_errors=True)
 
 
+def remove_sandbox(cgroups: Cgroups, sandbox_id: str, paths: SandboxPaths) -> None:
+    """A sandbox's processes and cgroups, then its namespace, mounts and directory (one call: a broker
+    runs it in one worker thread)."""
+    cgroups.remove(sandbox_id)
+    teardown(paths)
+
+
 def sandbox_mounts(paths: SandboxPaths) -> list[Path]:
     """Where a sandbox may have a mount, deepest first: a seeded workspace's overlay (inside the
     disk), the image's root overlay, the disk (``disk.py``)."""
@@ -78,8 +85,7 @@ def remove_sandboxes(state_dir: Path) -> list[str]:
     left = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
     cgroups = Cgroups.probe(512, Cgroups.scope_of(root))
     for sandbox_id in left:
-        cgroups.remove(sandbox_id)
-        teardown(SandboxPaths(root / sandbox_id))
+        remove_sandbox(cgroups, sandbox_id, SandboxPaths(root / sandbox_id))
     cgroups.remove_scope()
     return left
 

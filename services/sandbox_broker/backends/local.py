@@ -41,7 +41,7 @@ from services.sandbox_broker.backends.cgroups import Cgroups
 from services.sandbox_broker.backends.create_phases import PhaseClock
 from services.sandbox_broker.backends.gateway_forwarder import GatewayForwarders, relay_command
 from services.sandbox_broker.backends.launch_ns import LaunchNamespace, launching
-from services.sandbox_broker.backends.leftovers import teardown
+from services.sandbox_broker.backends.leftovers import remove_sandbox
 from services.sandbox_broker.backends.local_commands import (
     AGENT_ENV,
     HOST_PYTHON,
@@ -251,12 +251,7 @@ class LocalBackend:
         self.known.drop(sandbox_id)
         await self.gateways.unbind(sandbox_id)
         await self.agents.stop(sandbox_id)
-        await asyncio.to_thread(self._remove, sandbox_id, paths)
-
-    def _remove(self, sandbox_id: str, paths: SandboxPaths) -> None:
-        """The sandbox's processes, cgroups, mounts and directory, in one worker thread's call."""
-        self.cgroups.remove(sandbox_id)
-        teardown(paths)
+        await asyncio.to_thread(remove_sandbox, self.cgroups, sandbox_id, paths)
 
     async def list_sandboxes(self) -> list[Sandbox]:
         return await asyncio.to_thread(scan, self.root, self.known, self.cgroups)
