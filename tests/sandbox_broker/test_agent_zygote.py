@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -34,11 +35,22 @@ PROBE = (
 
 
 @contextlib.asynccontextmanager
-async def zygote_backend(state_dir: Path) -> AsyncIterator[tuple[BrokerSettings, LocalBackend, AgentZygote]]:
-    """A started local backend whose agents the zygote forks (skipped where it cannot: not root)."""
+async def zygote_backend(
+    state_dir: Path, ignored: tuple[signal.Signals, ...] = ()
+) -> AsyncIterator[tuple[BrokerSettings, LocalBackend, AgentZygote]]:
+    """A started local backend whose agents the zygote forks (skipped where it cannot: not root);
+    ``ignored``: signals this process ignores while the backend and its zygote start (what ``nohup``
+    or a shell's background job hands a broker), restored after."""
     settings = BrokerSettings(state_dir=state_dir)
     backend = LocalBackend(settings)
-    await backend.start()
+    before = {number: signal.signal(number, signal.SIG_IGN) for number in ignored}
+    try:
+        await backend.start()
+        if backend.agents.zygote is not None:
+            await backend.agents.zygote.start()
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
     try:
         if backend.agents.zygote is None:
             pytest.skip("the zygote needs a root broker")
@@ -107,7 +119,11 @@ def _read(path: str) -> str:
 
 
 def _status(pid: int) -> dict[str, str]:
-    return dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line)
+    return _status_of(Path(f"/proc/{pid}/status").read_text())
+
+
+def _status_of(text: str) -> dict[str, str]:
+    return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
 
 
 def _check_from_the_host(bubblewrap: int, cgroup_procs: list[Path], nofile: int, netns: Path) -> None:
@@ -138,7 +154,10 @@ def test_the_zygote_starts_each_sandboxs_bubblewrap_in_its_cgroups_limits_and_na
     the zygote reaps it."""
 
     async def scenario() -> None:
-        async with zygote_backend(state_dir) as (settings, backend, agents_zygote):
+        # started as a background job under nohup: none of the three reaches the sandbox ignored
+        async with zygote_backend(state_dir, (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)) as (
+            settings, backend, agents_zygote,
+        ):  # fmt: skip
             sandbox = await backend.create(SandboxSpec(default_template(settings), Resources(), network="egress"))
             sid = sandbox.sandbox_id
             agent, zygote = backend.agents.agents[sid], agents_zygote.proc
@@ -163,6 +182,7 @@ def test_the_zygote_starts_each_sandboxs_bubblewrap_in_its_cgroups_limits_and_na
                 assert str(forked[0]) in procs.read_text().split()
             result = await backend.exec(sid, ExecRequest(shell="cat /proc/self/status", timeout_s=20))
             assert "NoNewPrivs:\t1" in result.stdout and "CapBnd:\t0000000000000000" in result.stdout
+            assert int(_status_of(result.stdout)["SigIgn"], 16) & 0x7FFFFFFF == 0  # the command's, too
 
             # bubblewrap killed: the broker sees it end (pidfd), the zygote reaps it, and the sandbox's
             # next command runs (alone) while a new agent starts, from the zygote again

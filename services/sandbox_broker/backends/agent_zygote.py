@@ -28,7 +28,8 @@ then goes back to its own; what every bubblewrap needs the zygote has itself fro
 supplementary groups, an empty bounding set, no ambient or inheritable capabilities, no new
 privileges: it execs nothing itself, and its agents drop the rest). So bubblewrap starts as the
 sandbox uid with no groups, no capabilities and no new privileges, in a session of its own, with
-the signals Python ignores restored and nothing open but its three descriptors (every descriptor
+every signal at its default (the two Python ignores restored by ``posix_spawn``, any its starter
+ignored by the zygote at its start) and nothing open but its three descriptors (every descriptor
 the zygote holds or receives is close-on-exec). The sandbox's cgroups and rlimits are not the
 zygote's to take, not even for a moment (a kill of the sandbox's cgroups, its memory limit or its
 spent CPU quota would reach the zygote and every sandbox with it; and it could not raise its own
@@ -303,11 +304,22 @@ class Zygote:
             pass
 
 
+def restore_ignored_signals() -> None:
+    """Every signal the zygote was started with ignored, except the two Python ignores itself, back
+    to its default: a broker started under ``nohup`` (SIGHUP) or as a shell's background job (SIGINT,
+    SIGQUIT) passed them on, and every bubblewrap, stub, agent and command of every sandbox inherited
+    them (``posix_spawn`` and Popen restore SIGPIPE and SIGXFSZ only)."""
+    for number in _signal.valid_signals():
+        if number not in (_signal.SIGPIPE, _signal.SIGXFSZ) and _signal.getsignal(number) == _signal.SIG_IGN:
+            _signal.signal(number, _signal.SIG_DFL)
+
+
 def main(control: socket.socket) -> None:
     """The zygote's entry, on its control socket (its stdin); it ends when the broker closes it. No
     garbage collection: its forks would copy every page it touched."""
     gc.disable()
     gc.freeze()
+    restore_ignored_signals()
     zygote = Zygote()
     # its agents are its children: each is reaped as it ends (a sandbox's pid 1, ending, waits for
     # every process of its namespace to be reaped), not at the next request
