@@ -56,5 +56,7 @@ def test_codec_benchmark_writes_its_json(tmp_path: Path, redis_url: str) -> None
     figures = json.loads(path.read_text())
     for key in ("roundtrip_8k_p50_ms", "roundtrip_64k_p50_ms", "roundtrip_64k_p99_ms"):
         assert figures[key] > 0
-    assert figures["roundtrip_64k_p50_ms"] >= figures["roundtrip_8k_p50_ms"]
+    # the two sizes were measured apart (their bodies, not their times: 3 samples of 64K against 20 of 8K on
+    # a loaded machine ordered either way, a timed assertion that failed a parallel run once)
+    assert figures["body_kb_64k"] > 4 * figures["body_kb_8k"] > 0
     assert "64K tokens" in out.stdout
