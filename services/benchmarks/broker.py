@@ -151,7 +151,9 @@ async def _bench(args: argparse.Namespace, redis_url: str, root: Path) -> dict[s
         broker.stop()
         if broker.cpu_group is not None:
             broker.cpu_group.remove()
-    figures["leaked"] = await leftover_sandboxes(settings) + leftover_processes(str(settings.state_dir))
+    figures["leaked_sandboxes"] = await leftover_sandboxes(settings)
+    figures["leaked_processes"] = await leftover_processes(str(settings.state_dir))
+    figures["leaked"] = figures["leaked_sandboxes"] + len(figures["leaked_processes"])
     # the same burst against a server that does nothing: what the machine's HTTP alone costs
     figures.update(await http_floor.measure(args.leases, 3, log_dir / "floor.log"))
     figures["wall_s"] = time.monotonic() - started
@@ -391,7 +393,8 @@ def _report(args: argparse.Namespace, f: dict[str, Any]) -> None:
     )
     print(f"\ncold/warm p99 ratio {ratio:.1f}x; exec overhead p50 {f['exec_overhead_p50_ms']:.2f} ms "
           f"(broker CPU {f['broker_cpu_ms_per_exec']:.2f} ms per exec); "
-          f"warm hits {f['warm_hits']}/{f['leases']}; errors {f['errors']}; leaked {f['leaked']}; "
+          f"warm hits {f['warm_hits']}/{f['leases']}; errors {f['errors']}; leaked {f['leaked']} "
+          f"({f['leaked_sandboxes']} sandboxes, processes {f['leaked_processes']}); "
           f"kill -9 with {f['kill9_leases']} leases held: {f['kill9_interrupted_execs']} in-flight execs cut, "
           f"{f['errors_after_restart']} errors after restart")  # fmt: skip
     write_json(args.json, f)

@@ -280,12 +280,24 @@ async def leftover_sandboxes(settings: BrokerSettings) -> int:
         await backend.close()
 
 
-def leftover_processes(marker: str) -> int:
-    """Processes whose command line names ``marker`` (the state directory): slirp4netns of an egress
-    sandbox that outlived it."""
-    found = 0
+async def leftover_processes(marker: str, grace_s: float = 10.0) -> list[str]:
+    """Processes whose command line names ``marker`` (the state directory), by name: slirp4netns or
+    bubblewrap of a sandbox that outlived the broker. Those still exiting get ``grace_s`` to go (a
+    stopped broker's zygote ends its bubblewraps by their parent-death signal, which a loaded host
+    delivers late): only what is left then counts."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        found = await asyncio.to_thread(_processes_naming, marker)
+        if not found or time.monotonic() >= deadline:
+            return found
+        await asyncio.sleep(0.2)
+
+
+def _processes_naming(marker: str) -> list[str]:
+    found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
-                found += marker.encode() in (entry / "cmdline").read_bytes()
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append((entry / "comm").read_text().strip())
     return found
