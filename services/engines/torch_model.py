@@ -144,23 +144,22 @@ class TorchPolicy:
         outputs: list[list[int]] = [[] for _ in batch]
         logprobs: list[list[float]] = [[] for _ in batch]
         finish: list[Sampled | None] = [None] * len(batch)
+        sampler = _Sampler(batch, self._generator)
         for _ in range(max(r.max_new for r in batch)):
             logits = out.logits[:, -1].float()
-            tokens = [
-                self._pick(logits[row], r.temperature, r.top_p, r.generator or self._generator)
-                for row, r in enumerate(batch)
-            ]
-            all_lp = torch.log_softmax(logits, dim=-1)
+            picked = sampler.pick(logits)
+            tokens = picked.tolist()
+            lps = torch.log_softmax(logits, dim=-1).gather(1, picked.unsqueeze(1)).squeeze(1).tolist()
             for row, r in enumerate(batch):
                 if finish[row] is None:
                     outputs[row].append(tokens[row])
-                    logprobs[row].append(float(all_lp[row, tokens[row]]))
+                    logprobs[row].append(lps[row])
                     finish[row] = _finished(outputs[row], logprobs[row], r)
             if all(f is not None for f in finish):
                 break
             mask = torch.cat([mask, torch.ones((len(batch), 1), dtype=torch.long)], dim=1)
             positions = positions[:, -1:] + 1
-            step = torch.tensor([[t] for t in tokens])
+            step = picked.unsqueeze(1)
             out = self.model(input_ids=step, attention_mask=mask, position_ids=positions,
                              past_key_values=out.past_key_values, use_cache=True)  # fmt: skip
         return [f for f in finish if f is not None]
@@ -175,16 +174,36 @@ class TorchPolicy:
         scored = lps.gather(1, torch.tensor(input_ids[1:]).unsqueeze(1)).squeeze(1).tolist()
         return [None, *scored][start:]
 
-    @staticmethod
-    def _pick(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:
-        if temperature <= 0:
-            return int(torch.argmax(logits))
-        probs = torch.softmax(logits.float() / temperature, dim=-1)
-        if top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < top_p
-            probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
-        return int(torch.multinomial(probs, 1, generator=generator))
+
+class _Sampler:
+    """A batch's rows sampled together, each with its own temperature, top-p and generator: one
+    uniform draw per row from its generator (the draw still depends only on the row's seed, prompt
+    and weights), the rest vectorised over the batch (inverse CDF). Row by row, softmax, sort and
+    ``torch.multinomial`` cost about 65 us per row and token, a fifth of a batch's decode."""
+
+    def __init__(self, batch: Sequence[_Request], default: torch.Generator) -> None:
+        self.generators = [r.generator or default for r in batch]
+        temperatures = torch.tensor([r.temperature for r in batch], dtype=torch.float32)
+        self.greedy = temperatures <= 0
+        self.all_greedy, self.any_greedy = bool(self.greedy.all()), bool(self.greedy.any())
+        self.temperatures = torch.where(self.greedy, torch.ones_like(temperatures), temperatures).unsqueeze(1)
+        top_p = torch.tensor([r.top_p for r in batch], dtype=torch.float32)
+        self.top_p = top_p.unsqueeze(1) if bool((top_p < 1.0).any()) else None
+
+    def pick(self, logits: torch.Tensor) -> torch.Tensor:
+        """One token per row of ``logits`` (rows, vocab): argmax at temperature 0, else a draw from
+        softmax(logits / temperature), cut to the smallest set of tokens whose mass reaches top-p."""
+        if self.all_greedy:
+            return logits.argmax(dim=-1)
+        probs = torch.softmax(logits / self.temperatures, dim=-1)
+        if self.top_p is not None:
+            ordered, order = torch.sort(probs, dim=-1, descending=True)
+            kept = ordered * ((torch.cumsum(ordered, dim=-1) - ordered) < self.top_p)
+            probs = torch.zeros_like(probs).scatter(1, order, kept)
+        cdf = torch.cumsum(probs, dim=-1)
+        draws = torch.cat([torch.rand(1, generator=g) for g in self.generators]) * cdf[:, -1]
+        sampled = torch.searchsorted(cdf, draws.unsqueeze(1), right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
+        return torch.where(self.greedy, logits.argmax(dim=-1), sampled) if self.any_greedy else sampled
 
 
 def _finished(output: list[int], logprobs: list[float], request: _Request) -> Sampled | None:
