@@ -7,6 +7,7 @@ spawns them with vfork (uvloop forks, copying the broker's page tables each time
 from __future__ import annotations
 
 import logging
+import os
 
 import uvicorn
 
@@ -22,7 +23,16 @@ from services.sandbox_broker.settings import BrokerSettings
 log = logging.getLogger(__name__)
 
 
+# What the sandbox uid may read and search among the broker's files (its state directory's sandboxes, their
+# /etc files, the gateway directory) is made under this umask, and every sandbox's processes inherit it (a
+# container's is the same). A hardened shell's 027 or 077 left them unreachable: the broker refused to start
+# ("every directory above ... must be searchable by uid 1000"). The broker's other files get the modes they
+# have under the usual default (systemd's and a container's UMask is 0022 too); its state directory stays 0711.
+UMASK = 0o022
+
+
 def run(settings: BrokerSettings) -> int:
+    os.umask(UMASK)
     configure_logging(settings.log_level)
     raise_fd_limit()
     with redis_url_or_embedded(settings.redis_url) as redis_url:

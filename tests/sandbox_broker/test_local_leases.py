@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -143,3 +144,20 @@ def _mounts_under(path: Path) -> int:
 
 def _counter(text: str, series: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(series + " "))
+
+
+def test_a_broker_started_under_a_strict_umask_serves_sandboxes_as_under_the_default(
+    start_broker: BrokerFactory,
+) -> None:
+    """A hardened shell's umask (077) is not the sandboxes': the broker starts, its sandbox reads its
+    /etc and writes its workspace, and its commands run under 022 as a container's do."""
+    before = os.umask(0o077)
+    try:
+        broker = start_broker()  # the broker inherits 077
+    finally:
+        os.umask(before)
+    with httpx.Client(base_url=broker.url, timeout=30) as client:
+        lid = lease(client)["id"]
+        got = run(client, lid, "umask; id -un; echo x > f && ls -l f | cut -c1-10")
+        assert (got["exit_code"], got["stdout"].split()) == (0, ["0022", "sandbox", "-rw-r--r--"]), got
+        assert client.delete(f"/leases/{lid}").status_code in (200, 204)
