@@ -8,12 +8,16 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from services.protocol.sandboxes import ExecRequest, Resources
+from services.sandbox_broker.backends.agent_zygote import Zygote
 from services.sandbox_broker.backends.agents import ExecAgent
 from services.sandbox_broker.backends.base import SandboxSpec
 from services.sandbox_broker.backends.local import LocalBackend
@@ -219,3 +223,32 @@ def test_a_bubblewrap_the_zygote_cannot_start_fails_the_agent_not_the_zygote(sta
             assert zygote.proc is started and started is not None and started.returncode is None  # the same one
 
     asyncio.run(scenario())
+
+
+def test_at_its_end_the_zygote_takes_every_bubblewrap_it_started_with_its_child() -> None:
+    """A bubblewrap that dies while setting up leaves a child that nothing ends (it waits on an eventfd
+    for its parent, without a parent-death signal yet): at its end, the zygote kills both. Here a
+    stand-in parent whose child blocks on a pipe; the Zygote's constructor is skipped (it would drop
+    this process's capabilities)."""
+    code = (
+        "import os, time\nr, w = os.pipe()\n"
+        "if os.fork() == 0:\n    os.read(r, 1)\nelse:\n    print(flush=True)\n    time.sleep(60)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert parent.stdout is not None and parent.stdout.readline() == b"\n"  # forked
+        child = int(Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()[0])
+        zygote = Zygote.__new__(Zygote)
+        zygote.launched = {parent.pid, 2**22 + 7}  # and one that ended already
+        zygote.end()
+        assert parent.wait(10) == -signal.SIGKILL
+        for _ in range(100):
+            if not Path(f"/proc/{child}").exists():
+                break
+            time.sleep(0.05)
+        assert not Path(f"/proc/{child}").exists()  # killed, and reaped by init (its parent is gone)
+    finally:
+        parent.kill()
+        parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()

@@ -90,6 +90,7 @@ class Zygote:
         # where the zygote goes back to after a bubblewrap's start (the egress and launch namespaces)
         self.own = {flag: os.open(f"/proc/self/ns/{name}", os.O_RDONLY | os.O_CLOEXEC)
                     for name, flag in NAMESPACES if name in ("net", "mnt")}  # fmt: skip
+        self.launched: set[int] = set()  # the bubblewraps it started that it has not reaped
         self.confine()
 
     def confine(self) -> None:
@@ -281,6 +282,7 @@ class Zygote:
             except Exception as exc:
                 self.report(fds[2], f"the sandbox {request.get('sandbox')} did not start: {exc!r}")
                 return
+            self.launched.add(pid)
             try:
                 pidfd = os.pidfd_open(pid)  # the pid is still this child's: nothing reaps it meanwhile
                 try:
@@ -298,10 +300,28 @@ class Zygote:
         """Collect the children that ended, bubblewraps (the broker watches them by pidfd) and agents:
         one call per ended child, whatever the number alive. Run at each SIGCHLD and each request."""
         try:
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
+            while pid := os.waitpid(-1, os.WNOHANG)[0]:
+                self.launched.discard(pid)
         except ChildProcessError:  # no child at all
             pass
+
+    def end(self) -> None:
+        """At the zygote's end (its broker closed the control socket, or died): every bubblewrap it
+        started goes, with its child. Each would die with it anyway (``--die-with-parent``), but the
+        child of one still setting up waits on an eventfd for its parent to write its uid map, before
+        it has a parent-death signal of its own: orphaned there, it waited forever (pid 1 of an empty
+        pid namespace, holding a copy of the launch namespace with the sandbox's mounts). Each is
+        stopped first, so that it starts no child meanwhile."""
+        for pid in list(self.launched):  # a copy: SIGCHLD's reap may change the set
+            try:
+                os.kill(pid, _signal.SIGSTOP)
+                with open(f"/proc/{pid}/task/{pid}/children") as f:
+                    children = [int(child) for child in f.read().split()]
+                for child in children:
+                    os.kill(child, _signal.SIGKILL)
+                os.kill(pid, _signal.SIGKILL)
+            except OSError:  # ended meanwhile
+                continue
 
 
 def restore_ignored_signals() -> None:
@@ -324,4 +344,7 @@ def main(control: socket.socket) -> None:
     # its agents are its children: each is reaped as it ends (a sandbox's pid 1, ending, waits for
     # every process of its namespace to be reaped), not at the next request
     _signal.signal(_signal.SIGCHLD, lambda number, frame: zygote.reap())
-    zygote.serve(control)
+    try:
+        zygote.serve(control)
+    finally:
+        zygote.end()
