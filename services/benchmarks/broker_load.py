@@ -283,8 +283,8 @@ async def leftover_sandboxes(settings: BrokerSettings) -> int:
 async def leftover_processes(marker: str, grace_s: float = 10.0) -> list[str]:
     """Processes whose command line names ``marker`` (the state directory), by name: slirp4netns or
     bubblewrap of a sandbox that outlived the broker. Those still exiting get ``grace_s`` to go (a
-    stopped broker's zygote ends its bubblewraps by their parent-death signal, which a loaded host
-    delivers late): only what is left then counts."""
+    stopped broker's bubblewraps end with its zygote, late on a loaded host): only what is left then
+    counts."""
     deadline = time.monotonic() + grace_s
     while True:
         found = await asyncio.to_thread(_processes_naming, marker)
