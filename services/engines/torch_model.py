@@ -1,7 +1,9 @@
 """A real (tiny) causal LM behind the engine's SGLang-compatible API, for end-to-end learning.
 
 SGLang cannot serve without a GPU. For demos and tests that must really learn, this serves a
-Hugging Face Llama-style checkpoint (what the trainer exports) with transformers on the CPU:
+Hugging Face Llama-style checkpoint (what the trainer exports) on the CPU, loaded with transformers
+and sampled through :mod:`services.engines.lean_llama` (the same forward without transformers' per-call
+Python, about a third of its CPU per token; any other architecture through transformers' forward):
 sampling with the request's parameters, the logprob of every sampled token under the model
 (temperature 1, as SGLang reports them), stop on eos or stop ids, and reloading weights from
 disk on ``/update_weights_from_disk``. Concurrent calls are decoded together in batches (one
@@ -17,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, DynamicCache
 
+from services.engines.lean_llama import KVCache, LeanLlama
 from services.engines.replies import Reply
 
 
@@ -58,6 +61,7 @@ class TorchPolicy:
         self._generator = torch.Generator().manual_seed(seed)
         self.model_dir = model_dir
         self.model = self._load(model_dir)
+        self.lean = LeanLlama.of(self.model)
         self.max_batch = max_batch
         self._queue: queue.Queue[_Request] = queue.Queue()
         threading.Thread(target=self._serve, name="torch-generate", daemon=True).start()
@@ -85,8 +89,9 @@ class TorchPolicy:
     def reload(self, model_dir: Path) -> None:
         """Swap in new weights (``/update_weights_from_disk``); a batch being decoded finishes on the old ones."""
         model = self._load(model_dir)
+        lean = LeanLlama.of(model)
         with self._lock:
-            self.model, self.model_dir = model, model_dir
+            self.model, self.lean, self.model_dir = model, lean, model_dir
 
     def sample(
         self,
@@ -135,18 +140,17 @@ class TorchPolicy:
     def _decode(self, batch: list[_Request]) -> list[Sampled]:
         width = max(len(r.input_ids) for r in batch)
         ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.bool)
         for row, r in enumerate(batch):
             ids[row, width - len(r.input_ids) :] = torch.tensor(r.input_ids)
-            mask[row, width - len(r.input_ids) :] = 1
+            mask[row, width - len(r.input_ids) :] = True
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        logits, cache = self._forward(ids, positions, mask, None)
         outputs: list[list[int]] = [[] for _ in batch]
         logprobs: list[list[float]] = [[] for _ in batch]
         finish: list[Sampled | None] = [None] * len(batch)
         sampler = _Sampler(batch, self._generator)
         for _ in range(max(r.max_new for r in batch)):
-            logits = out.logits[:, -1].float()
             picked = sampler.pick(logits)
             tokens = picked.tolist()
             lps = torch.log_softmax(logits, dim=-1).gather(1, picked.unsqueeze(1)).squeeze(1).tolist()
@@ -157,12 +161,20 @@ class TorchPolicy:
                     finish[row] = _finished(outputs[row], logprobs[row], r)
             if all(f is not None for f in finish):
                 break
-            mask = torch.cat([mask, torch.ones((len(batch), 1), dtype=torch.long)], dim=1)
+            mask = torch.cat([mask, torch.ones((len(batch), 1), dtype=torch.bool)], dim=1)
             positions = positions[:, -1:] + 1
-            step = picked.unsqueeze(1)
-            out = self.model(input_ids=step, attention_mask=mask, position_ids=positions,
-                             past_key_values=out.past_key_values, use_cache=True)  # fmt: skip
+            logits, cache = self._forward(picked.unsqueeze(1), positions, mask, cache)
         return [f for f in finish if f is not None]
+
+    def _forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: KVCache | DynamicCache | None
+    ) -> tuple[torch.Tensor, KVCache | DynamicCache]:
+        """The last position's logits (rows, vocab) for the new tokens ``ids`` and the grown cache: the
+        lean forward where the model has one, else transformers' (``mask``: True at every real token so far)."""
+        if self.lean is not None:
+            return self.lean.forward(ids, positions, mask, cache)  # type: ignore[arg-type]
+        out = self.model(input_ids=ids, attention_mask=mask.long(), position_ids=positions, cache=cache, use_cache=True)
+        return out.logits[:, -1].float(), out.cache
 
     @torch.inference_mode()
     def prompt_logprobs(self, input_ids: list[int], start: int) -> list[float | None]:

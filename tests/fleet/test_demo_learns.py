@@ -2,7 +2,7 @@
 10 steps: the whole platform teaches the tiny policy held-out shell tasks.
 
 Real processes throughout (embedded Redis, API, worker, proxy, two torch engines, broker with
-local sandboxes, the Megatron trainer); about 9 minutes on 2 cores.
+local sandboxes, the Megatron trainer); about 3 minutes alone on 2 cores, longer beside other tests.
 """
 
 from __future__ import annotations
