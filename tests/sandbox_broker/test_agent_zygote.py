@@ -29,10 +29,11 @@ from tests.sandbox_broker.conftest import needs_bwrap
 pytestmark = needs_bwrap
 
 NAMESPACES = "cgroup ipc mnt net pid user uts"
-# what a command is and may do: ids, capabilities, no new privileges, limits, cgroups, host name,
-# mount points, no further user namespace
+# what a command is and may do: ids, capabilities, no new privileges, limits (no core dumps: soft and
+# hard), cgroups, host name, mount points, no further user namespace
 PROBE = (
-    "grep -E '^(Uid|Gid|Groups|Cap|NoNewPrivs|Seccomp)' /proc/self/status; ulimit -a; cat /proc/self/cgroup; "
+    "grep -E '^(Uid|Gid|Groups|Cap|NoNewPrivs|Seccomp)' /proc/self/status; ulimit -a; echo core $(ulimit -Sc) "
+    "$(ulimit -Hc); cat /proc/self/cgroup; "
     "hostname; cut -d' ' -f5 /proc/self/mountinfo; unshare -U true 2>/dev/null && echo NESTED-USERNS; "
     "cat /proc/sys/user/max_user_namespaces"
 )
@@ -81,7 +82,7 @@ def test_forked_agents_commands_are_isolated_as_a_bubblewraps(state_dir: Path) -
             assert via_agent == alone
             assert "CapEff:\t0000000000000000" in via_agent and "CapBnd:\t0000000000000000" in via_agent
             assert "NoNewPrivs:\t1" in via_agent and "Uid:\t1000\t1000\t1000\t1000" in via_agent
-            assert "NESTED-USERNS" not in via_agent
+            assert "NESTED-USERNS" not in via_agent and "core 0 0\n" in via_agent
             # every namespace of the agent's command is that of the sandbox's pid 1 (bubblewrap's stub)
             # but its cgroup namespace: the agent's own, rooted at the sandbox's cgroups (the stub's is
             # rooted where bubblewrap started); its view of them is a bubblewrap's (PROBE, above)

@@ -33,6 +33,7 @@ def test_docker_lease_exec_files_and_release(dockerd: Dockerd, start_broker: Bro
         container = engine.containers.get(held["sandbox_id"])
         assert container.labels["rollout.broker"] == "b1" and container.attrs["HostConfig"]["Init"] is True
         assert container.attrs["HostConfig"]["PidsLimit"] == 512 and container.attrs["HostConfig"]["CapDrop"] == ["ALL"]
+        assert run(client, held["id"], "ulimit -Sc; ulimit -Hc")["stdout"] == "0\n0\n"  # no core dumps
 
         result = run(client, held["id"], "echo out; echo err >&2; exit 3")
         assert (result["exit_code"], result["stdout"], result["stderr"]) == (3, "out\n", "err\n")

@@ -76,7 +76,12 @@ PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 PR_SET_CHILD_SUBREAPER = 36
 CAPABILITY_VERSION_3 = 0x20080522
-RLIMITS = {"n": (resource.RLIMIT_NOFILE, 1), "f": (resource.RLIMIT_FSIZE, 512), "v": (resource.RLIMIT_AS, 1024)}
+RLIMITS = {
+    "n": (resource.RLIMIT_NOFILE, 1),
+    "f": (resource.RLIMIT_FSIZE, 512),
+    "v": (resource.RLIMIT_AS, 1024),
+    "c": (resource.RLIMIT_CORE, 512),
+}  # ulimit's flags and units
 MAX_REQUEST = 65_536
 REAP_EVERY_S = 2.0  # with no request coming, ended bubblewraps are collected this often
 

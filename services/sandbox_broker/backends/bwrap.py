@@ -166,7 +166,7 @@ class HostProbe:
             "namespaces": ["user", "pid", "mount", "ipc", "uts", "net"] if self.namespaces else [],
             "cap_drop_all": self.namespaces,
             "cgroup": self.cgroup,
-            "rlimits": ["nofile", "fsize"] + ([] if self.cgroup != "none" else ["as"]),
+            "rlimits": ["nofile", "fsize", "core"] + ([] if self.cgroup != "none" else ["as"]),
             "overlayfs": self.overlayfs,
             "detail": self.detail,
         }

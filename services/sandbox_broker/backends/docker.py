@@ -216,7 +216,8 @@ class DockerBackend:
             "command": KEEP_RUNNING, "detach": True, "labels": spec.labels, "init": True,
             "nano_cpus": int(r.cpus * 1e9), "mem_limit": f"{r.memory_mb}m", "memswap_limit": f"{r.memory_mb}m",
             "pids_limit": _pids_limit(self.settings), "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"],
-            "ulimits": [docker.types.Ulimit(name="nofile", soft=self.settings.nofile, hard=self.settings.nofile)],
+            "ulimits": [docker.types.Ulimit(name="nofile", soft=self.settings.nofile, hard=self.settings.nofile),
+                        docker.types.Ulimit(name="core", soft=0, hard=0)],  # no core dumps (local.py)
             "tmpfs": {"/tmp": f"rw,nosuid,size={min(r.disk_mb, 1024)}m"}, **network, **self._disk.options(r.disk_mb),
         }  # fmt: skip
         if self.settings.docker_runtime:

@@ -226,7 +226,7 @@ class LocalBackend:
         self._timed("overlay", self.images.prepare, paths, spec.template, self.overlay, meta)
         gvisor_pids = self.pids_max * gvisor.PIDS_FACTOR if gvisor_level else None
         self._timed("cgroup", self.cgroups.create, paths.root.name, spec.resources, gvisor_pids)
-        rlimits = {"n": self.nofile, "f": spec.resources.disk_mb * 2048}  # dash counts 512-byte blocks
+        rlimits = {"n": self.nofile, "f": spec.resources.disk_mb * 2048, "c": 0}  # 512-byte blocks; no core dumps
         if self.cgroups.mode == "none":
             rlimits["v"] = spec.resources.memory_mb * 1024
         meta["rlimits"] = rlimits
