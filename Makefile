@@ -52,6 +52,10 @@ typecheck:
 # list race, a chaos scenario's 120 s wait), the first three fixed; PYTEST_RERUNS=0 turns it off. The
 # first attempt's traceback is printed in the rerun summary (--rerun-show-tracebacks): without it a test
 # that passed on its rerun left no trace of what failed.
+# Each pytest process starts its services (API, worker, proxy, broker, engines: hundreds per run) by
+# forking them from a server that has imported their libraries already (services/runtime/forkserver.py,
+# tests/conftest.py): that import was most of a start's CPU, and the suite is CPU-bound on 2 cores.
+# ROLLOUT_TEST_FORKSERVER=0 execs each service instead.
 PYTEST_WORKERS ?= 4
 PYTEST_RERUNS ?= 1
 # Beside the tests, the platform's images are built into their cache (tests/support/prebuild_images.py,

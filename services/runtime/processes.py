@@ -14,13 +14,27 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import httpx
 
+from services.runtime import forkserver
 from services.runtime.net import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout (children import its code)
 PR_SET_PDEATHSIG = 1
+
+
+class Process(Protocol):
+    """A service's process: a ``subprocess.Popen`` or a :class:`~services.runtime.forkserver.ForkedProcess`."""
+
+    pid: int
+    returncode: int | Any
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def kill(self) -> None: ...
 
 
 @dataclass
@@ -29,7 +43,7 @@ class ServiceProcess:
 
     argv: list[str]
     port: int
-    proc: subprocess.Popen[bytes]
+    proc: Process
     log_path: Path
     host: str = "127.0.0.1"
     extra: dict[str, object] = field(default_factory=dict)
@@ -54,7 +68,7 @@ class ServiceProcess:
         stop_group(self.proc, timeout_s)
 
 
-def stop_group(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+def stop_group(proc: Process, timeout_s: float = 10.0) -> None:
     """End a child started in its own session and everything it spawned: SIGTERM, then SIGKILL."""
     if proc.poll() is not None:
         return
@@ -120,11 +134,16 @@ def launch_service(
     argv = [sys.executable, *(a.replace("{port}", str(port)) for a in args)]
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name or 'service'}-{port}.log"
+    child_env = python_env(env)
+    server = child_env.pop(forkserver.ENV, None)  # this process's launches only, not its services'
     with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(
-            argv, stdout=log_file, stderr=subprocess.STDOUT, env=python_env(env), cwd=REPO_ROOT,
-            start_new_session=True,
-        )  # fmt: skip
+        if server and forkserver.forkable(argv, child_env, server):
+            proc: Process = forkserver.spawn(server, argv, child_env, REPO_ROOT, log_path)
+        else:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=child_env,
+                cwd=REPO_ROOT, start_new_session=True,
+            )  # fmt: skip
     return ServiceProcess(argv=argv, port=port, proc=proc, log_path=log_path)
 
 
@@ -140,9 +159,7 @@ def wait_started(service: ServiceProcess, health_path: str = "/healthz", timeout
         raise
 
 
-def wait_healthy(
-    proc: subprocess.Popen[bytes], url: str, timeout_s: float, name: str, detail: Callable[[], str] = str
-) -> None:
+def wait_healthy(proc: Process, url: str, timeout_s: float, name: str, detail: Callable[[], str] = str) -> None:
     """Poll ``url`` until it answers 200: RuntimeError if ``proc`` exits first, TimeoutError after
     ``timeout_s``; ``detail()`` (e.g. the log's tail) ends either message."""
     deadline = time.monotonic() + timeout_s

@@ -39,7 +39,9 @@ def test_weight_update_with_a_failing_engine_fails_no_call(tmp_path: Path, redis
     logs = tmp_path / "logs"
     weights = tmp_path / "weights-v1"
     weights.mkdir()
-    good, good_urls = start_engines(logs, 2, name="good")
+    # the good engines load for 2 s: the second lot of calls, started once the update is under way,
+    # arrives while it holds calls even on a loaded machine (at 0.2 s it once came after)
+    good, good_urls = start_engines(logs, 2, "--weight-load-s", "2", name="good")
     bad, bad_urls = start_engines(logs, 1, "--fail-weight-updates", name="bad")
     proxy: ServiceProcess | None = None
     try:
