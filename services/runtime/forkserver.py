@@ -73,7 +73,8 @@ def forkable(argv: Sequence[str], env: Mapping[str, str], socket_path: str) -> b
         server_env = json.loads(Path(f"{socket_path}.env").read_text())
     except (OSError, ValueError):
         return False
-    return len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m" and _read_once(env) == server_env
+    same = _read_once(env) == server_env and hasattr(os, "pidfd_open")  # Linux 5.3 and later
+    return len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m" and same
 
 
 class ForkedProcess:
