@@ -53,11 +53,11 @@ def stub(rlimits: dict[str, int]) -> list[str]:
     """A zygote-forked agent's sandbox: bubblewrap's command, pid 1 of its namespace, takes the
     sandbox's rlimits (soft and hard: the shell's ``ulimit``, as ``bwrap.limits_prefix`` sets them),
     says when it is set up and waits (the shell's own read: no second program to start) until the
-    broker closes its stdin; a limit it cannot set ends it, unready. Ready, it closes its stderr (the
-    agent's log on the host): a command of the same uid that took the stub over (ptrace) writes
-    nothing there."""
+    broker closes its stdin; a limit it cannot set ends it, unready (its error in the agent's log). It
+    closes its stderr (that log, on the host) before it says it is ready, so that once ready it never
+    holds it: a command of the same uid that took the stub over (ptrace) writes nothing there."""
     limits = "".join(f"ulimit -{flag} {int(value)} && " for flag, value in rlimits.items())
-    return ["--as-pid-1", "/bin/sh", "-c", f"{limits}echo || exit 1; exec 2>&-; read -r _"]
+    return ["--as-pid-1", "/bin/sh", "-c", f"{limits}exec 2>&- && echo || exit 1; read -r _"]
 
 
 def _seconds(value: object) -> float | None:
