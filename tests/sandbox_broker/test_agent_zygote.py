@@ -8,10 +8,11 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -226,11 +227,11 @@ def test_a_bubblewrap_the_zygote_cannot_start_fails_the_agent_not_the_zygote(sta
     asyncio.run(scenario())
 
 
-def test_at_its_end_the_zygote_takes_every_bubblewrap_it_started_with_its_child() -> None:
-    """A bubblewrap that dies while setting up leaves a child that nothing ends (it waits on an eventfd
-    for its parent, without a parent-death signal yet): at its end, the zygote kills both. Here a
-    stand-in parent whose child blocks on a pipe; the Zygote's constructor is skipped (it would drop
-    this process's capabilities)."""
+@contextlib.contextmanager
+def forked_stand_in() -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A stand-in for a bubblewrap that dies while setting up: a parent whose child blocks on a pipe
+    (as bubblewrap's waits on an eventfd for its uid map) with no parent-death signal; yields both,
+    once the child is there."""
     code = (
         "import os, time\nr, w = os.pipe()\n"
         "if os.fork() == 0:\n    os.read(r, 1)\nelse:\n    print(flush=True)\n    time.sleep(60)"
@@ -238,18 +239,43 @@ def test_at_its_end_the_zygote_takes_every_bubblewrap_it_started_with_its_child(
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     try:
         assert parent.stdout is not None and parent.stdout.readline() == b"\n"  # forked
-        child = int(Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()[0])
-        zygote = Zygote.__new__(Zygote)
-        zygote.launched = {parent.pid, 2**22 + 7}  # and one that ended already
-        zygote.end()
-        assert parent.wait(10) == -signal.SIGKILL
-        for _ in range(100):
-            if not Path(f"/proc/{child}").exists():
-                break
-            time.sleep(0.05)
-        assert not Path(f"/proc/{child}").exists()  # killed, and reaped by init (its parent is gone)
+        yield parent, int(Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()[0])
     finally:
         parent.kill()
         parent.wait()
         if parent.stdout is not None:
             parent.stdout.close()
+
+
+def _assert_both_killed(parent: subprocess.Popen[bytes], child: int) -> None:
+    assert parent.wait(10) == -signal.SIGKILL
+    for _ in range(100):
+        if not Path(f"/proc/{child}").exists():
+            break
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child}").exists()  # killed, and reaped by init (its parent is gone)
+
+
+def test_at_its_end_the_zygote_takes_every_bubblewrap_it_started_with_its_child() -> None:
+    """At its end, the zygote kills each bubblewrap it started and its child (the Zygote's
+    constructor is skipped: it would drop this process's capabilities)."""
+    with forked_stand_in() as (parent, child):
+        zygote = Zygote.__new__(Zygote)
+        zygote.launched = {parent.pid, 2**22 + 7}  # and one that ended already
+        zygote.end()
+        _assert_both_killed(parent, child)
+
+
+def test_a_bubblewrap_whose_broker_is_gone_goes_with_its_child() -> None:
+    """A bubblewrap started for a broker that died (or gave up waiting) meanwhile: its reply cannot
+    be sent, and the zygote kills it with its child. It killed the bubblewrap alone, and a rehearsal
+    of the broker benchmark's kill -9 found the child orphaned on its eventfd minutes later."""
+    with forked_stand_in() as (parent, child):
+        zygote = Zygote.__new__(Zygote)
+        zygote.launched = set()
+        zygote.launch = lambda request, fds: parent.pid  # type: ignore[method-assign]
+        ours, theirs = socket.socketpair()
+        ours.close()  # the broker's end: gone
+        with theirs, open(os.devnull, "rb") as stdin, open(os.devnull, "wb") as out:
+            zygote.spawn(ours, {"sandbox": "gone"}, [stdin.fileno(), out.fileno(), out.fileno(), theirs.fileno()])
+        _assert_both_killed(parent, child)

@@ -56,6 +56,7 @@ import os
 import resource
 import socket
 import sys
+import time
 
 TYPE_CHECKING = False  # not ``typing``'s: the zygote loads no more than it needs (its forks copy it)
 if TYPE_CHECKING:
@@ -84,6 +85,7 @@ RLIMITS = {
 }  # ulimit's flags and units
 MAX_REQUEST = 65_536
 REAP_EVERY_S = 2.0  # with no request coming, ended bubblewraps are collected this often
+STOP_POLLS, STOP_POLL_S = 200, 0.005  # how long a bubblewrap being killed is given to stop (1 s)
 
 
 class Zygote:
@@ -279,7 +281,7 @@ class Zygote:
     def spawn(self, control: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
         """Start the sandbox's bubblewrap and answer with its pid and pidfd; one that did not start
         (its error is in the sandbox's log) or a broker that gave up waiting (its end is closed)
-        gets none, and a started child is killed."""
+        gets none, and a started one is killed with its child (``take``)."""
         _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGCHLD})  # no reap before its pidfd is open
         try:
             try:
@@ -297,7 +299,7 @@ class Zygote:
                 finally:
                     os.close(pidfd)
             except OSError:
-                os.kill(pid, 9)
+                self.take(pid)
         finally:
             _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {_signal.SIGCHLD})
 
@@ -312,21 +314,31 @@ class Zygote:
 
     def end(self) -> None:
         """At the zygote's end (its broker closed the control socket, or died): every bubblewrap it
-        started goes, with its child. Each would die with it anyway (``--die-with-parent``), but the
-        child of one still setting up waits on an eventfd for its parent to write its uid map, before
-        it has a parent-death signal of its own: orphaned there, it waited forever (pid 1 of an empty
-        pid namespace, holding a copy of the launch namespace with the sandbox's mounts). Each is
-        stopped first, so that it starts no child meanwhile."""
+        started goes, with its child (``take``)."""
         for pid in list(self.launched):  # a copy: SIGCHLD's reap may change the set
-            try:
-                os.kill(pid, _signal.SIGSTOP)
-                with open(f"/proc/{pid}/task/{pid}/children") as f:
-                    children = [int(child) for child in f.read().split()]
-                for child in children:
-                    os.kill(child, _signal.SIGKILL)
-                os.kill(pid, _signal.SIGKILL)
-            except OSError:  # ended meanwhile
-                continue
+            self.take(pid)
+
+    def take(self, pid: int) -> None:
+        """Kill a bubblewrap this zygote started, and its child. Bubblewrap alone would not do: the
+        child of one still setting up waits on an eventfd for its parent to write its uid map, before
+        it has a parent-death signal of its own, and orphaned there it waited forever (pid 1 of an
+        empty pid namespace, holding a copy of the launch namespace with the sandbox's mounts). It is
+        stopped first, and its children are read once it is: a stop signal does not interrupt a clone
+        under way, so until then a child could still appear."""
+        try:
+            os.kill(pid, _signal.SIGSTOP)
+            for _ in range(STOP_POLLS):
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rpartition(")")[2].split()[0] in "TtZX":
+                        break
+                time.sleep(STOP_POLL_S)
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                children = [int(child) for child in f.read().split()]
+            for child in children:
+                os.kill(child, _signal.SIGKILL)
+            os.kill(pid, _signal.SIGKILL)
+        except OSError:  # ended meanwhile
+            pass
 
 
 def restore_ignored_signals() -> None:
