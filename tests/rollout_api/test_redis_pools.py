@@ -61,7 +61,10 @@ async def crowd_and_submit(api: str, token: str, subscribers: int) -> tuple[list
 
 @pytest.mark.slow
 def test_300_subscribers_on_a_100_connection_pool_and_a_submission(tmp_path: Path, redis_url: str) -> None:
-    api = start_api(redis_url, tmp_path, ROLLOUT_API_SSE_BLOCK_MS="500", ROLLOUT_API_SSE_CONNECTIONS="100")
+    # each subscriber holds a pooled connection for its first XREAD BLOCK: 2 s, so that 300 of them crowd
+    # 100 connections even when a loaded host's API takes them in at 50 a second (with 500 ms, a
+    # fresh-clone run once counted no wait at all)
+    api = start_api(redis_url, tmp_path, ROLLOUT_API_SSE_BLOCK_MS="2000", ROLLOUT_API_SSE_CONNECTIONS="100")
     try:
         with httpx.Client(base_url=api.url, timeout=30) as client:
             token = create_job(client, "crowd")
