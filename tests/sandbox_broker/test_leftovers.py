@@ -7,8 +7,13 @@ which every test's state dir goes through: a mount left after it fails the test)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shlex
+import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -63,6 +68,63 @@ def test_probe_leftovers_of_a_killed_broker_are_removed_at_start(state_dir: Path
     asyncio.run(start_and_stop())
     assert overlay.mounts_under(state_dir) == [] and _slirps(netns_dir) == 0
     assert not [p for p in state_dir.iterdir() if "-probe-" in p.name]
+
+
+def _orphan(argv: list[str]) -> int:
+    """Start ``argv`` as an orphan (its parent exits at once: it is reparented to pid 1); its pid."""
+    shell = " ".join(shlex.quote(arg) for arg in argv) + " >/dev/null 2>&1 & echo $!"
+    pid = int(subprocess.run(["sh", "-c", shell], capture_output=True, text=True, check=True).stdout)
+    ppid = Path(f"/proc/{pid}/status").read_text().partition("\nPPid:")[2].split()[0]
+    if ppid != "1":
+        os.kill(pid, signal.SIGKILL)
+        pytest.skip(f"orphans are adopted by a subreaper ({ppid}) here, not by pid 1")
+    return pid
+
+
+def _gone(pid: int) -> bool:
+    for _ in range(100):
+        if not Path(f"/proc/{pid}").exists():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_orphaned_bubblewraps_of_its_sandboxes_are_killed_at_start(state_dir: Path, tmp_path: Path) -> None:
+    """A bubblewrap whose parent died mid-setup (pid 1 adopted it) and that names a sandbox of this
+    state dir is killed when the next broker starts on it; a live one (its parent still there), one
+    of another state dir and a process of another name are not. Stand-ins: a shell copied under the
+    name ``bwrap``, blocked opening a FIFO."""
+    fake, fifo = tmp_path / "bwrap", tmp_path / "fifo"
+    shutil.copy("/bin/sh", fake)
+    os.mkfifo(fifo)
+    wait = f"read x < {fifo}"
+    ours = str(state_dir / "sandboxes" / "s1" / "agent.log")
+    orphan = _orphan([str(fake), "-c", wait, "bwrap", ours])
+    elsewhere = _orphan([str(fake), "-c", wait, "bwrap", str(tmp_path / "sandboxes" / "s1")])
+    other_name = _orphan(["sh", "-c", wait, "sh", ours])
+    live = subprocess.Popen(["sh", "-c", f"{shlex.quote(str(fake))} -c {shlex.quote(wait)} bwrap {ours}; true"])
+    spared = [elsewhere, other_name]
+    try:
+        for _ in range(100):  # the live one's bubblewrap is there
+            children = Path(f"/proc/{live.pid}/task/{live.pid}/children").read_text().split()
+            if children:
+                break
+            time.sleep(0.02)
+        spared.append(int(children[0]))
+
+        async def start_and_stop() -> None:
+            backend = LocalBackend(BrokerSettings(state_dir=state_dir))
+            await backend.start()
+            await backend.close()
+
+        asyncio.run(start_and_stop())
+        assert _gone(orphan)
+        assert [pid for pid in spared if not Path(f"/proc/{pid}").exists()] == []
+    finally:
+        for pid in (orphan, *spared):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        live.wait()
 
 
 @pytest.mark.slow  # a broker process

@@ -11,12 +11,17 @@ with its instance name) finds and recovers them after a restart; a killed one ke
 Whoever owns a state directory that no broker will use again (a test, a benchmark, ``rollout
 demo``) removes them with :func:`remove_sandboxes` once the brokers are gone, or the whole
 directory with :func:`remove_state_dir`, which also reports any mount still left under it.
+
+Processes: a bubblewrap orphaned mid-setup (:func:`kill_orphans`) is killed by the next broker to
+start on the state directory.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -49,6 +54,45 @@ def clean_probes(state_dir: Path) -> list[Path]:
     if removed:
         log.info("removed %d probe directories left by killed brokers: %s", len(removed), [p.name for p in removed])
     return removed
+
+
+def clean_after_brokers(state_dir: Path) -> None:
+    """What brokers that are gone left on ``state_dir`` that a new one must end before it starts:
+    orphaned bubblewraps (``kill_orphans``), then probe directories (``clean_probes``)."""
+    kill_orphans(state_dir / "sandboxes")
+    clean_probes(state_dir)
+
+
+def kill_orphans(root: Path) -> list[int]:
+    """Kill every bubblewrap that names a sandbox under ``root`` and whose parent is gone (it was
+    reparented to pid 1: one adopted by a subreaper is not found); return their pids.
+
+    A live sandbox's bubblewraps are the zygote's child and that child's child, and each dies with its
+    parent (``--die-with-parent``), except the child in the moment before it has a parent-death
+    signal: it waits on an eventfd for its parent to write its uid map, and an orphan waits there
+    forever (pid 1 of an empty pid namespace, holding a copy of the launch namespace with the
+    sandboxes' mounts). The zygote kills those it leaves (``Zygote.take``); this is the start-up
+    check that none survived a broker or zygote killed outright. Processes are matched by name,
+    command line and parent: a live bubblewrap's parent is the zygote or another bubblewrap, and a
+    sandbox's own processes, whatever their name, have theirs in the sandbox (its agent reaps its
+    orphans)."""
+    marker, killed = str(root).encode() + b"/", []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_bytes() != b"bwrap\n" or marker not in (entry / "cmdline").read_bytes():
+                continue
+            status = (entry / "status").read_text()
+            ppid = int(status.partition("\nPPid:")[2].split(None, 1)[0])
+            if ppid == 1:
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+        except (OSError, ValueError, IndexError):  # ended meanwhile
+            continue
+    if killed:
+        log.warning("killed %d orphaned bubblewraps of sandboxes under %s: %s", len(killed), root, killed)
+    return killed
 
 
 def teardown(paths: SandboxPaths) -> None:

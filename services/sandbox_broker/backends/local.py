@@ -105,7 +105,7 @@ class LocalBackend:
         self.root.mkdir(parents=True, exist_ok=True)
         for directory in (self.root.parent, self.root):
             directory.chmod(0o711)  # the sandbox uid passes through, lists nothing
-        await asyncio.to_thread(leftovers.clean_probes, self.root.parent)
+        await asyncio.to_thread(leftovers.clean_after_brokers, self.root.parent)
         await asyncio.to_thread(snapshots.clean, self.root.parent)
         await asyncio.to_thread(self.images.clean_leftovers)
         await asyncio.to_thread(self.disks.clean_leftovers)
