@@ -73,12 +73,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--setup", action="append", default=None,
                    help="setup command of the benchmark's template, run at every cold start (repeatable; "
                         "default: one python3 start)")  # fmt: skip
-    p.add_argument(
-        "--create-rounds",
-        type=int,
-        default=3,
-        help="bursts of bare cold leases whose median is cold_create_cpu_ms (default 3)",
-    )
+    p.add_argument("--create-rounds", type=int, default=3,
+                   help="bursts of bare cold leases whose median is cold_create_cpu_ms (default 3)")  # fmt: skip
+    p.add_argument("--settle-timeout-s", type=float, default=30.0,
+                   help="wait up to this long for a quiet host before each warm burst (default 30)")  # fmt: skip
     p.add_argument("--redis-url", default=None, help="default: an embedded server")
     p.add_argument("--docker-host", default=None, help="docker backend: the engine socket (unix://...)")
     p.add_argument("--docker-image", default=None, help="docker backend: a prepared image")
@@ -174,19 +172,19 @@ async def _phases(args: argparse.Namespace, load: Load, broker: Proc, settings: 
     egress, egress_cpu_ms = await _cold_burst(load, broker, egress_n, egress_body)
     created = await _creation_alone(args, load, broker, image, egress_n)
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
-    settled = {"warm": await settle()}  # the cold bursts' released sandboxes are still being torn down
+    settled = {"warm": await settle(timeout_s=args.settle_timeout_s)}  # the cold bursts' teardown goes on
     cpu_before = _own_cpu_s(broker)  # the worker's path: its client's coalescer, batches of what is asked at once
     warm = await run_worker(
         load, args.leases, {"template": "bench"}, WorkerSettings().lease_batch_window_s, settings.redis_url
     )  # as a worker does: claimed from Redis, the rest in batches
     warm_cpu_ms = (_own_cpu_s(broker) - cpu_before) * 1000 / max(len(warm.start_ms), 1)
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
-    settled["single"] = await settle()
+    settled["single"] = await settle(timeout_s=args.settle_timeout_s)
     cpu_before = _own_cpu_s(broker)
     single = await run_open(load, args.leases, {"template": "bench"})  # the same leases, one request each
     single_cpu_ms = (_own_cpu_s(broker) - cpu_before) * 1000 / max(len(single.start_ms), 1)
     await load.wait_pool(args.leases, timeout_s=pool_timeout_s)
-    settled["batch"] = await settle()
+    settled["batch"] = await settle(timeout_s=args.settle_timeout_s)
     cpu_before = _own_cpu_s(broker)
     batched = await run_batched(load, args.leases, {"template": "bench"})  # the same leases, one request
     batched_cpu_ms = (_own_cpu_s(broker) - cpu_before) * 1000 / max(len(batched.start_ms), 1)
