@@ -323,8 +323,8 @@ class Zygote:
         child of one still setting up waits on an eventfd for its parent to write its uid map, before
         it has a parent-death signal of its own, and orphaned there it waited forever (pid 1 of an
         empty pid namespace, holding a copy of the launch namespace with the sandbox's mounts). It is
-        stopped first, and its children are read once it is: a stop signal does not interrupt a clone
-        under way, so until then a child could still appear."""
+        stopped first, and its children are read once it is: a stop signal need not interrupt a clone
+        already under way, so until then a child could still appear."""
         try:
             os.kill(pid, _signal.SIGSTOP)
             for _ in range(STOP_POLLS):
