@@ -4,10 +4,8 @@ timed from the client, and the same command run directly on the bare backend."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -20,7 +18,7 @@ from services.rollout_api.worker.warm_claims import WarmClaims
 from services.runtime.http_client import Answer, HttpClient
 from services.runtime.redis_pool import open_redis
 from services.runtime.secrets import FleetSecrets
-from services.sandbox_broker.backends import make_backend
+from services.sandbox_broker.backends import leftovers, make_backend
 from services.sandbox_broker.backends.base import LABEL_LEASE, SandboxSpec
 from services.sandbox_broker.settings import BrokerSettings
 from services.sandbox_broker.templates import default_template
@@ -287,17 +285,7 @@ async def leftover_processes(marker: str, grace_s: float = 10.0) -> list[str]:
     counts."""
     deadline = time.monotonic() + grace_s
     while True:
-        found = await asyncio.to_thread(_processes_naming, marker)
+        found = [name for _, name in await asyncio.to_thread(leftovers.processes_naming, marker)]
         if not found or time.monotonic() >= deadline:
             return found
         await asyncio.sleep(0.2)
-
-
-def _processes_naming(marker: str) -> list[str]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    found.append((entry / "comm").read_text().strip())
-    return found

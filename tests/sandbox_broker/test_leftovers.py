@@ -34,14 +34,7 @@ def _dead_pid() -> int:
 
 
 def _slirps(path: Path) -> int:
-    found = 0
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                found += str(path).encode() in (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-    return found
+    return len(leftovers.processes_naming(str(path)))
 
 
 def test_probe_leftovers_of_a_killed_broker_are_removed_at_start(state_dir: Path) -> None:

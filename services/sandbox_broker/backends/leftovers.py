@@ -18,6 +18,7 @@ start on the state directory.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -76,23 +77,32 @@ def kill_orphans(root: Path) -> list[int]:
     command line and parent: a live bubblewrap's parent is the zygote or another bubblewrap, and a
     sandbox's own processes, whatever their name, have theirs in the sandbox (its agent reaps its
     orphans)."""
-    marker, killed = str(root).encode() + b"/", []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+    killed = []
+    for pid, name in processes_naming(f"{root}/"):
+        if name != "bwrap":
             continue
         try:
-            if (entry / "comm").read_bytes() != b"bwrap\n" or marker not in (entry / "cmdline").read_bytes():
-                continue
-            status = (entry / "status").read_text()
-            ppid = int(status.partition("\nPPid:")[2].split(None, 1)[0])
-            if ppid == 1:
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed.append(int(entry.name))
+            status = Path(f"/proc/{pid}/status").read_text()
+            if int(status.partition("\nPPid:")[2].split(None, 1)[0]) == 1:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
         except (OSError, ValueError, IndexError):  # ended meanwhile
             continue
     if killed:
         log.warning("killed %d orphaned bubblewraps of sandboxes under %s: %s", len(killed), root, killed)
     return killed
+
+
+def processes_naming(marker: str) -> list[tuple[int, str]]:
+    """The processes whose command line contains ``marker`` (a state directory, a sandbox's path):
+    their pids and names."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append((int(entry.name), (entry / "comm").read_text().strip()))
+    return found
 
 
 def teardown(paths: SandboxPaths) -> None:
