@@ -25,7 +25,7 @@ from services.llm_proxy.limits import MAX_FIELD_BYTES, MAX_HEADERS, MAX_LINE_BYT
 from services.llm_proxy.membership import MembershipStore
 from services.llm_proxy.settings import ProxySettings
 from services.protocol.redis_url import redis_target
-from services.runtime.gc_tuning import tune_gc
+from services.runtime.gc_tuning import freeze_heap, tune_gc
 from services.runtime.generation import StoreGeneration
 from services.runtime.limits import raise_fd_limit
 from services.runtime.logs import configure_logging
@@ -143,6 +143,7 @@ def run(settings: ProxySettings) -> int:
             proc.start()
             return proc
 
+        freeze_heap()  # each worker's start-up collection (tune_gc) would walk and copy this heap
         children = [start() for _ in range(settings.workers)]
         log.info("proxy on %s:%d with %d worker processes", settings.host, settings.port, settings.workers)
         store = StoreWatch(settings, redis_url)

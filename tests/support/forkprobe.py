@@ -1,12 +1,15 @@
 """A stand-in service for the fork server's tests: prints what a process is (as JSON), then ends as
 its first argument says: ``exit N``, ``raise``, ``message``, ``sleep``, ``atexit`` (a handler and a
-non-daemon thread that both print after the module returned)."""
+non-daemon thread that both print after the module returned), ``gc`` (a second line: the objects the
+collector had frozen at the start, and the pages a full collection then copied)."""
 
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import os
+import resource
 import signal
 import sys
 import tempfile
@@ -41,6 +44,11 @@ def main() -> None:
         sys.exit("a message")
     if how == "sleep":
         time.sleep(60)
+    if how == "gc":
+        frozen, faults = gc.get_freeze_count(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        gc.collect()
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+        print(json.dumps({"frozen": frozen, "collect_page_faults": faults}), flush=True)
     if how == "atexit":
         atexit.register(lambda: print("atexit ran", flush=True))
         threading.Thread(target=finish_late).start()
