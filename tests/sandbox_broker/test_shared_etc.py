@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import os
@@ -53,6 +54,10 @@ def test_the_copy_holds_what_the_sandbox_user_could_read_and_its_own_files(host:
     assert (plain / "ld.so.cache").read_bytes() == b"\x00cache"
     assert os.readlink(plain / "localtime") == "/usr/share/zoneinfo/Etc/UTC"  # a link, as on the host
     assert os.readlink(plain / "ssl" / "certs" / "link.pem") == "ca.pem"
+    # on one filesystem a link is the host's, linked (no inode made); a file is a copy of its own
+    assert os.lstat(plain / "localtime").st_ino == os.lstat(host / "etc" / "localtime").st_ino
+    assert os.lstat(egress / "ssl" / "certs" / "link.pem").st_ino == os.lstat(host / "etc/ssl/certs/link.pem").st_ino
+    assert os.lstat(plain / "ld.so.cache").st_ino != os.lstat(host / "etc" / "ld.so.cache").st_ino
     assert sorted(p.name for p in (plain / "ssl").iterdir()) == ["certs"]  # private/ and readme left out
     assert (plain / "passwd").read_text() == shared_etc.passwd(1234)
     assert "sandbox:x:1234:" in (plain / "group").read_text()
@@ -63,6 +68,21 @@ def test_the_copy_holds_what_the_sandbox_user_could_read_and_its_own_files(host:
     )
     assert (egress / "resolv.conf").read_text() == netns.RESOLV_CONF
     assert (egress / "hosts").read_text() == netns.HOSTS
+
+
+def test_links_are_made_anew_where_they_cannot_be_linked(
+    host: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another filesystem (EXDEV), or fs.protected_hardlinks refusing a non-root broker: a new link."""
+
+    def cross_device(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", cross_device)
+    plain = SharedEtc(tmp_path / "etc", 1000, host=host).path(egress=False)
+    assert os.readlink(plain / "localtime") == "/usr/share/zoneinfo/Etc/UTC"
+    assert os.readlink(plain / "ssl" / "certs" / "link.pem") == "ca.pem"
+    assert os.lstat(plain / "localtime").st_ino != os.lstat(host / "etc" / "localtime").st_ino
 
 
 def test_a_host_file_that_changes_gives_new_sandboxes_a_new_copy(
