@@ -266,6 +266,18 @@ def test_at_its_end_the_zygote_takes_every_bubblewrap_it_started_with_its_child(
         _assert_both_killed(parent, child)
 
 
+async def test_a_bubblewrap_the_broker_gave_up_on_goes_with_its_child() -> None:
+    """The broker's end (``Spawned.take``), where a sandbox's start failed, timed out or was cancelled:
+    its bubblewrap may still be setting up. The broker killed it alone by its pidfd, and a fresh-clone
+    rehearsal found its child orphaned on its eventfd after the suite had ended."""
+    with forked_stand_in() as (parent, child):
+        spawned = Spawned(parent.pid, os.pidfd_open(parent.pid))
+        spawned.take()
+        await asyncio.wait_for(spawned.wait(), 10)
+        _assert_both_killed(parent, child)
+        spawned.take()  # ended: nothing to do
+
+
 def test_a_bubblewrap_whose_broker_is_gone_goes_with_its_child() -> None:
     """A bubblewrap started for a broker that died (or gave up waiting) meanwhile: its reply cannot
     be sent, and the zygote kills it with its child. It killed the bubblewrap alone, and a rehearsal

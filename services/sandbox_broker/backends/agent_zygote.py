@@ -60,6 +60,7 @@ import time
 
 TYPE_CHECKING = False  # not ``typing``'s: the zygote loads no more than it needs (its forks copy it)
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 if __name__ != "zygote":  # imported on the broker's side (names and checks); the zygote has them in its globals
@@ -319,26 +320,33 @@ class Zygote:
             self.take(pid)
 
     def take(self, pid: int) -> None:
-        """Kill a bubblewrap this zygote started, and its child. Bubblewrap alone would not do: the
-        child of one still setting up waits on an eventfd for its parent to write its uid map, before
-        it has a parent-death signal of its own, and orphaned there it waited forever (pid 1 of an
-        empty pid namespace, holding a copy of the launch namespace with the sandbox's mounts). It is
-        stopped first, and its children are read once it is: a stop signal need not interrupt a clone
-        already under way, so until then a child could still appear."""
-        try:
-            os.kill(pid, _signal.SIGSTOP)
-            for _ in range(STOP_POLLS):
-                with open(f"/proc/{pid}/stat") as f:
-                    if f.read().rpartition(")")[2].split()[0] in "TtZX":
-                        break
-                time.sleep(STOP_POLL_S)
-            with open(f"/proc/{pid}/task/{pid}/children") as f:
-                children = [int(child) for child in f.read().split()]
-            for child in children:
-                os.kill(child, _signal.SIGKILL)
-            os.kill(pid, _signal.SIGKILL)
-        except OSError:  # ended meanwhile
-            pass
+        """Kill a bubblewrap this zygote started, and its child (``take``)."""
+        take(pid, lambda signal: os.kill(pid, signal))
+
+
+def take(pid: int, send: Callable[[int], None]) -> None:
+    """Kill a bubblewrap and its child; ``send(signal)`` signals the bubblewrap (the zygote, its parent:
+    ``kill``; the broker: its pidfd). Bubblewrap alone would not do: the child of one still setting up
+    waits on an eventfd for its parent to write its uid map, before it has a parent-death signal of its
+    own, and orphaned there it waited forever (pid 1 of an empty pid namespace, holding a copy of the
+    launch namespace with the sandbox's mounts). It is stopped first, and its children are read once it
+    is: a stop signal need not interrupt a clone already under way, so until then a child could still
+    appear. A bubblewrap that ended meanwhile is left alone, and so are the children read of its pid."""
+    try:
+        send(_signal.SIGSTOP)
+        for _ in range(STOP_POLLS):
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] in "TtZX":
+                    break
+            time.sleep(STOP_POLL_S)
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(child) for child in f.read().split()]
+        send(0)  # still the one stopped: its pid was not reused meanwhile
+        for child in children:
+            os.kill(child, _signal.SIGKILL)
+        send(_signal.SIGKILL)
+    except OSError:  # ended meanwhile
+        pass
 
 
 def restore_ignored_signals() -> None:

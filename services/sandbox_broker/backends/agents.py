@@ -147,9 +147,8 @@ class ExecAgent:
                     with end:
                         zygote.fork({**launch, "cwd": cwd, "stub": only_child(proc.pid)}, end.fileno(), stderr.fileno())
                     reader, writer = await asyncio.open_unix_connection(sock=channel, limit=2**20)
-                except BaseException:
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
+                except BaseException:  # its sandbox may still be setting up: bubblewrap goes with its child
+                    proc.take()
                     await proc.wait()
                     raise
         finally:

@@ -152,6 +152,12 @@ class Spawned:
             raise ProcessLookupError(self.pid)
         signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
 
+    def take(self) -> None:
+        """Kill it with its child, where its sandbox may still be setting up (``agent_zygote.take``): a
+        kill of bubblewrap alone orphaned a child still waiting for its uid map, for good."""
+        if self.returncode is None:
+            agent_zygote.take(self.pid, lambda sig: signal.pidfd_send_signal(self.pidfd, sig))
+
     async def wait(self) -> int:
         await asyncio.shield(self.ended)
         return -1
