@@ -19,10 +19,12 @@ from typing import Any, Protocol
 import httpx
 
 from services.runtime import forkserver
+from services.runtime.logs import STACKS_SIGNAL
 from services.runtime.net import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout (children import its code)
 PR_SET_PDEATHSIG = 1
+STACKS_WAIT_S = 0.5
 
 
 class Process(Protocol):
@@ -69,14 +71,23 @@ class ServiceProcess:
 
 
 def stop_group(proc: Process, timeout_s: float = 10.0) -> None:
-    """End a child started in its own session and everything it spawned: SIGTERM, then SIGKILL."""
+    """End a child started in its own session and everything it spawned: SIGTERM, then SIGKILL.
+
+    One still running ``timeout_s`` after its SIGTERM is first sent ``STACKS_SIGNAL``: a service
+    (``logs.configure_logging``) then writes where each of its threads was stuck to its log, which
+    a SIGKILL alone leaves ending at "Waiting for application shutdown" with nothing to say why."""
     if proc.poll() is not None:
         return
     os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, STACKS_SIGNAL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=STACKS_WAIT_S)  # faulthandler writes them from its signal handler at once
+        with contextlib.suppress(ProcessLookupError):  # a child without the handler died of the signal
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
 
 
