@@ -9,8 +9,6 @@ import logging
 import os
 import signal
 
-from services.runtime.settings import shared_variable
-
 _FORMAT = "%(asctime)s %(levelname)-7s %(process)d %(name)s: %(message)s"
 # ``kill -USR2 PID``: the process writes every thread's stack to its stderr (its log) and goes on; a
 # stop that outlives its grace asks for them before its SIGKILL (``processes.stop_group``)
@@ -22,6 +20,8 @@ def configure_logging(level: str | None = None) -> None:
 
     Without one (before the settings are built), the shared ``ROLLOUT_LOG_LEVEL``, else INFO.
     """
+    from services.runtime.settings import shared_variable  # here: importing STACKS_SIGNAL loads no pydantic
+
     chosen = (level or os.environ.get(shared_variable("log_level")) or "INFO").upper()
     logging.basicConfig(level=chosen, format=_FORMAT, force=True)
     for noisy in ("httpx", "httpcore", "aiohttp.access", "uvicorn.access"):
